@@ -1,0 +1,200 @@
+//! Algorithms, each a generator of the schedule IR. Nothing here moves bytes or prices time:
+//! the executor and the simulator read what these produce.
+//!
+//! The plug point is [`ScheduleGenerator`], versioned like NCCL's plugins
+//! ([`GENERATOR_API_VERSION`]); [`Registry`] maps names to generators.
+
+pub mod alltoall;
+pub mod hierarchical;
+pub mod rhd;
+pub mod ring;
+pub mod tree;
+
+use crate::error::{Error, Result};
+use crate::schedule::{Collective, Rank, Schedule};
+use crate::topology::routing::Router;
+use crate::topology::Topology;
+
+/// Version of the [`ScheduleGenerator`] interface. Bumped when the trait or [`Request`] changes
+/// incompatibly, so that out-of-tree generators can check what they were built against.
+pub const GENERATOR_API_VERSION: u32 = 1;
+
+/// What a generator is asked to build.
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'a> {
+    pub topology: &'a Topology,
+    pub collective: Collective,
+    /// How many chunks each block of data is cut into for pipelining (≥ 1). More chunks
+    /// overlap the hops of multi-hop algorithms (trees, chains) at the cost of more messages.
+    pub pipeline: u32,
+    /// Parallel channels (rings, tree pairs) to use; 0 lets the generator choose.
+    pub channels: u32,
+}
+
+impl<'a> Request<'a> {
+    pub fn new(topology: &'a Topology, collective: Collective) -> Request<'a> {
+        Request { topology, collective, pipeline: 1, channels: 0 }
+    }
+    pub fn pipeline(mut self, k: u32) -> Request<'a> {
+        self.pipeline = k.max(1);
+        self
+    }
+    pub fn channels(mut self, c: u32) -> Request<'a> {
+        self.channels = c;
+        self
+    }
+    pub fn nranks(&self) -> u32 {
+        self.topology.nranks() as u32
+    }
+}
+
+/// An algorithm: builds a schedule for a collective on a topology.
+pub trait ScheduleGenerator: Send + Sync {
+    /// Short name used on command lines (`ring`, `tree`, …).
+    fn name(&self) -> &'static str;
+    /// One line for `--help` and reports.
+    fn describe(&self) -> &'static str;
+    fn supports(&self, collective: Collective) -> bool;
+    fn generate(&self, request: &Request) -> Result<Schedule>;
+}
+
+/// Named generators.
+pub struct Registry {
+    generators: Vec<Box<dyn ScheduleGenerator>>,
+}
+
+impl Registry {
+    /// The generators shipped with topoccl.
+    pub fn builtin() -> Registry {
+        Registry {
+            generators: vec![
+                Box::new(ring::Ring),
+                Box::new(tree::DoubleBinaryTree),
+                Box::new(rhd::RecursiveHalvingDoubling),
+                Box::new(hierarchical::Hierarchical),
+                Box::new(alltoall::PairwiseAllToAll),
+            ],
+        }
+    }
+
+    /// Adds (or replaces, by name) a generator.
+    pub fn register(&mut self, generator: Box<dyn ScheduleGenerator>) {
+        self.generators.retain(|g| g.name() != generator.name());
+        self.generators.push(generator);
+    }
+
+    pub fn names(&self) -> Vec<&'static str> {
+        self.generators.iter().map(|g| g.name()).collect()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &dyn ScheduleGenerator> {
+        self.generators.iter().map(|g| g.as_ref())
+    }
+
+    pub fn get(&self, name: &str) -> Result<&dyn ScheduleGenerator> {
+        self.iter()
+            .find(|g| g.name() == name)
+            .ok_or_else(|| Error::UnknownAlgorithm(name.to_string(), self.names().join(", ")))
+    }
+
+    /// Generates with the named algorithm, checking that it supports the collective.
+    pub fn generate(&self, name: &str, request: &Request) -> Result<Schedule> {
+        let g = self.get(name)?;
+        if !g.supports(request.collective) {
+            return Err(unsupported(g.name(), request.collective, "not implemented by this algorithm"));
+        }
+        g.generate(request)
+    }
+}
+
+pub(crate) fn unsupported(algorithm: &str, collective: Collective, reason: &str) -> Error {
+    Error::Unsupported { algorithm: algorithm.into(), collective: collective.to_string(), reason: reason.into() }
+}
+
+/// Exhaustive search is used up to this many ranks; beyond, rank order is kept.
+const RING_SEARCH_MAX: usize = 9;
+
+/// A ring order over all ranks that maximises the slowest hop's bandwidth (then the sum), as
+/// NCCL's ring search does: on a DGX-1 it follows NVLinks. Hops without a direct link are
+/// priced at their routed path's bottleneck. Large topologies keep rank order, which the
+/// library's files and families number so that neighbours are adjacent.
+pub fn ring_order(topo: &Topology) -> Vec<Rank> {
+    let n = topo.nranks();
+    if n <= 3 || n > RING_SEARCH_MAX {
+        return (0..n as Rank).collect();
+    }
+    let mut router = Router::new(topo);
+    let mut bw = vec![vec![0.0f64; n]; n];
+    for (a, row) in bw.iter_mut().enumerate() {
+        for (b, cell) in row.iter_mut().enumerate() {
+            if a != b {
+                *cell = router.route(a as Rank, b as Rank).map_or(0.0, |r| r.bandwidth);
+            }
+        }
+    }
+    let mut best: (f64, f64, Vec<usize>) = (-1.0, -1.0, Vec::new());
+    let mut path = vec![0usize];
+    let mut used = vec![false; n];
+    used[0] = true;
+    search(&bw, &mut path, &mut used, f64::INFINITY, 0.0, &mut best);
+    best.2.into_iter().map(|r| r as Rank).collect()
+}
+
+fn search(
+    bw: &[Vec<f64>],
+    path: &mut Vec<usize>,
+    used: &mut [bool],
+    min: f64,
+    sum: f64,
+    best: &mut (f64, f64, Vec<usize>),
+) {
+    let n = bw.len();
+    let last = path[path.len() - 1];
+    if path.len() == n {
+        let close = bw[last][0];
+        let (m, s) = (min.min(close), sum + close);
+        if m > best.0 + 1e-9 || ((m - best.0).abs() <= 1e-9 && s > best.1 + 1e-9) {
+            *best = (m, s, path.clone());
+        }
+        return;
+    }
+    for next in 1..n {
+        if used[next] {
+            continue;
+        }
+        let m = min.min(bw[last][next]);
+        if m + 1e-9 < best.0 {
+            continue; // cannot beat the best bottleneck
+        }
+        used[next] = true;
+        path.push(next);
+        search(bw, path, used, m, sum + bw[last][next], best);
+        path.pop();
+        used[next] = false;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topology::resolve;
+
+    #[test]
+    fn dgx1_ring_uses_only_nvlinks() {
+        let t = resolve("dgx1").unwrap();
+        let order = ring_order(&t);
+        assert_eq!(order.len(), 8);
+        for i in 0..8 {
+            let (a, b) = (order[i], order[(i + 1) % 8]);
+            assert!(t.direct_bandwidth(a, b) >= 25.0, "{order:?}: {a}->{b}");
+        }
+    }
+
+    #[test]
+    fn registry_knows_its_generators() {
+        let reg = Registry::builtin();
+        assert!(reg.get("ring").is_ok());
+        let err = reg.get("nope").err().unwrap().to_string();
+        assert!(err.contains("ring") && err.contains("tree"), "{err}");
+    }
+}

@@ -1,0 +1,263 @@
+//! Double binary trees (NCCL 2.4): two binary trees over the ranks such that a rank that is an
+//! inner node in one is a leaf in the other, so every rank sends and receives about as much as
+//! in a ring while the depth is only log₂ n. Half the chunks go up and down each tree,
+//! pipelined chunk by chunk.
+//!
+//! Broadcast and reduce with a root R: tree 0 is laid out with R at its root; tree 1 is
+//! re-rooted by hanging its old root under R, so both trees start (or end) at R.
+
+use super::{ring_order, Request, ScheduleGenerator};
+use crate::error::Result;
+use crate::schedule::{Collective, Op, Rank, Schedule, ScheduleBuilder, Slot, StepRef};
+
+pub struct DoubleBinaryTree;
+
+/// Default chunks per tree when the request leaves pipelining to us.
+const DEFAULT_PIPELINE: u32 = 8;
+
+/// A rooted spanning tree over ranks.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tree {
+    pub root: Rank,
+    pub parent: Vec<Option<Rank>>,
+    pub children: Vec<Vec<Rank>>,
+}
+
+impl Tree {
+    fn from_parents(parent: Vec<Option<Rank>>) -> Tree {
+        let mut children = vec![Vec::new(); parent.len()];
+        let mut root = 0;
+        for (r, p) in parent.iter().enumerate() {
+            match p {
+                Some(p) => children[*p as usize].push(r as Rank),
+                None => root = r as Rank,
+            }
+        }
+        Tree { root, parent, children }
+    }
+
+    /// Makes `new_root` the root: it is cut from its parent (keeping its subtree) and the old
+    /// root, with the rest of the tree, is hung under it. The old root is nobody's descendant,
+    /// so no cycle can form.
+    fn reroot_under(mut self, new_root: Rank) -> Tree {
+        if new_root == self.root {
+            return self;
+        }
+        let old = self.root;
+        if let Some(p) = self.parent[new_root as usize] {
+            self.children[p as usize].retain(|&c| c != new_root);
+        }
+        self.parent[new_root as usize] = None;
+        self.parent[old as usize] = Some(new_root);
+        self.children[new_root as usize].push(old);
+        self.root = new_root;
+        self
+    }
+}
+
+/// Parent of position `r` in the in-order binary tree over `n` positions (position 0 is the
+/// root; the tree is NCCL's `ncclGetBtree` shape).
+fn btree_parent(n: usize, r: usize) -> Option<usize> {
+    if r == 0 {
+        return None;
+    }
+    let bit = 1usize << r.trailing_zeros();
+    let up = (r ^ bit) | (bit << 1);
+    Some(if up >= n { r ^ bit } else { up })
+}
+
+/// The two complementary trees over `n` positions: the second mirrors the first for even n and
+/// shifts it by one for odd n.
+pub fn double_binary_tree(n: usize) -> [Vec<Option<usize>>; 2] {
+    let t0: Vec<Option<usize>> = (0..n).map(|r| btree_parent(n, r)).collect();
+    let t1 = (0..n)
+        .map(|r| {
+            if n % 2 == 1 {
+                btree_parent(n, (r + n - 1) % n).map(|p| (p + 1) % n)
+            } else {
+                btree_parent(n, n - 1 - r).map(|p| n - 1 - p)
+            }
+        })
+        .collect();
+    [t0, t1]
+}
+
+/// The two trees laid out over `order` (position → rank) and, if `root` is given, both rooted
+/// there.
+pub fn trees(order: &[Rank], root: Option<Rank>) -> [Tree; 2] {
+    let n = order.len();
+    let mut order = order.to_vec();
+    if let Some(root) = root {
+        let at = order.iter().position(|&r| r == root).unwrap_or(0);
+        order.rotate_left(at);
+    }
+    double_binary_tree(n).map(|pos_parent| {
+        let mut parent = vec![None; n];
+        for (p, par) in pos_parent.iter().enumerate() {
+            parent[order[p] as usize] = par.map(|q| order[q]);
+        }
+        let t = Tree::from_parents(parent);
+        match root {
+            Some(r) => t.reroot_under(r),
+            None => t,
+        }
+    })
+}
+
+/// Reduces chunk(s) `inp` up `tree`: inner nodes accumulate in `acc(rank)`, the root ends with
+/// the result in `out`. Returns the root's last step.
+fn reduce_up(
+    b: &mut ScheduleBuilder,
+    tree: &Tree,
+    ch: u32,
+    inp: Slot,
+    acc: &dyn Fn(Rank) -> Slot,
+    out: Slot,
+) -> Option<StepRef> {
+    let mut root_last = None;
+    for x in 0..tree.parent.len() as Rank {
+        let kids = &tree.children[x as usize];
+        let parent = tree.parent[x as usize];
+        let target = if parent.is_some() { acc(x) } else { out };
+        let mut last = None;
+        if kids.is_empty() {
+            last = Some(match parent {
+                Some(p) => b.push(x, ch, Op::Send { to: p, src: inp }, 1),
+                None => b.push(x, ch, Op::Copy { src: inp, dst: out }, 1),
+            });
+        }
+        let mut cur = inp;
+        for (i, &kid) in kids.iter().enumerate() {
+            let op = match parent {
+                Some(p) if i + 1 == kids.len() => Op::RecvReduceSend { from: kid, to: p, src: cur },
+                _ => Op::RecvReduce { from: kid, src: cur, dst: target },
+            };
+            last = Some(b.push(x, ch, op, 1));
+            cur = target;
+        }
+        if parent.is_none() {
+            root_last = last;
+        }
+    }
+    root_last
+}
+
+/// Broadcasts down `tree`: the root sends `root_src` (after `root_deps`), others store in `out`.
+fn broadcast_down(b: &mut ScheduleBuilder, tree: &Tree, ch: u32, root_src: Slot, out: Slot, root_deps: &[StepRef]) {
+    for x in 0..tree.parent.len() as Rank {
+        let kids = &tree.children[x as usize];
+        match tree.parent[x as usize] {
+            None => {
+                for (i, &kid) in kids.iter().enumerate() {
+                    let deps = if i == 0 { root_deps } else { &[] };
+                    b.push_after(x, ch, Op::Send { to: kid, src: root_src }, 1, deps);
+                }
+            }
+            Some(p) => match kids.split_first() {
+                None => {
+                    b.push(x, ch, Op::Recv { from: p, dst: out }, 1);
+                }
+                Some((&first, rest)) => {
+                    b.push(x, ch, Op::RecvCopySend { from: p, to: first, dst: out }, 1);
+                    for &kid in rest {
+                        b.push(x, ch, Op::Send { to: kid, src: out }, 1);
+                    }
+                }
+            },
+        }
+    }
+}
+
+impl ScheduleGenerator for DoubleBinaryTree {
+    fn name(&self) -> &'static str {
+        "tree"
+    }
+    fn describe(&self) -> &'static str {
+        "double binary tree, pipelined reduce-up / broadcast-down (NCCL 2.4)"
+    }
+    fn supports(&self, c: Collective) -> bool {
+        matches!(c, Collective::AllReduce | Collective::Broadcast { .. } | Collective::Reduce { .. })
+    }
+
+    fn generate(&self, req: &Request) -> Result<Schedule> {
+        let n = req.nranks();
+        let coll = req.collective;
+        if !self.supports(coll) {
+            return Err(super::unsupported("tree", coll, "trees build all-reduce, broadcast and reduce"));
+        }
+        let k = if req.pipeline <= 1 { DEFAULT_PIPELINE } else { req.pipeline };
+        let pairs = req.channels.max(1);
+        let chunks = 2 * pairs * k;
+        let order = ring_order(req.topology);
+        let pair = trees(&order, coll.root());
+        let mut b = ScheduleBuilder::new("tree", coll, n, chunks);
+        b.in_place(true);
+        if matches!(coll, Collective::Reduce { .. }) {
+            b.reserve_scratch(chunks);
+        }
+        for c in 0..chunks {
+            let t = (c % 2) as usize;
+            let p = (c / 2) % pairs;
+            let (up, down) = (4 * p + 2 * t as u32, 4 * p + 2 * t as u32 + 1);
+            let tree = &pair[t];
+            match coll {
+                Collective::AllReduce => {
+                    let last = reduce_up(&mut b, tree, up, Slot::input(c), &|_| Slot::output(c), Slot::output(c));
+                    let deps: Vec<StepRef> = last.into_iter().collect();
+                    broadcast_down(&mut b, tree, down, Slot::output(c), Slot::output(c), &deps);
+                }
+                Collective::Reduce { .. } => {
+                    reduce_up(&mut b, tree, up, Slot::input(c), &|_| Slot::scratch(c), Slot::output(c));
+                }
+                Collective::Broadcast { root } => {
+                    b.push(root, down, Op::Copy { src: Slot::input(c), dst: Slot::output(c) }, 1);
+                    broadcast_down(&mut b, tree, down, Slot::input(c), Slot::output(c), &[]);
+                }
+                _ => unreachable!("checked by supports()"),
+            }
+        }
+        Ok(b.build())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check_tree(t: &Tree, n: usize) {
+        // Every rank reaches the root by parent links, without cycles.
+        for r in 0..n {
+            let mut x = r as Rank;
+            let mut steps = 0;
+            while let Some(p) = t.parent[x as usize] {
+                x = p;
+                steps += 1;
+                assert!(steps <= n, "cycle at {r}");
+            }
+            assert_eq!(x, t.root);
+        }
+    }
+
+    #[test]
+    fn trees_are_spanning_and_complementary() {
+        for n in 1..=64usize {
+            let order: Vec<Rank> = (0..n as Rank).collect();
+            let [a, b] = trees(&order, None);
+            check_tree(&a, n);
+            check_tree(&b, n);
+            if n >= 4 {
+                // NCCL's property: no rank is an inner node in both trees (n even).
+                if n % 2 == 0 {
+                    let both = (0..n).filter(|&r| !a.children[r].is_empty() && !b.children[r].is_empty()).count();
+                    assert_eq!(both, 0, "n={n}");
+                }
+            }
+            for root in [0, n as Rank / 2, n as Rank - 1] {
+                let [a, b] = trees(&order, Some(root));
+                check_tree(&a, n);
+                check_tree(&b, n);
+                assert_eq!((a.root, b.root), (root, root));
+            }
+        }
+    }
+}

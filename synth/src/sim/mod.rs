@@ -1,0 +1,445 @@
+//! The simulator: predicts how long a schedule takes for a message size on a topology.
+//!
+//! Event-driven fluid model. Every group of parallel links (one direction) is a resource with a
+//! bandwidth; a transfer is a flow over its routed path. Flows that share a link share its
+//! bandwidth equally, and a flow runs at the smallest share along its path (rates are
+//! recomputed whenever a flow starts or ends on a link it uses). A message arrives one path
+//! latency after its last byte left; the sending step completes when its last byte has left
+//! (eager sends, as the IR specifies). With one flow per link this is exactly the alpha-beta
+//! model: a message of b bytes over a link of latency α and bandwidth B takes α + b/B.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+
+use rustc_hash::FxHashMap;
+
+use crate::error::{Error, Result};
+use crate::schedule::{Op, Rank, Schedule, Step};
+use crate::topology::routing::{Route, Router};
+use crate::topology::Topology;
+
+/// Knobs of the cost model.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SimConfig {
+    /// Software cost added to every message's latency, µs (a kernel launch, a syscall).
+    pub message_overhead_us: f64,
+    /// Bandwidth of local copies and reductions, GB/s; `None` makes them free.
+    pub local_gbps: Option<f64>,
+}
+
+impl Default for SimConfig {
+    fn default() -> SimConfig {
+        SimConfig { message_overhead_us: 0.0, local_gbps: None }
+    }
+}
+
+/// A prediction.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SimResult {
+    /// Time from the first step to the last completion, µs.
+    pub time_us: f64,
+    pub messages: u64,
+    /// Bytes × links crossed, summed over messages.
+    pub link_bytes: f64,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum EventKind {
+    FlowDone { flow: u32, version: u32 },
+    Arrive { conn: u32 },
+    Continue { channel: u32 },
+}
+
+/// Pending events, grouped by exact time: a heap of distinct times and a FIFO per time. Lock-step
+/// schedules (rings on uniform links) put thousands of events on one timestamp, so this keeps the
+/// heap small; within a time, events run in the order they were posted, so runs are
+/// deterministic.
+#[derive(Default)]
+struct EventQueue {
+    /// Times as f64 bits: for non-negative finite times, bit order is numeric order.
+    times: BinaryHeap<Reverse<u64>>,
+    buckets: FxHashMap<u64, VecDeque<EventKind>>,
+    spare: Vec<VecDeque<EventKind>>,
+}
+
+impl EventQueue {
+    fn push(&mut self, time: f64, kind: EventKind) {
+        let key = time.max(0.0).to_bits();
+        if let Some(b) = self.buckets.get_mut(&key) {
+            b.push_back(kind);
+            return;
+        }
+        let mut b = self.spare.pop().unwrap_or_default();
+        b.push_back(kind);
+        self.buckets.insert(key, b);
+        self.times.push(Reverse(key));
+    }
+
+    fn pop(&mut self) -> Option<(f64, EventKind)> {
+        loop {
+            let Reverse(key) = *self.times.peek()?;
+            match self.buckets.get_mut(&key).and_then(|b| b.pop_front()) {
+                Some(kind) => return Some((f64::from_bits(key), kind)),
+                None => {
+                    self.times.pop();
+                    if let Some(b) = self.buckets.remove(&key) {
+                        self.spare.push(b);
+                    }
+                }
+            }
+        }
+    }
+}
+
+struct Flow {
+    remaining: f64,
+    rate: f64,
+    last: f64,
+    version: u32,
+    route: u32,
+    channel: u32,
+    conn: u32,
+}
+
+struct Conn {
+    route: u32,
+    arrived: u32,
+    waiter: Option<u32>,
+}
+
+struct ChannelState {
+    rank: Rank,
+    index: u32,
+    pc: u32,
+    /// The current step's receive is consumed and its local work done.
+    received: bool,
+    /// (peer, conn) of the last send and receive: rings use one peer throughout.
+    last_send: (Rank, u32),
+    last_recv: (Rank, u32),
+    dep_waiters: Vec<u32>,
+}
+
+/// Prices schedules on one topology; routes are cached across runs.
+pub struct Simulator<'t> {
+    topo: &'t Topology,
+    router: Router<'t>,
+    config: SimConfig,
+    route_of: FxHashMap<(Rank, Rank), u32>,
+    routes: Vec<Route>,
+}
+
+struct Run<'a> {
+    sched: &'a Schedule,
+    chunk_bytes: f64,
+    now: f64,
+    events: EventQueue,
+    channels: Vec<ChannelState>,
+    /// Global channel id of (rank, 0).
+    offset: Vec<u32>,
+    conns: Vec<Conn>,
+    conn_of: FxHashMap<(Rank, Rank, u32), u32>,
+    flows: Vec<Flow>,
+    free_flows: Vec<u32>,
+    /// Flows on each link group, bytes per µs of each group.
+    link_flows: Vec<Vec<u32>>,
+    link_bw: Vec<f64>,
+    messages: u64,
+    link_bytes: f64,
+    done_channels: usize,
+    finish: f64,
+}
+
+impl<'t> Simulator<'t> {
+    pub fn new(topo: &'t Topology) -> Simulator<'t> {
+        Simulator::with_config(topo, SimConfig::default())
+    }
+
+    pub fn with_config(topo: &'t Topology, config: SimConfig) -> Simulator<'t> {
+        Simulator { topo, router: Router::new(topo), config, route_of: FxHashMap::default(), routes: Vec::new() }
+    }
+
+    pub fn config(&self) -> SimConfig {
+        self.config
+    }
+
+    fn route(&mut self, from: Rank, to: Rank) -> Result<u32> {
+        if let Some(&r) = self.route_of.get(&(from, to)) {
+            return Ok(r);
+        }
+        let route = self.router.route(from, to).ok_or_else(|| Error::InvalidTopology {
+            name: self.topo.name().to_string(),
+            message: format!("no path from rank {from} to rank {to}"),
+        })?;
+        self.routes.push(route);
+        let id = self.routes.len() as u32 - 1;
+        self.route_of.insert((from, to), id);
+        Ok(id)
+    }
+
+    /// Predicts `sched` moving a collective buffer of `bytes` bytes (the size of the `chunks`
+    /// chunks the schedule is written over).
+    pub fn run(&mut self, sched: &Schedule, bytes: u64) -> Result<SimResult> {
+        sched.validate()?;
+        if sched.nranks as usize != self.topo.nranks() {
+            return Err(Error::RankMismatch {
+                schedule: sched.nranks,
+                topology: self.topo.name().into(),
+                ranks: self.topo.nranks(),
+            });
+        }
+        let mut channels = Vec::new();
+        let mut offset = Vec::with_capacity(sched.ranks.len());
+        for (r, prog) in sched.ranks.iter().enumerate() {
+            offset.push(channels.len() as u32);
+            for c in 0..prog.channels.len() {
+                channels.push(ChannelState {
+                    rank: r as Rank,
+                    index: c as u32,
+                    pc: 0,
+                    received: false,
+                    last_send: (Rank::MAX, 0),
+                    last_recv: (Rank::MAX, 0),
+                    dep_waiters: Vec::new(),
+                });
+            }
+        }
+        let groups = self.topo.link_groups();
+        let mut run = Run {
+            sched,
+            chunk_bytes: bytes as f64 / f64::from(sched.chunks),
+            now: 0.0,
+            events: EventQueue::default(),
+            channels,
+            offset,
+            conns: Vec::new(),
+            conn_of: FxHashMap::default(),
+            flows: Vec::new(),
+            free_flows: Vec::new(),
+            link_flows: vec![Vec::new(); groups.len()],
+            // GB/s = 10^9 B/s = 10^3 B/µs.
+            link_bw: groups.iter().map(|g| g.bandwidth * 1e3).collect(),
+            messages: 0,
+            link_bytes: 0.0,
+            done_channels: 0,
+            finish: 0.0,
+        };
+        for g in 0..run.channels.len() as u32 {
+            self.advance(&mut run, g)?;
+        }
+        while let Some((time, kind)) = run.events.pop() {
+            run.now = time;
+            match kind {
+                EventKind::FlowDone { flow, version } => {
+                    if run.flows[flow as usize].version != version {
+                        continue; // superseded by a rate change
+                    }
+                    self.finish_flow(&mut run, flow)?;
+                }
+                EventKind::Arrive { conn } => {
+                    let c = &mut run.conns[conn as usize];
+                    c.arrived += 1;
+                    if let Some(w) = c.waiter.take() {
+                        self.advance(&mut run, w)?;
+                    }
+                }
+                EventKind::Continue { channel } => self.advance(&mut run, channel)?,
+            }
+        }
+        if run.done_channels < run.channels.len() {
+            let stuck: Vec<String> = run
+                .channels
+                .iter()
+                .filter(|c| (c.pc as usize) < sched.ranks[c.rank as usize].channels[c.index as usize].steps.len())
+                .take(6)
+                .map(|c| format!("rank {} channel {} step {}", c.rank, c.index, c.pc))
+                .collect();
+            return Err(Error::Deadlock {
+                schedule: sched.name.clone(),
+                message: format!("stuck at {}", stuck.join("; ")),
+            });
+        }
+        Ok(SimResult { time_us: run.finish, messages: run.messages, link_bytes: run.link_bytes })
+    }
+
+    fn conn(&mut self, run: &mut Run, from: Rank, to: Rank, ch: u32) -> Result<u32> {
+        if let Some(&c) = run.conn_of.get(&(from, to, ch)) {
+            return Ok(c);
+        }
+        let route = self.route(from, to)?;
+        run.conns.push(Conn { route, arrived: 0, waiter: None });
+        let id = run.conns.len() as u32 - 1;
+        run.conn_of.insert((from, to, ch), id);
+        Ok(id)
+    }
+
+    /// Runs channel `g` as far as it can go now.
+    fn advance(&mut self, run: &mut Run, g: u32) -> Result<()> {
+        loop {
+            let (rank, index, pc) = {
+                let c = &run.channels[g as usize];
+                (c.rank, c.index, c.pc)
+            };
+            let channel = &run.sched.ranks[rank as usize].channels[index as usize];
+            let Some(&step) = channel.steps.get(pc as usize) else {
+                run.done_channels += 1;
+                run.finish = run.finish.max(run.now);
+                return Ok(());
+            };
+            for d in channel.deps_of(pc) {
+                let dg = run.offset[rank as usize] + d.channel;
+                if run.channels[dg as usize].pc <= d.step {
+                    run.channels[dg as usize].dep_waiters.push(g);
+                    return Ok(());
+                }
+            }
+            if !run.channels[g as usize].received {
+                if let Some(from) = step.op.recv_from() {
+                    let conn = match run.channels[g as usize].last_recv {
+                        (p, c) if p == from => c,
+                        _ => {
+                            let c = self.conn(run, from, rank, index)?;
+                            run.channels[g as usize].last_recv = (from, c);
+                            c
+                        }
+                    };
+                    let cs = &mut run.conns[conn as usize];
+                    if cs.arrived == 0 {
+                        cs.waiter = Some(g);
+                        return Ok(());
+                    }
+                    cs.arrived -= 1;
+                }
+                run.channels[g as usize].received = true;
+                if let Some(delay) = self.local_work(run, &step) {
+                    run.push(delay, EventKind::Continue { channel: g });
+                    return Ok(());
+                }
+            }
+            if let Some(to) = step.op.send_to() {
+                let conn = match run.channels[g as usize].last_send {
+                    (p, c) if p == to => c,
+                    _ => {
+                        let c = self.conn(run, rank, to, index)?;
+                        run.channels[g as usize].last_send = (to, c);
+                        c
+                    }
+                };
+                self.start_flow(run, g, conn, f64::from(step.count) * run.chunk_bytes);
+                return Ok(());
+            }
+            run.complete_step(g);
+        }
+    }
+
+    /// Time a step's local copy or reduction takes, if the model prices it.
+    fn local_work(&self, run: &Run, step: &Step) -> Option<f64> {
+        let gbps = self.config.local_gbps?;
+        let touches =
+            step.op.reduces() || matches!(step.op, Op::Copy { .. } | Op::Recv { .. } | Op::RecvCopySend { .. });
+        let bytes = f64::from(step.count) * run.chunk_bytes;
+        (touches && bytes > 0.0).then(|| bytes / (gbps * 1e3))
+    }
+
+    fn start_flow(&mut self, run: &mut Run, g: u32, conn: u32, bytes: f64) {
+        let route = run.conns[conn as usize].route;
+        let flow = Flow { remaining: bytes, rate: 0.0, last: run.now, version: 0, route, channel: g, conn };
+        let id = match run.free_flows.pop() {
+            Some(id) => {
+                let version = run.flows[id as usize].version + 1;
+                run.flows[id as usize] = Flow { version, ..flow };
+                id
+            }
+            None => {
+                run.flows.push(flow);
+                run.flows.len() as u32 - 1
+            }
+        };
+        run.messages += 1;
+        let groups = &self.routes[route as usize].groups;
+        run.link_bytes += bytes * groups.len() as f64;
+        for &l in groups {
+            run.link_flows[l].push(id);
+        }
+        self.rerate_links(run, route, None);
+    }
+
+    fn finish_flow(&mut self, run: &mut Run, id: u32) -> Result<()> {
+        let (route, g, conn) = {
+            let f = &run.flows[id as usize];
+            (f.route, f.channel, f.conn)
+        };
+        for &l in &self.routes[route as usize].groups {
+            let flows = &mut run.link_flows[l];
+            if let Some(pos) = flows.iter().position(|&f| f == id) {
+                flows.swap_remove(pos);
+            }
+        }
+        run.flows[id as usize].version += 1;
+        run.free_flows.push(id);
+        self.rerate_links(run, route, Some(id));
+        let latency = self.routes[route as usize].latency + self.config.message_overhead_us;
+        run.push(latency, EventKind::Arrive { conn });
+        run.complete_step(g);
+        self.advance(run, g)
+    }
+
+    /// Recomputes the rates of every flow on the links of `route` (except `skip`).
+    fn rerate_links(&self, run: &mut Run, route: u32, skip: Option<u32>) {
+        let groups = &self.routes[route as usize].groups;
+        if groups.len() == 1 && run.link_flows[groups[0]].len() <= 1 {
+            // The common case: a flow alone on a direct link.
+            if let Some(&f) = run.link_flows[groups[0]].first() {
+                self.rerate(run, f);
+            }
+            return;
+        }
+        let mut affected: Vec<u32> = groups.iter().flat_map(|&l| run.link_flows[l].iter().copied()).collect();
+        affected.sort_unstable();
+        affected.dedup();
+        for f in affected {
+            if Some(f) != skip {
+                self.rerate(run, f);
+            }
+        }
+    }
+
+    fn rerate(&self, run: &mut Run, id: u32) {
+        let now = run.now;
+        let route = run.flows[id as usize].route;
+        let rate = self.routes[route as usize]
+            .groups
+            .iter()
+            .map(|&l| run.link_bw[l] / run.link_flows[l].len().max(1) as f64)
+            .fold(f64::INFINITY, f64::min);
+        let f = &mut run.flows[id as usize];
+        f.remaining = (f.remaining - f.rate * (now - f.last)).max(0.0);
+        f.last = now;
+        f.rate = rate;
+        f.version += 1;
+        let (version, done_in) = (f.version, f.remaining / rate);
+        run.push(done_in, EventKind::FlowDone { flow: id, version });
+    }
+}
+
+impl Run<'_> {
+    fn push(&mut self, delay: f64, kind: EventKind) {
+        self.events.push(self.now + delay, kind);
+    }
+
+    fn complete_step(&mut self, g: u32) {
+        let c = &mut self.channels[g as usize];
+        c.pc += 1;
+        c.received = false;
+        if !c.dep_waiters.is_empty() {
+            let waiters = std::mem::take(&mut c.dep_waiters);
+            for w in waiters {
+                self.push(0.0, EventKind::Continue { channel: w });
+            }
+        }
+    }
+}
+
+/// Predicts one schedule once (convenience for callers without a long-lived simulator).
+pub fn simulate(topo: &Topology, sched: &Schedule, bytes: u64) -> Result<SimResult> {
+    Simulator::new(topo).run(sched, bytes)
+}

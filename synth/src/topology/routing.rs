@@ -1,0 +1,157 @@
+//! Paths between ranks. A path may pass only through nodes that forward (switches, CPUs, NICs,
+//! and ranks of direct networks such as tori). Among equally short paths one is picked by a hash
+//! of (source, destination), as ECMP does, so that traffic spreads over a fat-tree's spines.
+
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, HashMap};
+
+use petgraph::graph::NodeIndex;
+
+use super::{Rank, Topology};
+
+/// Cost of one hop on top of its latency, so that among zero-latency paths the shortest wins.
+const HOP_COST_US: f64 = 1e-3;
+
+/// The link groups a transfer from one rank to another crosses, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Route {
+    pub groups: Vec<usize>,
+    /// Sum of the groups' latencies, µs.
+    pub latency: f64,
+    /// Smallest bandwidth along the path, GB/s.
+    pub bandwidth: f64,
+}
+
+/// Computes and caches routes over one topology.
+pub struct Router<'t> {
+    topo: &'t Topology,
+    out_groups: Vec<Vec<usize>>,
+    in_groups: Vec<Vec<usize>>,
+    /// Distance of every node to a destination node.
+    dist_to: HashMap<NodeIndex, Vec<f64>>,
+}
+
+#[derive(PartialEq)]
+struct Entry(f64, usize);
+impl Eq for Entry {}
+impl PartialOrd for Entry {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Entry {
+    fn cmp(&self, other: &Self) -> Ordering {
+        other.0.total_cmp(&self.0).then(other.1.cmp(&self.1))
+    }
+}
+
+impl<'t> Router<'t> {
+    pub fn new(topo: &'t Topology) -> Router<'t> {
+        let n = topo.graph().node_count();
+        let mut out_groups = vec![Vec::new(); n];
+        let mut in_groups = vec![Vec::new(); n];
+        for (id, g) in topo.link_groups().iter().enumerate() {
+            out_groups[g.from.index()].push(id);
+            in_groups[g.to.index()].push(id);
+        }
+        Router { topo, out_groups, in_groups, dist_to: HashMap::new() }
+    }
+
+    fn weight(&self, group: usize) -> f64 {
+        self.topo.group(group).latency + HOP_COST_US
+    }
+
+    /// Shortest-path distances to `dst` from every node (reverse Dijkstra).
+    fn distances(&mut self, dst: NodeIndex) -> &Vec<f64> {
+        if !self.dist_to.contains_key(&dst) {
+            let graph = self.topo.graph();
+            let mut dist = vec![f64::INFINITY; graph.node_count()];
+            dist[dst.index()] = 0.0;
+            let mut heap = BinaryHeap::from([Entry(0.0, dst.index())]);
+            while let Some(Entry(d, u)) = heap.pop() {
+                if d > dist[u] {
+                    continue;
+                }
+                if u != dst.index() && !graph[NodeIndex::new(u)].forwards {
+                    continue;
+                }
+                for &g in &self.in_groups[u] {
+                    let v = self.topo.group(g).from.index();
+                    let nd = d + self.weight(g);
+                    if nd < dist[v] {
+                        dist[v] = nd;
+                        heap.push(Entry(nd, v));
+                    }
+                }
+            }
+            self.dist_to.insert(dst, dist);
+        }
+        &self.dist_to[&dst]
+    }
+
+    /// The route from rank `src` to rank `dst`; `None` only if the topology's connectivity check
+    /// was bypassed.
+    pub fn route(&mut self, src: Rank, dst: Rank) -> Option<Route> {
+        let (s, d) = (self.topo.rank_node(src), self.topo.rank_node(dst));
+        if let Some(g) = self.topo.group_between(s, d) {
+            let grp = self.topo.group(g);
+            return Some(Route { groups: vec![g], latency: grp.latency, bandwidth: grp.bandwidth });
+        }
+        let dist = self.distances(d).clone();
+        if !dist[s.index()].is_finite() {
+            return None;
+        }
+        let graph = self.topo.graph();
+        let mut groups = Vec::new();
+        let mut u = s;
+        let mut hash = (u64::from(src) << 32 | u64::from(dst)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        while u != d {
+            let tol = 1e-9 * (1.0 + dist[u.index()]);
+            let next: Vec<usize> = self.out_groups[u.index()]
+                .iter()
+                .copied()
+                .filter(|&g| {
+                    let v = self.topo.group(g).to;
+                    (v == d || graph[v].forwards) && (dist[v.index()] + self.weight(g) - dist[u.index()]).abs() <= tol
+                })
+                .collect();
+            let g = *next.get((hash >> 33) as usize % next.len().max(1))?;
+            hash = hash.rotate_left(17).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            groups.push(g);
+            u = self.topo.group(g).to;
+        }
+        let latency = groups.iter().map(|&g| self.topo.group(g).latency).sum();
+        let bandwidth = groups.iter().map(|&g| self.topo.group(g).bandwidth).fold(f64::INFINITY, f64::min);
+        Some(Route { groups, latency, bandwidth })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topology::resolve;
+
+    #[test]
+    fn dgx1_routes_over_nvlink_or_through_the_cpus() {
+        let t = resolve("dgx1").unwrap();
+        let mut r = Router::new(&t);
+        let direct = r.route(0, 3).unwrap();
+        assert_eq!(direct.groups.len(), 1);
+        assert_eq!(direct.bandwidth, 50.0);
+        // gpu0 → gpu5 has no NVLink: PCIe switch, CPU0, CPU1, PCIe switch.
+        let far = r.route(0, 5).unwrap();
+        assert_eq!(far.groups.len(), 5, "{far:?}");
+        assert!(far.bandwidth < 25.0);
+    }
+
+    #[test]
+    fn torus_routes_through_ranks_and_fattree_spreads_over_spines() {
+        let t = resolve("torus2d:4x4").unwrap();
+        let mut r = Router::new(&t);
+        assert_eq!(r.route(0, 10).unwrap().groups.len(), 4);
+        let f = resolve("cluster:8x1,fabric=fattree,radix=2").unwrap();
+        let mut r = Router::new(&f);
+        let spines: std::collections::HashSet<usize> = (1..8).map(|d| r.route(0, d).unwrap().groups[2]).collect();
+        assert!(spines.len() > 1, "all traffic through one spine");
+    }
+}

@@ -1,0 +1,94 @@
+//! The simulator against closed-form alpha-beta times on uniform topologies (within 1%), and
+//! link sharing. α = link latency (µs), B = link bandwidth, S = buffer bytes.
+
+use topoccl_synth::algorithms::{Registry, Request};
+use topoccl_synth::schedule::{Collective, Op, ScheduleBuilder, Slot};
+use topoccl_synth::sim::simulate;
+use topoccl_synth::topology::resolve;
+
+const ALPHA: f64 = 0.7;
+const BW: f64 = 40.0; // GB/s
+
+fn sim(spec: &str, algo: &str, coll: Collective, channels: u32, bytes: u64) -> f64 {
+    let topo = resolve(&format!("{spec},bw={BW},lat={ALPHA}")).unwrap();
+    let s = Registry::builtin().generate(algo, &Request::new(&topo, coll).channels(channels)).unwrap();
+    simulate(&topo, &s, bytes).unwrap().time_us
+}
+
+fn close(got: f64, want: f64, what: &str) {
+    let err = (got - want).abs() / want;
+    assert!(err < 0.01, "{what}: simulated {got:.3} µs, formula {want:.3} µs ({:.2}% off)", err * 100.0);
+}
+
+/// Transfer time of `b` bytes at BW, µs.
+fn xfer(b: f64) -> f64 {
+    b / (BW * 1e3)
+}
+
+#[test]
+fn ring_matches_the_alpha_beta_formula() {
+    for n in [2u32, 3, 4, 5, 8, 16, 64] {
+        for bytes in [1024u64, 1 << 20, 1 << 30] {
+            let s = bytes as f64;
+            let nf = f64::from(n);
+            let spec = format!("ring:{n}");
+            // One ring: 2(n−1) steps of S/n.
+            close(
+                sim(&spec, "ring", Collective::AllReduce, 1, bytes),
+                2.0 * (nf - 1.0) * (ALPHA + xfer(s / nf)),
+                &format!("ring AR n={n} S={bytes}"),
+            );
+            // Both directions: each ring carries half the data.
+            if n > 2 {
+                close(
+                    sim(&spec, "ring", Collective::AllReduce, 2, bytes),
+                    2.0 * (nf - 1.0) * (ALPHA + xfer(s / nf / 2.0)),
+                    &format!("bidir ring AR n={n}"),
+                );
+            }
+            let half = (nf - 1.0) * (ALPHA + xfer(s / nf));
+            close(sim(&spec, "ring", Collective::ReduceScatter, 1, bytes), half, &format!("ring RS n={n}"));
+            close(sim(&spec, "ring", Collective::AllGather, 1, bytes), half, &format!("ring AG n={n}"));
+        }
+    }
+}
+
+#[test]
+fn halving_doubling_matches_the_alpha_beta_formula() {
+    for n in [2u32, 4, 8, 16, 64] {
+        for bytes in [4096u64, 1 << 20, 1 << 30] {
+            let (s, nf, lg) = (bytes as f64, f64::from(n), f64::from(n.trailing_zeros()));
+            let spec = format!("full:{n}");
+            close(
+                sim(&spec, "rhd", Collective::AllReduce, 0, bytes),
+                2.0 * lg * ALPHA + 2.0 * xfer(s) * (nf - 1.0) / nf,
+                &format!("rhd AR n={n} S={bytes}"),
+            );
+            let half = lg * ALPHA + xfer(s) * (nf - 1.0) / nf;
+            close(sim(&spec, "rhd", Collective::ReduceScatter, 0, bytes), half, &format!("rhd RS n={n}"));
+            close(sim(&spec, "rhd", Collective::AllGather, 0, bytes), half, &format!("rhd AG n={n}"));
+        }
+    }
+}
+
+#[test]
+fn flows_sharing_a_link_share_its_bandwidth() {
+    // Ranks 0 and 1 both send 1 MB to rank 2 through a switch: the switch → rank 2 link is
+    // shared, so both finish after 2 MB / B (plus three hops of latency: two links + none).
+    let topo = resolve(&format!("cluster:3x1,inter={BW},inter_lat={ALPHA},pcie=1000")).unwrap();
+    let mut b = ScheduleBuilder::new("fan-in", Collective::AllGather, 3, 3);
+    for r in [0, 1] {
+        b.push(r, 0, Op::Send { to: 2, src: Slot::input(0) }, 1);
+        b.push(2, 0, Op::Recv { from: r, dst: Slot::output(r) }, 1);
+    }
+    let s = b.build();
+    let t = simulate(&topo, &s, 3_000_000).unwrap().time_us;
+    // Each message is 1 MB; both cross nic→fabric (own link) and fabric→nic of rank 2 (shared).
+    let path_latency = 2.0 * ALPHA + 2.0 * 0.5; // two network hops + two PCIe hops
+    let pcie = 2.0 * 1e6 / (1000.0 * 1e3); // the 1000 GB/s PCIe hop is never the bottleneck
+    let want = 2.0 * xfer(1e6) + path_latency;
+    assert!(
+        (t - want).abs() / want < 0.01 || (t - want - pcie).abs() / want < 0.01,
+        "fan-in: {t} µs, want ≈ {want} µs"
+    );
+}
