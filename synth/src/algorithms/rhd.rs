@@ -54,6 +54,21 @@ impl Layout {
     }
 }
 
+/// Recursive doubling in the output buffer: participant `v` (real rank `me`) starts holding
+/// virtual ranks [lo, lo+1) and at each distance d = 1, 2, … swaps its range with its partner's,
+/// doubling it. `span` maps a virtual range to its chunks.
+fn doubling(b: &mut ScheduleBuilder, l: &Layout, me: Rank, v: u32, mut lo: u32, span: &dyn Fn(u32, u32) -> (u32, u32)) {
+    for d in l.distances().rev() {
+        let partner = l.real(v ^ d);
+        let plo = lo ^ d;
+        let (s0, sn) = span(lo, lo + d);
+        let (p0, pn) = span(plo, plo + d);
+        b.push(me, 0, Op::Send { to: partner, src: Slot::output(s0) }, sn);
+        b.push(me, 0, Op::Recv { from: partner, dst: Slot::output(p0) }, pn);
+        lo = lo.min(plo);
+    }
+}
+
 impl ScheduleGenerator for RecursiveHalvingDoubling {
     fn name(&self) -> &'static str {
         "rhd"
@@ -134,15 +149,7 @@ impl ScheduleGenerator for RecursiveHalvingDoubling {
                         (lo, hi) = keep;
                     }
                     if coll == Collective::AllReduce {
-                        for d in l.distances().rev() {
-                            let partner = l.real(v ^ d);
-                            let plo = lo ^ d;
-                            let (s0, sn) = span(lo, lo + d);
-                            let (p0, pn) = span(plo, plo + d);
-                            b.push(me, 0, Op::Send { to: partner, src: Slot::output(s0) }, sn);
-                            b.push(me, 0, Op::Recv { from: partner, dst: Slot::output(p0) }, pn);
-                            lo = lo.min(plo);
-                        }
+                        doubling(&mut b, &l, me, v, lo, &span);
                         if v < l.extra {
                             b.push(me, 0, Op::Send { to: me - 1, src: Slot::output(0) }, chunks);
                         }
@@ -166,16 +173,7 @@ impl ScheduleGenerator for RecursiveHalvingDoubling {
                     if v < l.extra {
                         b.push(me, 0, Op::Recv { from: me - 1, dst: Slot::output((me - 1) * k) }, k);
                     }
-                    let mut lo = v;
-                    for d in l.distances().rev() {
-                        let partner = l.real(v ^ d);
-                        let plo = lo ^ d;
-                        let (s0, sn) = span(lo, lo + d);
-                        let (p0, pn) = span(plo, plo + d);
-                        b.push(me, 0, Op::Send { to: partner, src: Slot::output(s0) }, sn);
-                        b.push(me, 0, Op::Recv { from: partner, dst: Slot::output(p0) }, pn);
-                        lo = lo.min(plo);
-                    }
+                    doubling(&mut b, &l, me, v, v, &span);
                     if v < l.extra {
                         b.push(me, 0, Op::Send { to: me - 1, src: Slot::output(0) }, total);
                     }

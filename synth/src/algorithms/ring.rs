@@ -22,6 +22,25 @@ fn back(i: usize, d: usize, m: usize) -> usize {
     (i + m * (d / m + 1) - d) % m
 }
 
+/// The first m−1 reduce-scatter steps of ring position `i` (m ≥ 2): send block i−1, then pass
+/// on block i−1−s reduced with the local copy; the caller adds the last step, which receives
+/// the rest of block `i`.
+fn reduce_scatter_prefix(
+    b: &mut ScheduleBuilder,
+    order: &[Rank],
+    i: usize,
+    channel: u32,
+    count: u32,
+    inp: &dyn Fn(usize) -> Slot,
+) {
+    let m = order.len();
+    let (prev, me, next) = neighbours(order, i);
+    b.push(me, channel, Op::Send { to: next, src: inp(back(i, 1, m)) }, count);
+    for s in 1..m - 1 {
+        b.push(me, channel, Op::RecvReduceSend { from: prev, to: next, src: inp(back(i, 1 + s, m)) }, count);
+    }
+}
+
 /// One all-reduce pass: ring position `i` ends with block `i` reduced after the reduce-scatter
 /// half, then every block travels once more round the ring. `inp(b)`/`out(b)` give block `b`'s
 /// slots (the same on every rank). 2(m−1) sends per rank.
@@ -42,10 +61,7 @@ pub(crate) fn all_reduce_round(
             }
             continue;
         }
-        b.push(me, channel, Op::Send { to: next, src: inp(back(i, 1, m)) }, count);
-        for s in 1..m - 1 {
-            b.push(me, channel, Op::RecvReduceSend { from: prev, to: next, src: inp(back(i, 1 + s, m)) }, count);
-        }
+        reduce_scatter_prefix(b, order, i, channel, count, inp);
         b.push(me, channel, Op::RecvReduceCopySend { from: prev, to: next, src: inp(i), dst: out(i) }, count);
         for t in 1..m - 1 {
             b.push(me, channel, Op::RecvCopySend { from: prev, to: next, dst: out(back(i, t, m)) }, count);
@@ -65,17 +81,14 @@ pub(crate) fn reduce_scatter_round(
 ) {
     let m = order.len();
     for i in 0..m {
-        let (prev, me, next) = neighbours(order, i);
+        let (prev, me, _) = neighbours(order, i);
         if m == 1 {
             if inp(0) != dst(0) {
                 b.push(me, channel, Op::Copy { src: inp(0), dst: dst(0) }, count);
             }
             continue;
         }
-        b.push(me, channel, Op::Send { to: next, src: inp(back(i, 1, m)) }, count);
-        for s in 1..m - 1 {
-            b.push(me, channel, Op::RecvReduceSend { from: prev, to: next, src: inp(back(i, 1 + s, m)) }, count);
-        }
+        reduce_scatter_prefix(b, order, i, channel, count, inp);
         b.push(me, channel, Op::RecvReduce { from: prev, src: inp(i), dst: dst(i) }, count);
     }
 }
