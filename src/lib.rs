@@ -6,9 +6,13 @@
 //! the simulator live in [`synth`] (`topoccl-synth`); transports and the executor follow.
 
 pub mod collbench;
+pub mod comm;
 pub mod error;
+mod exec;
 pub mod types;
 
+pub use comm::{AbortHandle, Communicator, Config, Group, TransportPolicy, UniqueId};
 pub use error::{Error, Result};
 pub use topoccl_synth as synth;
-pub use types::{DataType, ReduceOp};
+pub use topoccl_transports as transports;
+pub use types::{DataType, Dtype, ReduceOp};

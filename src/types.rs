@@ -8,7 +8,7 @@ use crate::error::Error;
 /// Every NCCL datatype; the discriminant is `ncclDataType_t`'s value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
-pub enum DataType {
+pub enum Dtype {
     Int8 = 0,
     Uint8 = 1,
     Int32 = 2,
@@ -21,67 +21,72 @@ pub enum DataType {
     Bfloat16 = 9,
 }
 
-impl DataType {
-    pub const ALL: [DataType; 10] = [
-        DataType::Int8,
-        DataType::Uint8,
-        DataType::Int32,
-        DataType::Uint32,
-        DataType::Int64,
-        DataType::Uint64,
-        DataType::Float16,
-        DataType::Float32,
-        DataType::Float64,
-        DataType::Bfloat16,
+impl Dtype {
+    pub const ALL: [Dtype; 10] = [
+        Dtype::Int8,
+        Dtype::Uint8,
+        Dtype::Int32,
+        Dtype::Uint32,
+        Dtype::Int64,
+        Dtype::Uint64,
+        Dtype::Float16,
+        Dtype::Float32,
+        Dtype::Float64,
+        Dtype::Bfloat16,
     ];
+
+    /// The datatype with NCCL's number `value`.
+    pub fn from_raw(value: i64) -> Option<Dtype> {
+        Dtype::ALL.into_iter().find(|t| *t as i64 == value)
+    }
 
     /// Bytes per element.
     pub fn size(self) -> usize {
         match self {
-            DataType::Int8 | DataType::Uint8 => 1,
-            DataType::Float16 | DataType::Bfloat16 => 2,
-            DataType::Int32 | DataType::Uint32 | DataType::Float32 => 4,
-            DataType::Int64 | DataType::Uint64 | DataType::Float64 => 8,
+            Dtype::Int8 | Dtype::Uint8 => 1,
+            Dtype::Float16 | Dtype::Bfloat16 => 2,
+            Dtype::Int32 | Dtype::Uint32 | Dtype::Float32 => 4,
+            Dtype::Int64 | Dtype::Uint64 | Dtype::Float64 => 8,
         }
     }
 
     /// nccl-tests' name (`float`, `half`, `bfloat16`, …).
     pub fn name(self) -> &'static str {
         match self {
-            DataType::Int8 => "int8",
-            DataType::Uint8 => "uint8",
-            DataType::Int32 => "int32",
-            DataType::Uint32 => "uint32",
-            DataType::Int64 => "int64",
-            DataType::Uint64 => "uint64",
-            DataType::Float16 => "half",
-            DataType::Float32 => "float",
-            DataType::Float64 => "double",
-            DataType::Bfloat16 => "bfloat16",
+            Dtype::Int8 => "int8",
+            Dtype::Uint8 => "uint8",
+            Dtype::Int32 => "int32",
+            Dtype::Uint32 => "uint32",
+            Dtype::Int64 => "int64",
+            Dtype::Uint64 => "uint64",
+            Dtype::Float16 => "half",
+            Dtype::Float32 => "float",
+            Dtype::Float64 => "double",
+            Dtype::Bfloat16 => "bfloat16",
         }
     }
 }
 
-impl fmt::Display for DataType {
+impl fmt::Display for Dtype {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
     }
 }
 
-impl FromStr for DataType {
+impl FromStr for Dtype {
     type Err = Error;
-    fn from_str(s: &str) -> Result<DataType, Error> {
+    fn from_str(s: &str) -> Result<Dtype, Error> {
         Ok(match s {
-            "int8" | "char" => DataType::Int8,
-            "uint8" => DataType::Uint8,
-            "int32" | "int" => DataType::Int32,
-            "uint32" => DataType::Uint32,
-            "int64" => DataType::Int64,
-            "uint64" => DataType::Uint64,
-            "half" | "float16" | "f16" => DataType::Float16,
-            "float" | "float32" | "f32" => DataType::Float32,
-            "double" | "float64" | "f64" => DataType::Float64,
-            "bfloat16" | "bf16" => DataType::Bfloat16,
+            "int8" | "char" => Dtype::Int8,
+            "uint8" => Dtype::Uint8,
+            "int32" | "int" => Dtype::Int32,
+            "uint32" => Dtype::Uint32,
+            "int64" => Dtype::Int64,
+            "uint64" => Dtype::Uint64,
+            "half" | "float16" | "f16" => Dtype::Float16,
+            "float" | "float32" | "f32" => Dtype::Float32,
+            "double" | "float64" | "f64" => Dtype::Float64,
+            "bfloat16" | "bf16" => Dtype::Bfloat16,
             _ => {
                 return Err(Error::InvalidArgument(format!(
                     "unknown datatype `{s}` (int8, uint8, int32, uint32, int64, uint64, half, float, double, bfloat16)"
@@ -104,6 +109,11 @@ pub enum ReduceOp {
 
 impl ReduceOp {
     pub const ALL: [ReduceOp; 5] = [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min, ReduceOp::Avg];
+
+    /// The operator with NCCL's number `value`.
+    pub fn from_raw(value: i64) -> Option<ReduceOp> {
+        ReduceOp::ALL.into_iter().find(|op| *op as i64 == value)
+    }
 
     pub fn name(self) -> &'static str {
         match self {
@@ -132,18 +142,41 @@ impl FromStr for ReduceOp {
     }
 }
 
+/// A Rust element type the typed API accepts; `DTYPE` names it on the wire and in the C ABI.
+///
+/// Implemented for `i8`, `u8`, `i32`, `u32`, `i64`, `u64`, `half::f16`, `f32`, `f64` and
+/// `half::bf16` — NCCL's ten types.
+pub trait DataType: bytemuck::Pod + Send + Sync + 'static {
+    const DTYPE: Dtype;
+}
+
+macro_rules! data_types {
+    ($($t:ty => $d:ident),* $(,)?) => {
+        $(impl DataType for $t { const DTYPE: Dtype = Dtype::$d; })*
+    };
+}
+
+data_types! {
+    i8 => Int8, u8 => Uint8, i32 => Int32, u32 => Uint32, i64 => Int64, u64 => Uint64,
+    half::f16 => Float16, f32 => Float32, f64 => Float64, half::bf16 => Bfloat16,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn names_round_trip() {
-        for t in DataType::ALL {
-            assert_eq!(t.name().parse::<DataType>().unwrap(), t);
+        for t in Dtype::ALL {
+            assert_eq!(t.name().parse::<Dtype>().unwrap(), t);
         }
         for op in ReduceOp::ALL {
             assert_eq!(op.name().parse::<ReduceOp>().unwrap(), op);
         }
-        assert!("complex".parse::<DataType>().is_err());
+        assert!("complex".parse::<Dtype>().is_err());
+        assert_eq!(Dtype::from_raw(9), Some(Dtype::Bfloat16));
+        assert_eq!(Dtype::from_raw(10), None);
+        assert_eq!(ReduceOp::from_raw(4), Some(ReduceOp::Avg));
+        assert_eq!(ReduceOp::from_raw(-1), None);
     }
 }

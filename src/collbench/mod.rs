@@ -16,7 +16,7 @@ use topoccl_synth::topology;
 use topoccl_synth::verify;
 
 use crate::error::{Error, Result};
-use crate::types::{DataType, ReduceOp};
+use crate::types::{Dtype, ReduceOp};
 use report::{Report, Row, Sweep};
 
 /// Command-line arguments (nccl-tests' flags where they exist).
@@ -78,7 +78,7 @@ pub fn run(args: &Args, out: &mut dyn Write) -> Result<()> {
             "collbench runs ranks once topoccl's runtime lands; until then pass --simulate for predicted times".into(),
         ));
     }
-    let dtype: DataType = args.datatype.parse()?;
+    let dtype: Dtype = args.datatype.parse()?;
     let op: ReduceOp = args.op.parse()?;
     let topo = topology::resolve(&args.topology)?;
     let n = topo.nranks() as u32;

@@ -1,0 +1,94 @@
+//! Run-time settings, read once from the environment when a communicator is created.
+//!
+//! | variable | meaning | default |
+//! |---|---|---|
+//! | `TOPOCCL_TIMEOUT` | seconds a call may go without any progress before it fails | 300 |
+//! | `TOPOCCL_TRANSPORT` | `auto` (shared memory within a host, TCP across), `tcp`, `shm` | auto |
+//! | `TOPOCCL_ALGO` | force an algorithm (`ring`, `tree`, `rhd`, `hier`, `pairwise`) | per collective |
+//! | `TOPOCCL_NSOCKS` | TCP sockets per peer | 2 |
+//! | `TOPOCCL_SLICE_BYTES` | pipelining slice | 512 KiB |
+//! | `TOPOCCL_SHM_BYTES` | shared-memory ring per direction | 4 MiB |
+//! | `TOPOCCL_SOCKET_IFNAME` / `NCCL_SOCKET_IFNAME` | interfaces to use (prefixes; `^` excludes, `=` exact) | first non-loopback |
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// Which transport connects ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportPolicy {
+    /// Shared memory between ranks on one host, TCP across hosts.
+    Auto,
+    Tcp,
+    /// Shared memory only; ranks on different hosts are an error.
+    Shm,
+}
+
+/// Settings of a communicator.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub timeout: Duration,
+    pub transport: TransportPolicy,
+    pub algo: Option<String>,
+    pub sockets: usize,
+    pub slice_bytes: usize,
+    pub shm_ring_bytes: usize,
+    /// A send waits while this many bytes are queued to its peer.
+    pub max_backlog: usize,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            timeout: Duration::from_secs(300),
+            transport: TransportPolicy::Auto,
+            algo: None,
+            sockets: 2,
+            slice_bytes: 512 << 10,
+            shm_ring_bytes: topoccl_transports::shm::DEFAULT_RING_BYTES,
+            max_backlog: 4 << 20,
+        }
+    }
+}
+
+fn var(name: &str) -> Option<String> {
+    std::env::var(name).ok().map(|v| v.trim().to_string()).filter(|v| !v.is_empty())
+}
+
+fn number(name: &str, min: f64, max: f64) -> Result<Option<f64>> {
+    let Some(v) = var(name) else { return Ok(None) };
+    match v.parse::<f64>() {
+        Ok(x) if x.is_finite() && (min..=max).contains(&x) => Ok(Some(x)),
+        _ => Err(Error::InvalidArgument(format!("{name}={v}: expected a number from {min} to {max}"))),
+    }
+}
+
+impl Config {
+    /// Defaults overridden by `TOPOCCL_*` variables; a malformed value is an error.
+    pub fn from_env() -> Result<Config> {
+        let mut c = Config::default();
+        if let Some(s) = number("TOPOCCL_TIMEOUT", 0.001, 1e9)? {
+            c.timeout = Duration::from_secs_f64(s);
+        }
+        if let Some(t) = var("TOPOCCL_TRANSPORT") {
+            c.transport = match t.to_ascii_lowercase().as_str() {
+                "auto" => TransportPolicy::Auto,
+                "tcp" => TransportPolicy::Tcp,
+                "shm" => TransportPolicy::Shm,
+                _ => return Err(Error::InvalidArgument(format!("TOPOCCL_TRANSPORT={t}: expected auto, tcp or shm"))),
+            };
+        }
+        c.algo = var("TOPOCCL_ALGO").filter(|a| a != "auto");
+        if let Some(n) = number("TOPOCCL_NSOCKS", 1.0, 64.0)? {
+            c.sockets = n as usize;
+        }
+        if let Some(b) = number("TOPOCCL_SLICE_BYTES", 64.0, (1u64 << 30) as f64)? {
+            c.slice_bytes = (b as usize / 64) * 64;
+        }
+        if let Some(b) = number("TOPOCCL_SHM_BYTES", 4096.0, (1u64 << 30) as f64)? {
+            c.shm_ring_bytes = b as usize;
+        }
+        c.max_backlog = c.max_backlog.max(c.slice_bytes);
+        Ok(c)
+    }
+}

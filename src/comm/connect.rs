@@ -1,0 +1,130 @@
+//! Building a communicator's data connections once every rank's address is known.
+//!
+//! The higher rank of each pair dials the lower one's listener and presents the secret and
+//! the communicator id; the lower rank accepts and drops anything else. Each pair then picks
+//! its transport — shared memory when both ranks share a host and the policy allows, else TCP
+//! with several sockets — and both sides decide alike from the same table. Set-up handshakes
+//! run pair by pair in one global order (lexicographic by (lower, higher) rank), which every
+//! rank follows, so they cannot wait on each other in a cycle.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use topoccl_transports::shm::ShmTransport;
+use topoccl_transports::tcp::TcpTransport;
+use topoccl_transports::{Connection, PeerSetup, Transport};
+
+use super::bootstrap::{connect_retry, PeerInfo};
+use super::config::{Config, TransportPolicy};
+use crate::error::{Error, Result};
+
+const DIAL_MAGIC: &[u8; 4] = b"TCDL";
+const DIAL_BYTES: usize = 4 + 16 + 16 + 4 + 4;
+
+/// What authenticates a data connection.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Auth {
+    pub secret: [u8; 16],
+    pub comm_id: [u8; 16],
+}
+
+fn use_shm(cfg: &Config, me: &PeerInfo, peer: &PeerInfo) -> bool {
+    cfg.transport != TransportPolicy::Tcp && me.host == peer.host
+}
+
+/// Connections to every other rank (`None` at `rank`).
+pub(crate) fn connect_all(
+    rank: u32,
+    peers: &[PeerInfo],
+    listener: TcpListener,
+    auth: Auth,
+    cfg: &Config,
+    deadline: Instant,
+) -> Result<Vec<Option<Box<dyn Connection>>>> {
+    let me = peers[rank as usize];
+    if cfg.transport == TransportPolicy::Shm {
+        if let Some(p) = peers.iter().position(|p| p.host != me.host) {
+            return Err(Error::InvalidArgument(format!(
+                "TOPOCCL_TRANSPORT=shm, but rank {p} is on another host than rank {rank}"
+            )));
+        }
+    }
+    let sockets = |p: usize| if use_shm(cfg, &me, &peers[p]) { 1 } else { cfg.sockets.max(1) };
+    let mut streams: HashMap<u32, Vec<Option<TcpStream>>> = HashMap::new();
+    // Dial the lower ranks.
+    for (p, info) in peers.iter().enumerate().take(rank as usize) {
+        let mut v = Vec::new();
+        for i in 0..sockets(p) {
+            let mut s = connect_retry(info.addr, deadline, &format!("rank {p}"))?;
+            let mut hello = Vec::with_capacity(DIAL_BYTES);
+            hello.extend_from_slice(DIAL_MAGIC);
+            hello.extend_from_slice(&auth.secret);
+            hello.extend_from_slice(&auth.comm_id);
+            hello.extend_from_slice(&rank.to_le_bytes());
+            hello.extend_from_slice(&(i as u32).to_le_bytes());
+            s.write_all(&hello).map_err(|e| Error::io(format!("greeting rank {p}"), e))?;
+            v.push(Some(s));
+        }
+        streams.insert(p as u32, v);
+    }
+    // Accept the higher ranks.
+    let mut missing: usize = (rank as usize + 1..peers.len()).map(sockets).sum();
+    listener.set_nonblocking(true).map_err(|e| Error::io("data listener", e))?;
+    while missing > 0 {
+        if Instant::now() >= deadline {
+            let absent: Vec<String> = (rank as usize + 1..peers.len())
+                .filter(|&p| streams.get(&(p as u32)).map_or(0, |v| v.iter().flatten().count()) < sockets(p))
+                .map(|p| p.to_string())
+                .collect();
+            return Err(Error::Bootstrap(format!(
+                "rank {rank}: ranks {} never connected before the deadline (TOPOCCL_TIMEOUT)",
+                absent.join(", ")
+            )));
+        }
+        let mut s = match listener.accept() {
+            Ok((s, _)) => s,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            }
+            Err(e) => return Err(Error::io("accepting a peer", e)),
+        };
+        let mut hello = [0u8; DIAL_BYTES];
+        let read = s.set_nonblocking(false).is_ok()
+            && s.set_read_timeout(Some(Duration::from_secs(5))).is_ok()
+            && s.read_exact(&mut hello).is_ok();
+        if !read || &hello[..4] != DIAL_MAGIC || hello[4..20] != auth.secret || hello[20..36] != auth.comm_id {
+            continue; // refused: not a rank of this communicator
+        }
+        let from = u32::from_le_bytes([hello[36], hello[37], hello[38], hello[39]]);
+        let index = u32::from_le_bytes([hello[40], hello[41], hello[42], hello[43]]) as usize;
+        if from <= rank || from as usize >= peers.len() || index >= sockets(from as usize) {
+            continue;
+        }
+        let v = streams.entry(from).or_insert_with(|| (0..sockets(from as usize)).map(|_| None).collect());
+        if v[index].is_none() {
+            v[index] = Some(s);
+            missing -= 1;
+        }
+    }
+    // Build each pair's connection, in the global pair order.
+    let mut links: Vec<Option<Box<dyn Connection>>> = (0..peers.len()).map(|_| None).collect();
+    for p in 0..peers.len() as u32 {
+        if p == rank {
+            continue;
+        }
+        let v = streams.remove(&p).unwrap_or_default();
+        let streams: Vec<TcpStream> = v.into_iter().flatten().collect();
+        let timeout = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(100));
+        let setup = PeerSetup { streams, creator: rank < p, peer: format!("rank {p}"), timeout };
+        let conn = if use_shm(cfg, &me, &peers[p as usize]) {
+            ShmTransport { ring_bytes: cfg.shm_ring_bytes }.connect(setup)
+        } else {
+            TcpTransport.connect(setup)
+        };
+        links[p as usize] = Some(conn.map_err(|e| Error::Transport { peer: p, source: e })?);
+    }
+    Ok(links)
+}

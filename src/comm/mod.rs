@@ -1,0 +1,335 @@
+//! The communicator: a group of ranks that run collectives together.
+//!
+//! Creation follows NCCL: [`UniqueId::new`] on one rank, the id passed to every rank out of
+//! band, then [`Communicator::init`] everywhere; or [`Communicator::from_env`] under torchrun,
+//! mpirun or srun. Calls are blocking and return once this rank's part is done; each one runs a
+//! schedule of the IR (see `topoccl_synth::schedule`) through the one executor.
+//!
+//! Failure is never silent: a call that stops progressing fails after `TOPOCCL_TIMEOUT`, a
+//! peer that dies fails the call at once, ranks that call different things get a
+//! [`Error::Mismatch`] naming both calls, and after any such error the communicator closes its
+//! connections (so the failure reaches every rank quickly) and refuses further calls.
+//!
+//! ```no_run
+//! use topoccl::{Communicator, ReduceOp};
+//! // Under torchrun/mpirun/srun, or with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set:
+//! let mut comm = Communicator::from_env()?;
+//! let send = vec![comm.rank() as f32; 1024];
+//! let mut recv = vec![0f32; 1024];
+//! comm.all_reduce(&send, &mut recv, ReduceOp::Sum)?;
+//! # Ok::<(), topoccl::Error>(())
+//! ```
+
+mod bootstrap;
+mod collective;
+mod config;
+mod connect;
+mod env;
+mod group;
+mod netif;
+mod typed;
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr, TcpListener, UdpSocket};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use topoccl_synth::algorithms::{Registry, Request};
+use topoccl_synth::schedule::{Collective, Schedule};
+use topoccl_synth::topology::{self, Topology};
+use topoccl_transports::Connection;
+
+pub use bootstrap::{UniqueId, UNIQUE_ID_BYTES};
+use bootstrap::PeerInfo;
+pub use config::{Config, TransportPolicy};
+use connect::Auth;
+pub use group::Group;
+
+use crate::error::{Error, Result};
+use crate::exec::wire::fnv1a;
+
+/// Stops a communicator's running call from another thread.
+#[derive(Clone, Debug)]
+pub struct AbortHandle(Arc<AtomicBool>);
+
+impl AbortHandle {
+    /// The running (or next) call fails with [`Error::Aborted`] within milliseconds; the
+    /// communicator then closes its connections, so its peers fail too.
+    pub fn abort(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// A schedule chosen for a collective, with its identity on the wire.
+#[derive(Clone)]
+pub(crate) struct Chosen {
+    pub schedule: Arc<Schedule>,
+    pub hash: u32,
+}
+
+/// A group of ranks that communicate. See the module documentation.
+pub struct Communicator {
+    rank: u32,
+    nranks: u32,
+    links: Vec<Option<Box<dyn Connection>>>,
+    peers: Vec<PeerInfo>,
+    auth: Auth,
+    config: Config,
+    /// Collective calls so far (identical on every rank when they agree).
+    seq: u32,
+    /// Point-to-point messages sent to / received from each peer.
+    p2p_sent: Vec<u32>,
+    p2p_received: Vec<u32>,
+    topology: Topology,
+    schedules: HashMap<Collective, Chosen>,
+    scratch: Vec<u64>,
+    abort: Arc<AtomicBool>,
+    broken: Option<String>,
+    splits: u32,
+}
+
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Communicator").field("rank", &self.rank).field("nranks", &self.nranks).finish_non_exhaustive()
+    }
+}
+
+fn comm_id(parts: &[&[u8]]) -> [u8; 16] {
+    let joined: Vec<u8> = parts.concat();
+    let mut id = [0u8; 16];
+    for (i, word) in id.chunks_exact_mut(4).enumerate() {
+        let mut salted = joined.clone();
+        salted.push(i as u8);
+        word.copy_from_slice(&fnv1a(&salted).to_le_bytes());
+    }
+    id
+}
+
+/// The address this rank advertises: the interface the user named, else the local address
+/// that routes toward `toward`.
+fn advertised_ip(toward: SocketAddr) -> Result<IpAddr> {
+    if let Some(filter) = netif::interface_filter() {
+        return netif::interface_ip(Some(&filter))
+            .ok_or_else(|| Error::Bootstrap(format!("no up IPv4 interface matches TOPOCCL_SOCKET_IFNAME={filter}")));
+    }
+    if toward.ip().is_loopback() {
+        return Ok(toward.ip());
+    }
+    // Connecting a UDP socket sends nothing; it only asks the kernel for the route.
+    let probe = UdpSocket::bind(SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 0))
+        .and_then(|s| s.connect(toward).and_then(|_| s.local_addr()));
+    match probe {
+        Ok(a) if !a.ip().is_unspecified() => Ok(a.ip()),
+        _ => netif::interface_ip(None).ok_or_else(|| Error::Bootstrap("no usable network interface".into())),
+    }
+}
+
+fn data_listener(ip: IpAddr) -> Result<(TcpListener, SocketAddr)> {
+    let any = SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 0);
+    let l = TcpListener::bind(any).map_err(|e| Error::io("opening the data listener", e))?;
+    let port = l.local_addr().map_err(|e| Error::io("data listener address", e))?.port();
+    Ok((l, SocketAddr::new(ip, port)))
+}
+
+impl Communicator {
+    /// Joins the communicator `id` names as `rank` of `nranks` (`ncclCommInitRank`). Blocks
+    /// until every rank has joined, or fails after `TOPOCCL_TIMEOUT` naming who is missing.
+    pub fn init(id: &UniqueId, rank: u32, nranks: u32) -> Result<Communicator> {
+        Communicator::init_with(id, rank, nranks, Config::from_env()?)
+    }
+
+    /// [`Communicator::init`] with explicit settings instead of the environment's.
+    pub fn init_with(id: &UniqueId, rank: u32, nranks: u32, config: Config) -> Result<Communicator> {
+        if nranks == 0 || rank >= nranks {
+            return Err(Error::InvalidArgument(format!("rank {rank} is out of range for {nranks} ranks")));
+        }
+        let deadline = Instant::now() + config.timeout;
+        let (listener, addr) = data_listener(advertised_ip(id.root_addr())?)?;
+        let me = PeerInfo { addr, host: netif::host_id() };
+        let peers = bootstrap::rendezvous(id, rank, nranks, me, deadline)?;
+        let auth = Auth { secret: id.secret(), comm_id: comm_id(&[&id.to_bytes()]) };
+        Communicator::connect(rank, peers, listener, auth, config, deadline)
+    }
+
+    /// Joins the job the launcher started: torchrun (`RANK`, `WORLD_SIZE`), mpirun
+    /// (`OMPI_COMM_WORLD_RANK`/`SIZE`, `PMI_RANK`/`SIZE`) or srun (`SLURM_PROCID`,
+    /// `SLURM_NTASKS`), meeting at `TOPOCCL_ROOT=host:port` or `MASTER_ADDR`:`MASTER_PORT`,
+    /// where rank 0 runs the rendezvous.
+    pub fn from_env() -> Result<Communicator> {
+        let config = Config::from_env()?;
+        let job = env::LaunchEnv::detect()?;
+        let id = if job.rank == 0 {
+            UniqueId::serve(job.root, job.secret, config.timeout)?
+        } else {
+            UniqueId::remote(job.root, job.secret)
+        };
+        Communicator::init_with(&id, job.rank, job.size, config)
+    }
+
+    fn connect(
+        rank: u32,
+        peers: Vec<PeerInfo>,
+        listener: TcpListener,
+        auth: Auth,
+        config: Config,
+        deadline: Instant,
+    ) -> Result<Communicator> {
+        let nranks = peers.len() as u32;
+        let links = connect::connect_all(rank, &peers, listener, auth, &config, deadline)?;
+        let spec = if nranks <= 64 { format!("full:{nranks}") } else { format!("ring:{nranks}") };
+        Ok(Communicator {
+            rank,
+            nranks,
+            links,
+            peers,
+            auth,
+            config,
+            seq: 0,
+            p2p_sent: vec![0; nranks as usize],
+            p2p_received: vec![0; nranks as usize],
+            topology: topology::resolve(&spec)?,
+            schedules: HashMap::new(),
+            scratch: Vec::new(),
+            abort: Arc::new(AtomicBool::new(false)),
+            broken: None,
+            splits: 0,
+        })
+    }
+
+    pub fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    pub fn nranks(&self) -> u32 {
+        self.nranks
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The transport to each rank (`None` for this rank): `tcp` or `shm`.
+    pub fn transports(&self) -> Vec<Option<&'static str>> {
+        self.links.iter().map(|l| l.as_ref().map(|c| c.transport())).collect()
+    }
+
+    /// A handle that aborts this communicator's calls from another thread.
+    pub fn abort_handle(&self) -> AbortHandle {
+        AbortHandle(self.abort.clone())
+    }
+
+    /// The error that made the communicator unusable, if any (`ncclCommGetAsyncError`).
+    pub fn error(&self) -> Option<&str> {
+        self.broken.as_deref()
+    }
+
+    /// Splits into sub-communicators (`ncclCommSplit`): ranks passing the same `color` form
+    /// one, ordered by `key` then by rank here; `None` takes part but joins none. Every rank
+    /// must call it.
+    pub fn split(&mut self, color: Option<u32>, key: i32) -> Result<Option<Communicator>> {
+        self.usable()?;
+        let deadline = Instant::now() + self.config.timeout;
+        let ip = self.peers[self.rank as usize].addr.ip();
+        let (listener, addr) = data_listener(ip)?;
+        let mut record = Vec::with_capacity(SPLIT_RECORD);
+        record.extend_from_slice(&color.unwrap_or(u32::MAX).to_le_bytes());
+        record.extend_from_slice(&key.to_le_bytes());
+        bootstrap::encode_peer(&PeerInfo { addr, host: self.peers[self.rank as usize].host }, &mut record);
+        record.resize(SPLIT_RECORD, 0);
+        let mut all = vec![0u8; SPLIT_RECORD * self.nranks as usize];
+        self.all_gather(&record, &mut all)?;
+        let split_no = self.splits;
+        self.splits += 1;
+        let Some(color) = color else { return Ok(None) };
+        let mut members: Vec<(i32, u32, PeerInfo)> = all
+            .chunks_exact(SPLIT_RECORD)
+            .enumerate()
+            .filter(|(_, r)| r[..4] == color.to_le_bytes())
+            .map(|(r, rec)| {
+                let key = i32::from_le_bytes([rec[4], rec[5], rec[6], rec[7]]);
+                (key, r as u32, bootstrap::decode_peer(&rec[8..8 + bootstrap::PEER_BYTES]))
+            })
+            .collect();
+        members.sort_by_key(|&(key, r, _)| (key, r));
+        let new_rank = members.iter().position(|m| m.1 == self.rank).unwrap_or(0) as u32;
+        let peers = members.into_iter().map(|m| m.2).collect();
+        let id = comm_id(&[&self.auth.comm_id, &split_no.to_le_bytes(), &color.to_le_bytes()]);
+        let auth = Auth { secret: self.auth.secret, comm_id: id };
+        Communicator::connect(new_rank, peers, listener, auth, self.config.clone(), deadline).map(Some)
+    }
+
+    /// Closes every connection at once, without waiting for peers (`ncclCommAbort`): they see
+    /// this rank gone and fail their calls.
+    pub fn abort(mut self) {
+        self.close_links();
+    }
+
+    /// Releases the communicator (`ncclCommDestroy`). Every call has already completed, so
+    /// nothing is in flight; connections are closed.
+    pub fn destroy(self) -> Result<()> {
+        match &self.broken {
+            Some(why) => Err(Error::Broken(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn close_links(&mut self) {
+        for l in self.links.iter_mut().flatten() {
+            l.close();
+        }
+    }
+
+    fn usable(&self) -> Result<()> {
+        match &self.broken {
+            Some(why) => Err(Error::Broken(why.clone())),
+            None if self.abort.load(Ordering::Relaxed) => Err(Error::Aborted),
+            None => Ok(()),
+        }
+    }
+
+    /// Records a failure that leaves the ranks out of step: connections close so every peer
+    /// learns of it promptly, and later calls are refused.
+    fn fail(&mut self, e: Error) -> Error {
+        if !matches!(e, Error::InvalidArgument(_)) {
+            self.broken = Some(e.to_string());
+            self.close_links();
+        }
+        e
+    }
+
+    /// The schedule for `collective`: `TOPOCCL_ALGO` where it applies, else the default.
+    fn schedule(&mut self, collective: Collective) -> Result<Chosen> {
+        if let Some(c) = self.schedules.get(&collective) {
+            return Ok(c.clone());
+        }
+        let registry = Registry::builtin();
+        let default = if collective == Collective::AllToAll { "pairwise" } else { "ring" };
+        let name = match &self.config.algo {
+            Some(a) => {
+                let g = registry.get(a).map_err(|_| {
+                    Error::InvalidArgument(format!("TOPOCCL_ALGO={a}: unknown algorithm ({})", registry.names().join(", ")))
+                })?;
+                if g.supports(collective) {
+                    g.name()
+                } else {
+                    default
+                }
+            }
+            None => default,
+        };
+        let schedule = registry.generate(name, &Request::new(&self.topology, collective))?;
+        let identity = format!("{}/{}/{}/{}", schedule.name, schedule.collective, schedule.nranks, schedule.chunks);
+        let chosen = Chosen { hash: fnv1a(identity.as_bytes()), schedule: Arc::new(schedule) };
+        self.schedules.insert(collective, chosen.clone());
+        Ok(chosen)
+    }
+}
+
+const SPLIT_RECORD: usize = 40;
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        self.close_links();
+    }
+}

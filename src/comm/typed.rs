@@ -1,0 +1,137 @@
+//! The typed API: slices of any [`DataType`], checked lengths, NCCL's semantics.
+//!
+//! ```
+//! use topoccl::{Communicator, ReduceOp, UniqueId};
+//! // Four ranks as threads of one process, each with its own communicator.
+//! let id = UniqueId::new()?;
+//! let sums: Vec<Vec<f32>> = std::thread::scope(|s| {
+//!     let ranks: Vec<_> = (0..4u32)
+//!         .map(|r| {
+//!             let id = id.clone();
+//!             s.spawn(move || {
+//!                 let mut comm = Communicator::init(&id, r, 4)?;
+//!                 let mut data = vec![r as f32 + 1.0; 3];
+//!                 comm.all_reduce_in_place(&mut data, ReduceOp::Sum)?;
+//!                 Ok::<_, topoccl::Error>(data)
+//!             })
+//!         })
+//!         .collect();
+//!     ranks.into_iter().map(|h| h.join().unwrap()).collect::<Result<_, _>>()
+//! })?;
+//! assert!(sums.iter().all(|v| v == &[10.0; 3]));
+//! # Ok::<(), topoccl::Error>(())
+//! ```
+
+use super::collective::{Buffers, Call};
+use super::Communicator;
+use crate::error::Result;
+use crate::exec::wire::CallKind;
+use crate::types::{DataType, ReduceOp};
+
+fn bytes<T: DataType>(s: &[T]) -> &[u8] {
+    bytemuck::cast_slice(s)
+}
+
+fn bytes_mut<T: DataType>(s: &mut [T]) -> &mut [u8] {
+    bytemuck::cast_slice_mut(s)
+}
+
+fn call<T: DataType>(kind: CallKind, op: ReduceOp, root: u32, count: usize) -> Call {
+    Call { kind, dtype: T::DTYPE, op, root, count }
+}
+
+impl Communicator {
+    /// `recv[i] = Σ over ranks of send[i]` (with `op` for Σ). Equal lengths.
+    pub fn all_reduce<T: DataType>(&mut self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+        let c = call::<T>(CallKind::AllReduce, op, 0, send.len());
+        self.collective(c, Buffers::Separate { input: bytes(send), output: bytes_mut(recv) })
+    }
+
+    pub fn all_reduce_in_place<T: DataType>(&mut self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let c = call::<T>(CallKind::AllReduce, op, 0, buf.len());
+        self.collective(c, Buffers::InPlace(bytes_mut(buf)))
+    }
+
+    /// Rank r receives block r of the reduction: `send.len() == nranks × recv.len()`.
+    pub fn reduce_scatter<T: DataType>(&mut self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+        let c = call::<T>(CallKind::ReduceScatter, op, 0, recv.len());
+        self.collective(c, Buffers::Separate { input: bytes(send), output: bytes_mut(recv) })
+    }
+
+    /// In place: rank r's result lands in block r of `buf` (NCCL's in-place layout).
+    pub fn reduce_scatter_in_place<T: DataType>(&mut self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let count = self.block_len(buf.len())?;
+        self.collective(call::<T>(CallKind::ReduceScatter, op, 0, count), Buffers::InPlace(bytes_mut(buf)))
+    }
+
+    /// `recv` is every rank's `send`, in rank order: `recv.len() == nranks × send.len()`.
+    pub fn all_gather<T: DataType>(&mut self, send: &[T], recv: &mut [T]) -> Result<()> {
+        let c = call::<T>(CallKind::AllGather, ReduceOp::Sum, 0, send.len());
+        self.collective(c, Buffers::Separate { input: bytes(send), output: bytes_mut(recv) })
+    }
+
+    /// In place: each rank's contribution is already in its block of `buf`.
+    pub fn all_gather_in_place<T: DataType>(&mut self, buf: &mut [T]) -> Result<()> {
+        let count = self.block_len(buf.len())?;
+        self.collective(call::<T>(CallKind::AllGather, ReduceOp::Sum, 0, count), Buffers::InPlace(bytes_mut(buf)))
+    }
+
+    /// `recv = root's send`. `send` is read on the root only (pass `&[]` elsewhere).
+    pub fn broadcast<T: DataType>(&mut self, send: &[T], recv: &mut [T], root: u32) -> Result<()> {
+        let c = call::<T>(CallKind::Broadcast, ReduceOp::Sum, root, recv.len());
+        self.collective(c, Buffers::Separate { input: bytes(send), output: bytes_mut(recv) })
+    }
+
+    pub fn broadcast_in_place<T: DataType>(&mut self, buf: &mut [T], root: u32) -> Result<()> {
+        let c = call::<T>(CallKind::Broadcast, ReduceOp::Sum, root, buf.len());
+        self.collective(c, Buffers::InPlace(bytes_mut(buf)))
+    }
+
+    /// The root's `recv` gets the reduction; `recv` is written on the root only (pass
+    /// `&mut []` elsewhere).
+    pub fn reduce<T: DataType>(&mut self, send: &[T], recv: &mut [T], op: ReduceOp, root: u32) -> Result<()> {
+        let c = call::<T>(CallKind::Reduce, op, root, send.len());
+        self.collective(c, Buffers::Separate { input: bytes(send), output: bytes_mut(recv) })
+    }
+
+    pub fn reduce_in_place<T: DataType>(&mut self, buf: &mut [T], op: ReduceOp, root: u32) -> Result<()> {
+        let c = call::<T>(CallKind::Reduce, op, root, buf.len());
+        self.collective(c, Buffers::InPlace(bytes_mut(buf)))
+    }
+
+    /// Block j of `send` goes to rank j, landing in block `rank` there:
+    /// `send.len() == recv.len() == nranks × block`.
+    pub fn all_to_all<T: DataType>(&mut self, send: &[T], recv: &mut [T]) -> Result<()> {
+        let count = self.block_len(send.len())?;
+        let c = call::<T>(CallKind::AllToAll, ReduceOp::Sum, 0, count);
+        self.collective(c, Buffers::Separate { input: bytes(send), output: bytes_mut(recv) })
+    }
+
+    pub fn all_to_all_in_place<T: DataType>(&mut self, buf: &mut [T]) -> Result<()> {
+        let count = self.block_len(buf.len())?;
+        self.collective(call::<T>(CallKind::AllToAll, ReduceOp::Sum, 0, count), Buffers::InPlace(bytes_mut(buf)))
+    }
+
+    /// Sends `data` to `peer`, which must call [`Communicator::recv`] with as many elements.
+    pub fn send<T: DataType>(&mut self, data: &[T], peer: u32) -> Result<()> {
+        let mut g = self.group();
+        g.send(data, peer)?;
+        g.end()
+    }
+
+    pub fn recv<T: DataType>(&mut self, data: &mut [T], peer: u32) -> Result<()> {
+        let mut g = self.group();
+        g.recv(data, peer)?;
+        g.end()
+    }
+
+    fn block_len(&self, len: usize) -> Result<usize> {
+        let n = self.nranks as usize;
+        if len % n != 0 {
+            return Err(crate::Error::InvalidArgument(format!(
+                "a buffer of {len} elements does not split into {n} equal blocks"
+            )));
+        }
+        Ok(len / n)
+    }
+}

@@ -1,0 +1,301 @@
+//! The one executor: runs a [`Program`] (any schedule of the IR, or grouped point-to-point
+//! transfers) over the rank's connections.
+//!
+//! A single thread drives everything, as an event loop: it moves bytes on every connection
+//! the program uses, then advances every channel as far as it can. Each step is cut into
+//! slices of `slice_bytes`, so that a forwarding step (receive-reduce-send, …) passes on the
+//! first slice while the next is still on the wire, which pipelines a chunk across the hops of
+//! a ring or tree. Sends are eager (the transport copies or queues them) but held back while a
+//! connection's backlog is above `max_backlog`, so memory stays bounded without ever making a
+//! sender wait on a receiver that is itself waiting (receivers always drain).
+//!
+//! Nothing here waits without a deadline: when no byte and no step moves for `timeout`, the
+//! call fails with what each channel is stuck on; a closed peer fails it at once; `abort`
+//! ends it within milliseconds.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use topoccl_transports::{wait, Connection, WaitFd};
+
+use super::memory::{Memory, Pair};
+use super::program::{Action, Program, XStep};
+use super::reduce::{reduce_in_place, reduce_into};
+use super::wire::CallHeader;
+use crate::error::{Error, Result};
+use crate::types::{Dtype, ReduceOp};
+
+/// A connection per rank (`None` for this rank itself).
+pub(crate) type Links = [Option<Box<dyn Connection>>];
+
+/// Settings of one run.
+pub(crate) struct RunConfig<'c> {
+    pub rank: u32,
+    pub dtype: Dtype,
+    pub op: ReduceOp,
+    pub slice_bytes: usize,
+    pub max_backlog: usize,
+    pub timeout: Duration,
+    pub abort: &'c AtomicBool,
+    /// What the call is, for error messages.
+    pub what: &'c str,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct ChannelState {
+    step: usize,
+    slice: usize,
+}
+
+struct Run<'r, 'm> {
+    prog: &'r Program,
+    mem: &'r mut Memory<'m>,
+    links: &'r mut Links,
+    cfg: &'r RunConfig<'r>,
+    state: Vec<ChannelState>,
+}
+
+fn link<'l>(links: &'l mut Links, peer: u32) -> Result<&'l mut Box<dyn Connection>> {
+    links
+        .get_mut(peer as usize)
+        .and_then(Option::as_mut)
+        .ok_or_else(|| Error::Internal(format!("no connection to rank {peer}")))
+}
+
+fn transport_error(peer: u32) -> impl FnOnce(topoccl_transports::Error) -> Error {
+    move |e| match e {
+        topoccl_transports::Error::PeerClosed(reason) => Error::PeerFailed { peer, reason },
+        other => Error::Transport { peer, source: other },
+    }
+}
+
+/// Runs `prog` to completion: every step done and every byte handed to the transports.
+pub(crate) fn run(prog: &Program, mem: &mut Memory<'_>, links: &mut Links, cfg: &RunConfig<'_>) -> Result<()> {
+    let mut run = Run { prog, mem, links, cfg, state: vec![ChannelState::default(); prog.channels.len()] };
+    run.run()
+}
+
+impl Run<'_, '_> {
+    fn run(&mut self) -> Result<()> {
+        let mut last_progress = Instant::now();
+        let mut idle_rounds = 0u32;
+        let mut fds: Vec<WaitFd> = Vec::new();
+        loop {
+            let mut moved = false;
+            for &p in &self.prog.peers {
+                moved |= link(self.links, p)?.progress().map_err(transport_error(p))?;
+            }
+            let mut done = true;
+            for c in 0..self.prog.channels.len() {
+                moved |= self.advance(c)?;
+                done &= self.state[c].step == self.prog.channels[c].steps.len();
+            }
+            if done && self.flushed()? {
+                return Ok(());
+            }
+            if moved {
+                last_progress = Instant::now();
+                idle_rounds = 0;
+                continue;
+            }
+            if self.cfg.abort.load(Ordering::Relaxed) {
+                return Err(Error::Aborted);
+            }
+            let idle = last_progress.elapsed();
+            if idle >= self.cfg.timeout {
+                return Err(Error::Timeout {
+                    rank: self.cfg.rank,
+                    secs: self.cfg.timeout.as_secs_f64(),
+                    call: self.cfg.what.to_string(),
+                    waiting: self.blocked(),
+                });
+            }
+            idle_rounds += 1;
+            self.idle_wait(idle, idle_rounds, &mut fds)?;
+        }
+    }
+
+    /// Spin briefly, then yield, then sleep in `poll(2)` (shared memory: short naps, since
+    /// its data comes without a descriptor becoming ready).
+    fn idle_wait(&mut self, idle: Duration, rounds: u32, fds: &mut Vec<WaitFd>) -> Result<()> {
+        fds.clear();
+        let mut spin = false;
+        for &p in &self.prog.peers {
+            let l = link(self.links, p)?;
+            l.wait_fds(fds);
+            spin |= l.needs_spin();
+        }
+        if spin {
+            if idle < Duration::from_micros(50) {
+                std::hint::spin_loop();
+            } else if idle < Duration::from_millis(2) {
+                std::thread::yield_now();
+            } else {
+                wait::wait(fds, Duration::from_micros(500)).map_err(|e| Error::Transport { peer: self.cfg.rank, source: e })?;
+            }
+        } else if rounds < 8 {
+            std::thread::yield_now();
+        } else {
+            wait::wait(fds, Duration::from_millis(20)).map_err(|e| Error::Transport { peer: self.cfg.rank, source: e })?;
+        }
+        Ok(())
+    }
+
+    fn flushed(&mut self) -> Result<bool> {
+        for &p in &self.prog.peers {
+            let l = link(self.links, p)?;
+            if l.backlog() > 0 {
+                if let Some(why) = l.closed() {
+                    return Err(Error::PeerFailed { peer: p, reason: why.to_string() });
+                }
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    fn deps_done(&self, c: usize, step: usize) -> bool {
+        self.prog.channels[c]
+            .deps_of(step as u32)
+            .all(|d| self.state.get(d.on.channel as usize).is_some_and(|s| s.step > d.on.step as usize))
+    }
+
+    /// Runs channel `c` until it blocks or ends; true when anything ran.
+    fn advance(&mut self, c: usize) -> Result<bool> {
+        let ch = &self.prog.channels[c];
+        let mut moved = false;
+        loop {
+            let ChannelState { step, slice } = self.state[c];
+            let Some(st) = ch.steps.get(step) else { return Ok(moved) };
+            if slice == 0 && !self.deps_done(c, step) {
+                return Ok(moved);
+            }
+            let sb = self.cfg.slice_bytes;
+            let slices = st.len.div_ceil(sb).max(1);
+            let off = slice * sb;
+            let n = sb.min(st.len - off);
+            if !self.slice(st, ch.tag, off, n)? {
+                return Ok(moved);
+            }
+            moved = true;
+            self.state[c] = if slice + 1 == slices {
+                ChannelState { step: step + 1, slice: 0 }
+            } else {
+                ChannelState { step, slice: slice + 1 }
+            };
+        }
+    }
+
+    /// Does bytes `[off, off + n)` of step `st`; false when it must wait.
+    fn slice(&mut self, st: &XStep, tag: u32, off: usize, n: usize) -> Result<bool> {
+        let (dtype, op) = (self.cfg.dtype, self.cfg.op);
+        if st.action.sends() && link(self.links, st.to)?.backlog() >= self.cfg.max_backlog {
+            return Ok(false);
+        }
+        let mut msg = if st.action.receives() {
+            let l = link(self.links, st.from)?;
+            match l.recv(tag) {
+                Some(m) => Some(m),
+                None => {
+                    if let Some(why) = l.closed() {
+                        return Err(Error::PeerFailed { peer: st.from, reason: why.to_string() });
+                    }
+                    return Ok(false);
+                }
+            }
+        } else {
+            None
+        };
+        if let Some(m) = &msg {
+            self.check(st, &m.meta, m.data.len(), n)?;
+        }
+        let src = st.src.slice(off, n);
+        let dst = st.dst.slice(off, n);
+        let data = msg.as_mut().map(|m| m.data.as_mut_slice()).unwrap_or_default();
+        match st.action {
+            Action::Send => {
+                let bytes = self.mem.read(src)?;
+                link(self.links, st.to)?.send(tag, &st.meta, bytes).map_err(transport_error(st.to))?;
+            }
+            Action::Recv => self.mem.write(dst)?.copy_from_slice(data),
+            Action::RecvReduce => match self.mem.pair(src, dst)? {
+                Pair::Same(d) => reduce_in_place(dtype, op, d, data),
+                Pair::Distinct(s, d) => reduce_into(dtype, op, d, s, data),
+            },
+            Action::RecvCopySend => {
+                self.mem.write(dst)?.copy_from_slice(data);
+                link(self.links, st.to)?.send(tag, &st.meta, data).map_err(transport_error(st.to))?;
+            }
+            Action::RecvReduceSend => {
+                reduce_in_place(dtype, op, data, self.mem.read(src)?);
+                link(self.links, st.to)?.send(tag, &st.meta, data).map_err(transport_error(st.to))?;
+            }
+            Action::RecvReduceCopySend => {
+                match self.mem.pair(src, dst)? {
+                    Pair::Same(d) => reduce_in_place(dtype, op, d, data),
+                    Pair::Distinct(s, d) => reduce_into(dtype, op, d, s, data),
+                }
+                let out = self.mem.read(dst)?;
+                link(self.links, st.to)?.send(tag, &st.meta, out).map_err(transport_error(st.to))?;
+            }
+            Action::Copy => {
+                if let Pair::Distinct(s, d) = self.mem.pair(src, dst)? {
+                    d.copy_from_slice(s);
+                }
+            }
+            Action::Reduce => match self.mem.pair(src, dst)? {
+                Pair::Distinct(s, d) => reduce_in_place(dtype, op, d, s),
+                Pair::Same(_) => return Err(Error::Internal("a step reduces a chunk with itself".into())),
+            },
+        }
+        if let Some(m) = msg {
+            link(self.links, st.from)?.recycle(m.data);
+        }
+        Ok(true)
+    }
+
+    /// A message must belong to this very call and have the expected length.
+    fn check(&self, st: &XStep, meta: &[u8; 24], got: usize, want: usize) -> Result<()> {
+        if *meta != st.meta {
+            let ours = CallHeader::decode(&st.meta).map(|h| h.describe()).unwrap_or_default();
+            let theirs = CallHeader::decode(&st.meta).map(|h| h.mismatch(meta)).unwrap_or_default();
+            return Err(Error::Mismatch { rank: self.cfg.rank, peer: st.from, theirs, ours });
+        }
+        if got != want {
+            return Err(Error::Mismatch {
+                rank: self.cfg.rank,
+                peer: st.from,
+                theirs: format!("a message of {got} bytes"),
+                ours: format!("{} expecting {want} bytes (is TOPOCCL_SLICE_BYTES set alike everywhere?)", self.cfg.what),
+            });
+        }
+        Ok(())
+    }
+
+    /// What every unfinished channel waits for.
+    fn blocked(&self) -> String {
+        let mut out = Vec::new();
+        for (c, ch) in self.prog.channels.iter().enumerate() {
+            let s = self.state[c];
+            let Some(st) = ch.steps.get(s.step) else { continue };
+            let what = if s.slice == 0 && !self.deps_done(c, s.step) {
+                "another channel".to_string()
+            } else if st.action.receives() {
+                format!("a message from rank {}", st.from)
+            } else {
+                format!("room to send to rank {}", st.to)
+            };
+            out.push(format!("channel {c} step {}/{} waits for {what}", s.step + 1, ch.steps.len()));
+        }
+        if out.is_empty() {
+            return "all steps are done; data to send is still queued (a peer stopped reading)".to_string();
+        }
+        let more = out.len().saturating_sub(4);
+        out.truncate(4);
+        let mut s = out.join("; ");
+        if more > 0 {
+            s += &format!("; and {more} more channels");
+        }
+        s
+    }
+}

@@ -1,0 +1,355 @@
+//! The wire format shared by every byte-stream backend: a 32-byte header (tag, payload length,
+//! meta) before each payload; an outgoing queue for what the stream cannot take yet; incoming
+//! frames parsed into per-tag queues of pooled buffers.
+//!
+//! Small frames are read through a staging buffer (many frames per system call); the payload
+//! of a large frame is read straight into its message buffer (no extra copy).
+
+use std::collections::{HashMap, VecDeque};
+use std::io::IoSlice;
+
+use crate::error::{Error, Result};
+use crate::{Message, Meta, MAX_MESSAGE_BYTES, META_BYTES};
+
+pub(crate) const HEADER_BYTES: usize = 8 + META_BYTES;
+const STAGING_BYTES: usize = 64 << 10;
+/// A payload remainder at least this large is read directly into its buffer.
+const DIRECT_READ_BYTES: usize = 16 << 10;
+/// Buffers kept for reuse.
+const POOL_BUFFERS: usize = 64;
+
+/// A non-blocking byte stream. `Ok(0)` means "nothing now"; a closed peer is
+/// `Err(Error::PeerClosed)`.
+pub(crate) trait ByteStream: Send {
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> Result<usize>;
+    fn read(&mut self, buf: &mut [u8]) -> Result<usize>;
+}
+
+struct Partial {
+    tag: u32,
+    meta: Meta,
+    data: Vec<u8>,
+    got: usize,
+}
+
+/// Framing over one byte stream.
+pub(crate) struct Framed<S> {
+    pub(crate) stream: S,
+    pending: VecDeque<Vec<u8>>,
+    /// Bytes of `pending[0]` already written.
+    pending_off: usize,
+    backlog: usize,
+    staging: Vec<u8>,
+    st_start: usize,
+    st_end: usize,
+    partial: Option<Partial>,
+    queues: HashMap<u32, VecDeque<Message>>,
+    pool: Vec<Vec<u8>>,
+    closed: Option<String>,
+}
+
+fn encode_header(tag: u32, len: u32, meta: &Meta) -> [u8; HEADER_BYTES] {
+    let mut h = [0u8; HEADER_BYTES];
+    h[0..4].copy_from_slice(&tag.to_le_bytes());
+    h[4..8].copy_from_slice(&len.to_le_bytes());
+    h[8..].copy_from_slice(meta);
+    h
+}
+
+fn decode_header(h: &[u8]) -> (u32, usize, Meta) {
+    let mut word = [0u8; 4];
+    word.copy_from_slice(&h[0..4]);
+    let tag = u32::from_le_bytes(word);
+    word.copy_from_slice(&h[4..8]);
+    let len = u32::from_le_bytes(word) as usize;
+    let mut meta = [0u8; META_BYTES];
+    meta.copy_from_slice(&h[8..HEADER_BYTES]);
+    (tag, len, meta)
+}
+
+impl<S: ByteStream> Framed<S> {
+    pub(crate) fn new(stream: S) -> Framed<S> {
+        Framed {
+            stream,
+            pending: VecDeque::new(),
+            pending_off: 0,
+            backlog: 0,
+            staging: vec![0; STAGING_BYTES],
+            st_start: 0,
+            st_end: 0,
+            partial: None,
+            queues: HashMap::new(),
+            pool: Vec::new(),
+            closed: None,
+        }
+    }
+
+    /// A buffer of exactly `len` bytes, reused when possible. Contents are unspecified.
+    fn buffer(&mut self, len: usize) -> Vec<u8> {
+        let mut v = self.pool.pop().unwrap_or_default();
+        if v.len() < len {
+            v.resize(len, 0);
+        } else {
+            v.truncate(len);
+        }
+        v
+    }
+
+    pub(crate) fn recycle(&mut self, data: Vec<u8>) {
+        if self.pool.len() < POOL_BUFFERS {
+            self.pool.push(data);
+        }
+    }
+
+    pub(crate) fn closed(&self) -> Option<&str> {
+        self.closed.as_deref()
+    }
+
+    pub(crate) fn mark_closed(&mut self, why: String) {
+        if self.closed.is_none() {
+            self.closed = Some(why);
+        }
+    }
+
+    pub(crate) fn backlog(&self) -> usize {
+        self.backlog
+    }
+
+    pub(crate) fn send(&mut self, tag: u32, meta: &Meta, data: &[u8]) -> Result<()> {
+        if let Some(why) = &self.closed {
+            return Err(Error::PeerClosed(why.clone()));
+        }
+        let len = u32::try_from(data.len())
+            .map_err(|_| Error::Unsupported(format!("message of {} bytes exceeds {MAX_MESSAGE_BYTES}", data.len())))?;
+        let header = encode_header(tag, len, meta);
+        let mut written = 0;
+        if self.pending.is_empty() {
+            match self.stream.write_vectored(&[IoSlice::new(&header), IoSlice::new(data)]) {
+                Ok(n) => written = n,
+                Err(Error::PeerClosed(why)) => {
+                    self.mark_closed(why.clone());
+                    return Err(Error::PeerClosed(why));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let total = HEADER_BYTES + data.len();
+        if written == total {
+            return Ok(());
+        }
+        let mut rest = self.buffer(0);
+        if written < HEADER_BYTES {
+            rest.extend_from_slice(&header[written..]);
+            rest.extend_from_slice(data);
+        } else {
+            rest.extend_from_slice(&data[written - HEADER_BYTES..]);
+        }
+        self.backlog += rest.len();
+        self.pending.push_back(rest);
+        Ok(())
+    }
+
+    fn progress_write(&mut self) -> Result<bool> {
+        let mut moved = false;
+        while !self.pending.is_empty() && self.closed.is_none() {
+            let n = {
+                let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(8);
+                for (i, buf) in self.pending.iter().take(8).enumerate() {
+                    slices.push(IoSlice::new(if i == 0 { &buf[self.pending_off..] } else { buf }));
+                }
+                match self.stream.write_vectored(&slices) {
+                    Ok(n) => n,
+                    Err(Error::PeerClosed(why)) => {
+                        self.mark_closed(why);
+                        return Ok(moved);
+                    }
+                    Err(e) => return Err(e),
+                }
+            };
+            if n == 0 {
+                break;
+            }
+            moved = true;
+            self.backlog -= n;
+            let mut left = n;
+            while left > 0 {
+                let Some(front) = self.pending.front() else { break };
+                let remaining = front.len() - self.pending_off;
+                if left >= remaining {
+                    left -= remaining;
+                    self.pending_off = 0;
+                    if let Some(done) = self.pending.pop_front() {
+                        self.recycle(done);
+                    }
+                } else {
+                    self.pending_off += left;
+                    left = 0;
+                }
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Reads into the staging buffer; false when nothing came.
+    fn fill_staging(&mut self) -> Result<bool> {
+        if self.st_start == self.st_end {
+            self.st_start = 0;
+            self.st_end = 0;
+        } else if self.st_start > 0 && self.staging.len() - self.st_end < HEADER_BYTES {
+            self.staging.copy_within(self.st_start..self.st_end, 0);
+            self.st_end -= self.st_start;
+            self.st_start = 0;
+        }
+        let n = self.stream.read(&mut self.staging[self.st_end..])?;
+        self.st_end += n;
+        Ok(n > 0)
+    }
+
+    fn complete(&mut self, p: Partial) {
+        self.queues.entry(p.tag).or_default().push_back(Message { tag: p.tag, meta: p.meta, data: p.data });
+    }
+
+    fn progress_read(&mut self) -> Result<bool> {
+        let mut moved = false;
+        loop {
+            if let Some(mut p) = self.partial.take() {
+                let want = p.data.len() - p.got;
+                let staged = self.st_end - self.st_start;
+                if staged > 0 {
+                    let n = staged.min(want);
+                    p.data[p.got..p.got + n].copy_from_slice(&self.staging[self.st_start..self.st_start + n]);
+                    self.st_start += n;
+                    p.got += n;
+                } else if want >= DIRECT_READ_BYTES {
+                    let n = self.stream.read(&mut p.data[p.got..]);
+                    match n {
+                        Ok(0) => {
+                            self.partial = Some(p);
+                            return Ok(moved);
+                        }
+                        Ok(n) => p.got += n,
+                        Err(e) => {
+                            self.partial = Some(p);
+                            return Err(e);
+                        }
+                    }
+                } else {
+                    self.partial = Some(p);
+                    if !self.fill_staging()? {
+                        return Ok(moved);
+                    }
+                    continue;
+                }
+                moved = true;
+                if p.got == p.data.len() {
+                    self.complete(p);
+                } else {
+                    self.partial = Some(p);
+                }
+                continue;
+            }
+            if self.st_end - self.st_start >= HEADER_BYTES {
+                let (tag, len, meta) = decode_header(&self.staging[self.st_start..self.st_start + HEADER_BYTES]);
+                self.st_start += HEADER_BYTES;
+                let data = self.buffer(len);
+                let p = Partial { tag, meta, data, got: 0 };
+                moved = true;
+                if len == 0 {
+                    self.complete(p);
+                } else {
+                    self.partial = Some(p);
+                }
+                continue;
+            }
+            if !self.fill_staging()? {
+                return Ok(moved);
+            }
+        }
+    }
+
+    pub(crate) fn progress(&mut self) -> Result<bool> {
+        if self.closed.is_some() {
+            return Ok(false);
+        }
+        let wrote = self.progress_write()?;
+        let read = match self.progress_read() {
+            Ok(m) => m,
+            Err(Error::PeerClosed(why)) => {
+                self.mark_closed(why);
+                true
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(wrote || read)
+    }
+
+    pub(crate) fn recv(&mut self, tag: u32) -> Option<Message> {
+        self.queues.get_mut(&tag).and_then(|q| q.pop_front())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An in-memory stream that moves at most `limit` bytes per call, to exercise partial
+    /// reads and writes.
+    struct Pipe {
+        out: Vec<u8>,
+        input: Vec<u8>,
+        pos: usize,
+        limit: usize,
+        room: usize,
+    }
+
+    impl ByteStream for Pipe {
+        fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> Result<usize> {
+            let mut n = 0;
+            for b in bufs {
+                let take = b.len().min(self.limit - n).min(self.room);
+                self.out.extend_from_slice(&b[..take]);
+                self.room -= take;
+                n += take;
+                if take < b.len() {
+                    break;
+                }
+            }
+            Ok(n)
+        }
+        fn read(&mut self, buf: &mut [u8]) -> Result<usize> {
+            let n = buf.len().min(self.limit).min(self.input.len() - self.pos);
+            buf[..n].copy_from_slice(&self.input[self.pos..self.pos + n]);
+            self.pos += n;
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn frames_survive_partial_writes_and_reads() {
+        let sizes = [0usize, 1, 31, 32, 33, 1000, 20_000, 70_000, 200_000, 3];
+        for limit in [7usize, 100, 4096, 1 << 20] {
+            let sender = Pipe { out: Vec::new(), input: Vec::new(), pos: 0, limit, room: 50_000 };
+            let mut tx = Framed::new(sender);
+            let payloads: Vec<Vec<u8>> =
+                sizes.iter().enumerate().map(|(i, &n)| (0..n).map(|b| (b * 7 + i) as u8).collect()).collect();
+            for (i, p) in payloads.iter().enumerate() {
+                let meta = [i as u8; META_BYTES];
+                tx.send((i % 3) as u32, &meta, p).unwrap();
+            }
+            while tx.backlog() > 0 {
+                tx.stream.room = 50_000;
+                tx.progress().unwrap();
+            }
+            let wire = std::mem::take(&mut tx.stream.out);
+            let mut rx = Framed::new(Pipe { out: Vec::new(), input: wire, pos: 0, limit, room: 0 });
+            while rx.progress().unwrap() {}
+            for (i, p) in payloads.iter().enumerate() {
+                let m = rx.recv((i % 3) as u32).expect("message");
+                assert_eq!(m.meta, [i as u8; META_BYTES]);
+                assert_eq!(&m.data, p, "payload {i} with limit {limit}");
+                rx.recycle(m.data);
+            }
+            assert!(rx.recv(0).is_none());
+        }
+    }
+}

@@ -1,0 +1,112 @@
+//! # topoccl-transports
+//!
+//! Moving bytes between two ranks, and nothing else: this crate knows no collective, schedule
+//! or topology (it must never depend on `topoccl-synth`). The executor in the core crate talks
+//! to every backend through one small trait, [`Connection`]:
+//!
+//! - `send` hands a message (a tag, a 24-byte opaque `meta` the executor uses for its checks,
+//!   and the payload) to the connection and returns at once. Sends are **eager**: the payload
+//!   is copied into the kernel, the shared ring, or a pending buffer, so the caller's memory
+//!   is free again when `send` returns, and a send never waits for the matching receive.
+//! - `progress` moves bytes both ways without blocking. Arriving messages are always drained
+//!   into pooled buffers, so a sender never waits on a receiver that is busy elsewhere (this is
+//!   what makes every deadlock-free schedule of the IR deadlock-free on the wire).
+//! - `recv(tag)` takes the next complete message of a tag (messages of one tag stay in order);
+//!   `recycle` gives its buffer back so the hot path allocates nothing.
+//! - `backlog` says how many bytes wait to be handed over, so the executor can apply
+//!   back-pressure; `wait_fds`/`needs_spin` tell it how to sleep when nothing moves.
+//!
+//! Backends mirror one shape (as Gloo's `transport/tcp` and `transport/ibverbs` do): a byte
+//! stream ([`tcp`] sockets, [`shm`] rings in shared memory) under one framing layer. A
+//! [`Transport`] turns the TCP streams the bootstrap opened to a peer into a [`Connection`];
+//! later backends (CUDA IPC, RDMA verbs) plug in there. [`TRANSPORT_API_VERSION`] is bumped on
+//! incompatible changes, as NCCL versions its net plugins.
+
+pub mod error;
+mod framing;
+pub mod shm;
+pub mod tcp;
+pub mod wait;
+
+use std::net::TcpStream;
+use std::os::fd::RawFd;
+use std::time::Duration;
+
+pub use error::{Error, Result};
+
+/// Version of the [`Transport`] and [`Connection`] interfaces.
+pub const TRANSPORT_API_VERSION: u32 = 1;
+
+/// Bytes of per-message metadata carried for the user of the connection.
+pub const META_BYTES: usize = 24;
+
+/// Opaque per-message metadata (the executor stores the collective's sequence number, kind,
+/// datatype, count and root there, to detect mismatched calls).
+pub type Meta = [u8; META_BYTES];
+
+/// Largest payload of one message (the executor slices larger transfers).
+pub const MAX_MESSAGE_BYTES: usize = u32::MAX as usize;
+
+/// A received message. Give `data` back with [`Connection::recycle`] once consumed.
+#[derive(Debug)]
+pub struct Message {
+    pub tag: u32,
+    pub meta: Meta,
+    pub data: Vec<u8>,
+}
+
+/// A file descriptor to wait on, and whether writability is of interest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WaitFd {
+    pub fd: RawFd,
+    pub write: bool,
+}
+
+/// A point-to-point connection to one peer. See the crate documentation for the semantics.
+pub trait Connection: Send {
+    /// The backend's name (`tcp`, `shm`).
+    fn transport(&self) -> &'static str;
+    /// Queues one message; never blocks. Fails if the peer has gone.
+    fn send(&mut self, tag: u32, meta: &Meta, data: &[u8]) -> Result<()>;
+    /// Bytes accepted by `send` but not yet handed to the kernel or the shared ring.
+    fn backlog(&self) -> usize;
+    /// Moves bytes without blocking; true when anything moved. A peer that closes is recorded
+    /// (see [`Connection::closed`]), not reported here: it may have closed after sending all
+    /// this side still needs.
+    fn progress(&mut self) -> Result<bool>;
+    /// The next complete message of `tag`, if one has arrived.
+    fn recv(&mut self, tag: u32) -> Option<Message>;
+    /// Returns a message buffer to the pool.
+    fn recycle(&mut self, data: Vec<u8>);
+    /// Why the peer is gone, once it is.
+    fn closed(&self) -> Option<&str>;
+    /// Descriptors whose readiness means this connection may progress.
+    fn wait_fds(&self, out: &mut Vec<WaitFd>);
+    /// True when progress can come without any descriptor becoming ready (shared memory):
+    /// the waiter must poll rather than sleep in `poll(2)` indefinitely.
+    fn needs_spin(&self) -> bool;
+    /// Shuts the connection down; the peer sees it closed.
+    fn close(&mut self);
+}
+
+/// What the bootstrap hands a [`Transport`] to build a connection to one peer.
+pub struct PeerSetup {
+    /// Connected TCP streams to the peer, already authenticated. The first is the control
+    /// stream; a TCP connection uses all of them, shared memory only for set-up and liveness.
+    pub streams: Vec<TcpStream>,
+    /// True on exactly one side of the pair (the lower rank): that side creates shared state.
+    pub creator: bool,
+    /// A label for error messages (`rank 3`).
+    pub peer: String,
+    /// Deadline for the set-up handshake.
+    pub timeout: Duration,
+}
+
+/// A backend: builds connections. Versioned by [`Transport::api_version`].
+pub trait Transport: Send + Sync {
+    fn api_version(&self) -> u32 {
+        TRANSPORT_API_VERSION
+    }
+    fn name(&self) -> &'static str;
+    fn connect(&self, setup: PeerSetup) -> Result<Box<dyn Connection>>;
+}

@@ -1,0 +1,260 @@
+//! Shared memory between ranks on one host: a pair of single-producer single-consumer byte
+//! rings (one per direction) in one memfd segment, under the same framing as TCP.
+//!
+//! The TCP stream the bootstrap opened to the peer stays open beside the rings as a liveness
+//! line: when the peer's process dies the kernel closes it, and a rank waiting on the ring
+//! notices within milliseconds instead of spinning until its deadline. If the peer cannot map
+//! the segment (another container, `/proc` hidden), both sides fall back to TCP on the streams
+//! they already have.
+
+mod ring;
+mod segment;
+
+use std::io::{self, IoSlice, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::framing::{ByteStream, Framed};
+use crate::tcp::TcpConnection;
+use crate::{Connection, Message, Meta, PeerSetup, Transport, WaitFd};
+use ring::{Ring, RING_HEADER_BYTES};
+use segment::Segment;
+
+/// Default data bytes per direction.
+pub const DEFAULT_RING_BYTES: usize = 4 << 20;
+const HANDSHAKE_MAGIC: &[u8; 4] = b"TSHM";
+/// How many empty reads between two checks of the liveness line.
+const LIVENESS_EVERY: u32 = 512;
+
+struct ShmByteStream {
+    tx: Ring,
+    rx: Ring,
+    control: TcpStream,
+    peer: String,
+    idle: u32,
+}
+
+impl ShmByteStream {
+    /// Checks the liveness line now and then; an error once the peer is gone.
+    fn check_peer(&mut self) -> Result<()> {
+        if self.rx.is_closed() {
+            return Err(Error::PeerClosed(format!("{} closed its shared-memory connection", self.peer)));
+        }
+        self.idle += 1;
+        if self.idle < LIVENESS_EVERY {
+            return Ok(());
+        }
+        self.idle = 0;
+        let mut byte = [0u8; 1];
+        match self.control.read(&mut byte) {
+            Ok(0) => Err(Error::PeerClosed(format!("{} is gone (its liveness socket closed)", self.peer))),
+            Ok(_) => Err(Error::Protocol(format!("unexpected byte from {} on the liveness socket", self.peer))),
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => Ok(()),
+            Err(e) => Err(Error::PeerClosed(format!("{} is gone: {e}", self.peer))),
+        }
+    }
+}
+
+impl ByteStream for ShmByteStream {
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> Result<usize> {
+        let n = self.tx.write(bufs);
+        if n == 0 {
+            self.check_peer()?;
+        }
+        Ok(n)
+    }
+
+    fn read(&mut self, buf: &mut [u8]) -> Result<usize> {
+        let n = self.rx.read(buf);
+        if n == 0 && !buf.is_empty() {
+            self.check_peer()?;
+        } else {
+            self.idle = 0;
+        }
+        Ok(n)
+    }
+}
+
+/// A shared-memory connection.
+pub struct ShmConnection {
+    framed: Framed<ShmByteStream>,
+}
+
+impl Connection for ShmConnection {
+    fn transport(&self) -> &'static str {
+        "shm"
+    }
+    fn send(&mut self, tag: u32, meta: &Meta, data: &[u8]) -> Result<()> {
+        self.framed.send(tag, meta, data)
+    }
+    fn backlog(&self) -> usize {
+        self.framed.backlog()
+    }
+    fn progress(&mut self) -> Result<bool> {
+        self.framed.progress()
+    }
+    fn recv(&mut self, tag: u32) -> Option<Message> {
+        self.framed.recv(tag)
+    }
+    fn recycle(&mut self, data: Vec<u8>) {
+        self.framed.recycle(data)
+    }
+    fn closed(&self) -> Option<&str> {
+        self.framed.closed()
+    }
+    fn wait_fds(&self, out: &mut Vec<WaitFd>) {
+        if self.framed.closed().is_none() {
+            out.push(WaitFd { fd: self.framed.stream.control.as_raw_fd(), write: false });
+        }
+    }
+    fn needs_spin(&self) -> bool {
+        self.framed.closed().is_none()
+    }
+    fn close(&mut self) {
+        self.framed.stream.tx.close();
+        self.framed.stream.rx.close();
+        let _ = self.framed.stream.control.shutdown(Shutdown::Both);
+        self.framed.mark_closed("closed locally".to_string());
+    }
+}
+
+/// The shared-memory backend.
+pub struct ShmTransport {
+    /// Data bytes per direction.
+    pub ring_bytes: usize,
+}
+
+impl Default for ShmTransport {
+    fn default() -> ShmTransport {
+        ShmTransport { ring_bytes: DEFAULT_RING_BYTES }
+    }
+}
+
+fn hs(peer: &str, e: io::Error) -> Error {
+    Error::io(format!("shared-memory handshake with {peer}"), e)
+}
+
+fn ring_span(ring_bytes: usize) -> usize {
+    (RING_HEADER_BYTES + ring_bytes).next_multiple_of(4096)
+}
+
+impl ShmTransport {
+    fn create(&self, control: &mut TcpStream, peer: &str) -> Result<Option<(Arc<Segment>, usize)>> {
+        let span = ring_span(self.ring_bytes);
+        let mut segment = Segment::create(2 * span)?;
+        let fd = segment.raw_fd().ok_or_else(|| Error::Protocol("segment without a descriptor".into()))?;
+        let mut msg = Vec::with_capacity(24);
+        msg.extend_from_slice(HANDSHAKE_MAGIC);
+        msg.extend_from_slice(&std::process::id().to_le_bytes());
+        msg.extend_from_slice(&fd.to_le_bytes());
+        msg.extend_from_slice(&(self.ring_bytes as u64).to_le_bytes());
+        control.write_all(&msg).map_err(|e| hs(peer, e))?;
+        let mut ok = [0u8; 1];
+        control.read_exact(&mut ok).map_err(|e| hs(peer, e))?;
+        if ok[0] != 1 {
+            return Ok(None);
+        }
+        segment.release_file();
+        Ok(Some((Arc::new(segment), span)))
+    }
+
+    fn join(&self, control: &mut TcpStream, peer: &str) -> Result<Option<(Arc<Segment>, usize)>> {
+        let mut msg = [0u8; 20];
+        control.read_exact(&mut msg).map_err(|e| hs(peer, e))?;
+        if &msg[0..4] != HANDSHAKE_MAGIC {
+            return Err(Error::Protocol(format!("{peer} did not start a shared-memory handshake")));
+        }
+        let word = |r: std::ops::Range<usize>| {
+            let mut w = [0u8; 4];
+            w.copy_from_slice(&msg[r]);
+            w
+        };
+        let pid = u32::from_le_bytes(word(4..8));
+        let fd = i32::from_le_bytes(word(8..12));
+        let mut q = [0u8; 8];
+        q.copy_from_slice(&msg[12..20]);
+        let ring_bytes = u64::from_le_bytes(q) as usize;
+        let span = ring_span(ring_bytes);
+        let opened = Segment::open(pid, fd, 2 * span);
+        control.write_all(&[u8::from(opened.is_ok())]).map_err(|e| hs(peer, e))?;
+        Ok(opened.ok().map(|s| (Arc::new(s), span)))
+    }
+}
+
+impl Transport for ShmTransport {
+    fn name(&self) -> &'static str {
+        "shm"
+    }
+
+    fn connect(&self, mut setup: PeerSetup) -> Result<Box<dyn Connection>> {
+        let peer = setup.peer.clone();
+        let Some(control) = setup.streams.first_mut() else {
+            return Err(Error::Unsupported(format!("no control stream to {peer}")));
+        };
+        control.set_read_timeout(Some(setup.timeout)).map_err(|e| hs(&peer, e))?;
+        let shared = if setup.creator { self.create(control, &peer)? } else { self.join(control, &peer)? };
+        let Some((segment, span)) = shared else {
+            // The peer could not map our memory: TCP over the streams we have.
+            return Ok(Box::new(TcpConnection::new(setup.streams, &peer)?));
+        };
+        let (tx_at, rx_at) = if setup.creator { (0, span) } else { (span, 0) };
+        let ring_bytes = span - RING_HEADER_BYTES;
+        let bad = || Error::Protocol("shared segment too small for its rings".into());
+        let tx = Ring::new(segment.clone(), tx_at, ring_bytes).ok_or_else(bad)?;
+        let rx = Ring::new(segment, rx_at, ring_bytes).ok_or_else(bad)?;
+        let control = setup.streams.swap_remove(0);
+        control.set_nonblocking(true).map_err(|e| hs(&peer, e))?;
+        let stream = ShmByteStream { tx, rx, control, peer, idle: 0 };
+        Ok(Box::new(ShmConnection { framed: Framed::new(stream) }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+    use std::time::Duration;
+
+    fn pair(transport: &ShmTransport) -> (Box<dyn Connection>, Box<dyn Connection>) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let b = l.accept().unwrap().0;
+        let t = Duration::from_secs(10);
+        std::thread::scope(|s| {
+            let h = s.spawn(|| {
+                transport.connect(PeerSetup { streams: vec![b], creator: false, peer: "rank 0".into(), timeout: t })
+            });
+            let x = transport.connect(PeerSetup { streams: vec![a], creator: true, peer: "rank 1".into(), timeout: t });
+            (x.unwrap(), h.join().unwrap().unwrap())
+        })
+    }
+
+    #[test]
+    fn messages_larger_than_the_ring_arrive_intact() {
+        let transport = ShmTransport { ring_bytes: 64 << 10 };
+        let (mut a, mut b) = pair(&transport);
+        assert_eq!(a.transport(), "shm");
+        let big: Vec<u8> = (0..1_000_003u32).map(|i| (i % 249) as u8).collect();
+        a.send(5, &[9; 24], &big).unwrap();
+        a.send(6, &[1; 24], &[]).unwrap();
+        b.send(0, &[2; 24], b"back").unwrap();
+        let (mut got5, mut got6, mut back) = (None, None, None);
+        while got5.is_none() || got6.is_none() || back.is_none() {
+            a.progress().unwrap();
+            b.progress().unwrap();
+            got5 = got5.or_else(|| b.recv(5));
+            got6 = got6.or_else(|| b.recv(6));
+            back = back.or_else(|| a.recv(0));
+        }
+        assert_eq!(got5.unwrap().data, big);
+        assert!(got6.unwrap().data.is_empty());
+        assert_eq!(back.unwrap().data, b"back");
+        assert_eq!(a.backlog(), 0);
+        a.close();
+        b.progress().unwrap();
+        assert!(b.closed().is_some());
+        assert!(b.send(0, &[0; 24], b"x").is_err());
+    }
+}

@@ -1,0 +1,215 @@
+//! TCP: the fallback that works everywhere. Non-blocking sockets with Nagle off; several
+//! sockets per peer (message tags are spread over them, so parallel channels of a schedule use
+//! parallel sockets and large transfers are not serialised behind one socket buffer).
+
+use std::io::{self, IoSlice, Read};
+use std::net::{Shutdown, TcpStream};
+use std::os::fd::AsRawFd;
+
+use nix::sys::socket::{sendmsg, MsgFlags};
+
+use crate::error::{Error, Result};
+use crate::framing::{ByteStream, Framed};
+use crate::{Connection, Message, Meta, PeerSetup, Transport, WaitFd};
+
+/// A TCP socket as a non-blocking byte stream.
+pub(crate) struct TcpByteStream {
+    stream: TcpStream,
+    peer: String,
+}
+
+impl TcpByteStream {
+    pub(crate) fn new(stream: TcpStream, peer: &str) -> Result<TcpByteStream> {
+        stream.set_nonblocking(true).map_err(|e| Error::io("making a socket non-blocking", e))?;
+        stream.set_nodelay(true).map_err(|e| Error::io("disabling Nagle's algorithm", e))?;
+        Ok(TcpByteStream { stream, peer: peer.to_string() })
+    }
+
+    fn closed(&self, e: Option<io::Error>) -> Error {
+        Error::PeerClosed(match e {
+            Some(e) => format!("{} over TCP: {e}", self.peer),
+            None => format!("{} closed its TCP connection", self.peer),
+        })
+    }
+}
+
+fn is_disconnect(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::BrokenPipe
+            | io::ErrorKind::UnexpectedEof
+            | io::ErrorKind::NotConnected
+    )
+}
+
+impl ByteStream for TcpByteStream {
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> Result<usize> {
+        // sendmsg with MSG_NOSIGNAL: a vanished peer must be an error, never a SIGPIPE that
+        // kills a C program using the library.
+        match sendmsg::<()>(self.stream.as_raw_fd(), bufs, &[], MsgFlags::MSG_NOSIGNAL, None) {
+            Ok(n) => Ok(n),
+            Err(nix::errno::Errno::EAGAIN) | Err(nix::errno::Errno::EINTR) => Ok(0),
+            Err(errno) => {
+                let e = io::Error::from(errno);
+                if is_disconnect(&e) {
+                    Err(self.closed(Some(e)))
+                } else {
+                    Err(Error::io(format!("sending to {}", self.peer), e))
+                }
+            }
+        }
+    }
+
+    fn read(&mut self, buf: &mut [u8]) -> Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        match self.stream.read(buf) {
+            Ok(0) => Err(self.closed(None)),
+            Ok(n) => Ok(n),
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => Ok(0),
+            Err(e) if is_disconnect(&e) => Err(self.closed(Some(e))),
+            Err(e) => Err(Error::io(format!("receiving from {}", self.peer), e)),
+        }
+    }
+}
+
+/// One or more sockets to one peer; tag `t` travels on socket `t % sockets`.
+pub struct TcpConnection {
+    sockets: Vec<Framed<TcpByteStream>>,
+}
+
+impl TcpConnection {
+    /// Wraps connected, authenticated streams (at least one).
+    pub fn new(streams: Vec<TcpStream>, peer: &str) -> Result<TcpConnection> {
+        if streams.is_empty() {
+            return Err(Error::Unsupported(format!("no TCP stream to {peer}")));
+        }
+        let sockets =
+            streams.into_iter().map(|s| TcpByteStream::new(s, peer).map(Framed::new)).collect::<Result<Vec<_>>>()?;
+        Ok(TcpConnection { sockets })
+    }
+
+    fn socket(&mut self, tag: u32) -> &mut Framed<TcpByteStream> {
+        let i = tag as usize % self.sockets.len();
+        &mut self.sockets[i]
+    }
+}
+
+impl Connection for TcpConnection {
+    fn transport(&self) -> &'static str {
+        "tcp"
+    }
+
+    fn send(&mut self, tag: u32, meta: &Meta, data: &[u8]) -> Result<()> {
+        self.socket(tag).send(tag, meta, data)
+    }
+
+    fn backlog(&self) -> usize {
+        self.sockets.iter().map(Framed::backlog).sum()
+    }
+
+    fn progress(&mut self) -> Result<bool> {
+        let mut moved = false;
+        for s in &mut self.sockets {
+            moved |= s.progress()?;
+        }
+        Ok(moved)
+    }
+
+    fn recv(&mut self, tag: u32) -> Option<Message> {
+        self.socket(tag).recv(tag)
+    }
+
+    fn recycle(&mut self, data: Vec<u8>) {
+        if let Some(s) = self.sockets.first_mut() {
+            s.recycle(data);
+        }
+    }
+
+    fn closed(&self) -> Option<&str> {
+        self.sockets.iter().find_map(|s| s.closed())
+    }
+
+    fn wait_fds(&self, out: &mut Vec<WaitFd>) {
+        for s in &self.sockets {
+            if s.closed().is_none() {
+                out.push(WaitFd { fd: s.stream.stream.as_raw_fd(), write: s.backlog() > 0 });
+            }
+        }
+    }
+
+    fn needs_spin(&self) -> bool {
+        false
+    }
+
+    fn close(&mut self) {
+        for s in &mut self.sockets {
+            // Errors here mean the socket is already gone, which is what close wants.
+            let _ = s.stream.stream.shutdown(Shutdown::Both);
+            s.mark_closed("closed locally".to_string());
+        }
+    }
+}
+
+/// The TCP backend.
+pub struct TcpTransport;
+
+impl Transport for TcpTransport {
+    fn name(&self) -> &'static str {
+        "tcp"
+    }
+
+    fn connect(&self, setup: PeerSetup) -> Result<Box<dyn Connection>> {
+        Ok(Box::new(TcpConnection::new(setup.streams, &setup.peer)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    pub(crate) fn socket_pairs(k: usize) -> (Vec<TcpStream>, Vec<TcpStream>) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let mut a = Vec::new();
+        let mut b = Vec::new();
+        for _ in 0..k {
+            a.push(TcpStream::connect(addr).unwrap());
+            b.push(l.accept().unwrap().0);
+        }
+        (a, b)
+    }
+
+    #[test]
+    fn large_messages_cross_several_sockets_in_order() {
+        let (a, b) = socket_pairs(2);
+        let mut tx = TcpConnection::new(a, "rank 1").unwrap();
+        let mut rx = TcpConnection::new(b, "rank 0").unwrap();
+        let big: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+        for tag in 0..4u32 {
+            tx.send(tag, &[tag as u8; 24], &big[..big.len() - tag as usize]).unwrap();
+        }
+        let mut got = Vec::new();
+        while got.len() < 4 {
+            tx.progress().unwrap();
+            rx.progress().unwrap();
+            for tag in 0..4u32 {
+                if let Some(m) = rx.recv(tag) {
+                    assert_eq!(m.meta, [tag as u8; 24]);
+                    assert_eq!(m.data, big[..big.len() - tag as usize]);
+                    got.push(tag);
+                }
+            }
+        }
+        assert_eq!(tx.backlog(), 0);
+        tx.close();
+        while rx.closed().is_none() {
+            rx.progress().unwrap();
+        }
+        assert!(rx.closed().unwrap().contains("rank 0"));
+    }
+}
