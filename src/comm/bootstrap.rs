@@ -88,9 +88,8 @@ impl UniqueId {
     /// known secret; used by launch-environment initialisation, where rank 0 runs it.
     pub(crate) fn serve(addr: SocketAddr, secret: [u8; 16], timeout: Duration) -> Result<UniqueId> {
         let bind = SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), addr.port());
-        let listener = TcpListener::bind(bind).map_err(|e| {
-            Error::Bootstrap(format!("cannot listen on port {} for the rendezvous: {e}", addr.port()))
-        })?;
+        let listener = TcpListener::bind(bind)
+            .map_err(|e| Error::Bootstrap(format!("cannot listen on port {} for the rendezvous: {e}", addr.port())))?;
         let port = listener.local_addr().map_err(|e| Error::io("rendezvous address", e))?.port();
         std::thread::Builder::new()
             .name("topoccl-rendezvous".into())
@@ -134,7 +133,8 @@ impl UniqueId {
 
 /// The rendezvous service: collects `nranks` hellos that carry the secret, then answers each.
 fn serve_rendezvous(listener: TcpListener, secret: [u8; 16], timeout: Duration) {
-    let deadline = Instant::now() + timeout;
+    // Give up a little before the ranks do, so they hear who is missing.
+    let deadline = Instant::now() + timeout.mul_f64(0.9);
     if listener.set_nonblocking(true).is_err() {
         return;
     }
@@ -194,6 +194,17 @@ fn serve_rendezvous(listener: TcpListener, secret: [u8; 16], timeout: Duration) 
             return;
         }
     }
+    let missing: Vec<String> =
+        entries.iter().enumerate().filter(|(_, e)| e.is_none()).map(|(r, _)| r.to_string()).collect();
+    let message = format!(
+        "rank(s) {} of {} never reached the rendezvous within {:.1} s (TOPOCCL_TIMEOUT)",
+        missing.join(", "),
+        entries.len(),
+        timeout.as_secs_f64()
+    );
+    for (st, _) in entries.iter_mut().flatten() {
+        let _ = reply_error(st, &message);
+    }
 }
 
 fn reply_error(s: &mut TcpStream, message: &str) -> std::io::Result<()> {
@@ -220,7 +231,13 @@ pub(crate) fn connect_retry(addr: SocketAddr, deadline: Instant, what: &str) -> 
 }
 
 /// Reports `me` as `rank` of `nranks` and returns every rank's entry.
-pub(crate) fn rendezvous(id: &UniqueId, rank: u32, nranks: u32, me: PeerInfo, deadline: Instant) -> Result<Vec<PeerInfo>> {
+pub(crate) fn rendezvous(
+    id: &UniqueId,
+    rank: u32,
+    nranks: u32,
+    me: PeerInfo,
+    deadline: Instant,
+) -> Result<Vec<PeerInfo>> {
     let mut s = connect_retry(id.root, deadline, "the rendezvous (is rank 0 running?)")?;
     let mut hello = Vec::with_capacity(HELLO_BYTES);
     hello.extend_from_slice(HELLO_MAGIC);
@@ -290,7 +307,8 @@ mod tests {
                 .map(|r| {
                     let id = id.clone();
                     sc.spawn(move || {
-                        let me = PeerInfo { addr: SocketAddr::new("127.0.0.1".parse().unwrap(), 1000 + r as u16), host: 9 };
+                        let me =
+                            PeerInfo { addr: SocketAddr::new("127.0.0.1".parse().unwrap(), 1000 + r as u16), host: 9 };
                         rendezvous(&id, r, 3, me, deadline).unwrap()
                     })
                 })

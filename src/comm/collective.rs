@@ -31,7 +31,10 @@ pub(crate) struct Call {
 
 /// Where the caller's data is.
 pub(crate) enum Buffers<'a> {
-    Separate { input: &'a [u8], output: &'a mut [u8] },
+    Separate {
+        input: &'a [u8],
+        output: &'a mut [u8],
+    },
     /// One buffer, aliased the way NCCL's in-place calls alias (for reduce-scatter the output
     /// is the rank's block of the input, for all-gather the input is its block of the output).
     InPlace(&'a mut [u8]),
@@ -195,9 +198,9 @@ impl Communicator {
             r
         };
         let averaged = match result {
-            Ok(()) if call.op == ReduceOp::Avg && reduces(call.kind) && uses_output => user
-                .write(Span::new(OUTPUT, 0, out_bytes))
-                .map(|out| divide(call.dtype, out, self.nranks)),
+            Ok(()) if call.op == ReduceOp::Avg && reduces(call.kind) && uses_output => {
+                user.write(Span::new(OUTPUT, 0, out_bytes)).map(|out| divide(call.dtype, out, self.nranks))
+            }
             other => other,
         };
         drop(user);

@@ -32,10 +32,8 @@ const LAUNCHERS: [(&str, &str); 4] = [
 
 impl LaunchEnv {
     pub(crate) fn detect() -> Result<LaunchEnv> {
-        let (rank, size) = LAUNCHERS
-            .iter()
-            .find_map(|(r, s)| Some(((*r, var(r)?), (*s, var(s)?))))
-            .ok_or_else(|| {
+        let (rank, size) =
+            LAUNCHERS.iter().find_map(|(r, s)| Some(((*r, var(r)?), (*s, var(s)?)))).ok_or_else(|| {
                 Error::Bootstrap(
                     "no launcher environment: set RANK and WORLD_SIZE (as torchrun does), or start under mpirun or srun"
                         .into(),
@@ -44,7 +42,10 @@ impl LaunchEnv {
         let rank_n = parse_u32(rank.0, &rank.1)?;
         let size_n = parse_u32(size.0, &size.1)?;
         if size_n == 0 || rank_n >= size_n {
-            return Err(Error::InvalidArgument(format!("{}={} is out of range for {}={}", rank.0, rank.1, size.0, size.1)));
+            return Err(Error::InvalidArgument(format!(
+                "{}={} is out of range for {}={}",
+                rank.0, rank.1, size.0, size.1
+            )));
         }
         let root_text = match (var("TOPOCCL_ROOT"), var("MASTER_ADDR"), var("MASTER_PORT")) {
             (Some(r), _, _) => r,

@@ -84,7 +84,8 @@ impl<'b> Group<'_, 'b> {
         let mut sent = comm.p2p_sent.clone();
         let mut received = comm.p2p_received.clone();
         for (i, op) in ops.into_iter().enumerate() {
-            let id = MemId::try_from(3 + i).map_err(|_| Error::InvalidArgument("too many calls in one group".into()))?;
+            let id =
+                MemId::try_from(3 + i).map_err(|_| Error::InvalidArgument("too many calls in one group".into()))?;
             let counter = match op.data {
                 Transfer::Send(_) => &mut sent[op.peer as usize],
                 Transfer::Recv(_) => &mut received[op.peer as usize],

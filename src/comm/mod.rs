@@ -40,8 +40,8 @@ use topoccl_synth::schedule::{Collective, Schedule};
 use topoccl_synth::topology::{self, Topology};
 use topoccl_transports::Connection;
 
-pub use bootstrap::{UniqueId, UNIQUE_ID_BYTES};
 use bootstrap::PeerInfo;
+pub use bootstrap::{UniqueId, UNIQUE_ID_BYTES};
 pub use config::{Config, TransportPolicy};
 use connect::Auth;
 pub use group::Group;
@@ -308,7 +308,10 @@ impl Communicator {
         let name = match &self.config.algo {
             Some(a) => {
                 let g = registry.get(a).map_err(|_| {
-                    Error::InvalidArgument(format!("TOPOCCL_ALGO={a}: unknown algorithm ({})", registry.names().join(", ")))
+                    Error::InvalidArgument(format!(
+                        "TOPOCCL_ALGO={a}: unknown algorithm ({})",
+                        registry.names().join(", ")
+                    ))
                 })?;
                 if g.supports(collective) {
                     g.name()

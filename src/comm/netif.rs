@@ -16,7 +16,13 @@ fn matches(filter: &str, name: &str) -> bool {
         Some(rest) => (true, rest),
         None => (false, list),
     };
-    let hit = list.split(',').map(str::trim).filter(|p| !p.is_empty()).any(|p| if exact { name == p } else { name.starts_with(p) });
+    let hit = list.split(',').map(str::trim).filter(|p| !p.is_empty()).any(|p| {
+        if exact {
+            name == p
+        } else {
+            name.starts_with(p)
+        }
+    });
     hit != exclude
 }
 

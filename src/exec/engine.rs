@@ -55,7 +55,7 @@ struct Run<'r, 'm> {
     state: Vec<ChannelState>,
 }
 
-fn link<'l>(links: &'l mut Links, peer: u32) -> Result<&'l mut Box<dyn Connection>> {
+fn link(links: &mut Links, peer: u32) -> Result<&mut Box<dyn Connection>> {
     links
         .get_mut(peer as usize)
         .and_then(Option::as_mut)
@@ -131,12 +131,14 @@ impl Run<'_, '_> {
             } else if idle < Duration::from_millis(2) {
                 std::thread::yield_now();
             } else {
-                wait::wait(fds, Duration::from_micros(500)).map_err(|e| Error::Transport { peer: self.cfg.rank, source: e })?;
+                wait::wait(fds, Duration::from_micros(500))
+                    .map_err(|e| Error::Transport { peer: self.cfg.rank, source: e })?;
             }
         } else if rounds < 8 {
             std::thread::yield_now();
         } else {
-            wait::wait(fds, Duration::from_millis(20)).map_err(|e| Error::Transport { peer: self.cfg.rank, source: e })?;
+            wait::wait(fds, Duration::from_millis(20))
+                .map_err(|e| Error::Transport { peer: self.cfg.rank, source: e })?;
         }
         Ok(())
     }
@@ -266,7 +268,10 @@ impl Run<'_, '_> {
                 rank: self.cfg.rank,
                 peer: st.from,
                 theirs: format!("a message of {got} bytes"),
-                ours: format!("{} expecting {want} bytes (is TOPOCCL_SLICE_BYTES set alike everywhere?)", self.cfg.what),
+                ours: format!(
+                    "{} expecting {want} bytes (is TOPOCCL_SLICE_BYTES set alike everywhere?)",
+                    self.cfg.what
+                ),
             });
         }
         Ok(())

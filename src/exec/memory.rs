@@ -138,7 +138,9 @@ impl<'a> Memory<'a> {
         }
         // SAFETY: both in bounds and disjoint (checked above), so a shared and a mutable view
         // can coexist; `&mut self` rules out any other view.
-        unsafe { Ok(Pair::Distinct(std::slice::from_raw_parts(s, src.len), std::slice::from_raw_parts_mut(d, dst.len))) }
+        unsafe {
+            Ok(Pair::Distinct(std::slice::from_raw_parts(s, src.len), std::slice::from_raw_parts_mut(d, dst.len)))
+        }
     }
 }
 

@@ -98,7 +98,9 @@ fn typed<T: Arith>(op: ReduceOp, out: Out<'_>, y: &[u8]) {
         },
         Out::Into(dst, x) => {
             if aligned::<T>(dst) && aligned::<T>(x) {
-                if let (Ok(dt), Ok(xt)) = (bytemuck::try_cast_slice_mut::<u8, T>(dst), bytemuck::try_cast_slice::<u8, T>(x)) {
+                if let (Ok(dt), Ok(xt)) =
+                    (bytemuck::try_cast_slice_mut::<u8, T>(dst), bytemuck::try_cast_slice::<u8, T>(x))
+                {
                     return op3(op, dt, xt, yt);
                 }
             }
@@ -133,8 +135,8 @@ fn blocks<W: bytemuck::Pod>(out: Out<'_>, y: &[u8], mut f: impl FnMut(&[u8], &[u
 }
 
 fn unaligned<T: Arith>(op: ReduceOp, out: Out<'_>, y: &[u8]) {
-    let mut a = vec![T::zeroed(); BLOCK];
-    let mut b = vec![T::zeroed(); BLOCK];
+    let mut a = [T::zeroed(); BLOCK];
+    let mut b = [T::zeroed(); BLOCK];
     blocks::<T>(out, y, |xs, ys, res| {
         let n = ys.len() / std::mem::size_of::<T>();
         bytemuck::cast_slice_mut::<T, u8>(&mut a[..n]).copy_from_slice(xs);
@@ -265,8 +267,8 @@ mod tests {
         let mut acc = bytes(&x);
         reduce_in_place(Dtype::Float16, ReduceOp::Sum, &mut acc, &bytes(&y));
         let got: &[f16] = bytemuck::cast_slice(&acc);
-        for i in 0..n {
-            assert_eq!(got[i].to_f32(), ((i % 100) + (i % 7)) as f32);
+        for (i, g) in got.iter().enumerate() {
+            assert_eq!(g.to_f32(), ((i % 100) + (i % 7)) as f32);
         }
         let mut acc = bytes(&[bf16::from_f32(3.0), bf16::from_f32(-1.0)]);
         reduce_in_place(Dtype::Bfloat16, ReduceOp::Max, &mut acc, &bytes(&[bf16::from_f32(2.0), bf16::from_f32(4.0)]));

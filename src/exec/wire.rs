@@ -113,7 +113,9 @@ impl CallHeader {
     pub(crate) fn mismatch(&self, theirs: &Meta) -> String {
         match CallHeader::decode(theirs) {
             None => "a message that is not from a topoccl call of this version".to_string(),
-            Some(t) if t.kind == self.kind && t.seq == self.seq && t.count == self.count && t.schedule != self.schedule => {
+            Some(t)
+                if t.kind == self.kind && t.seq == self.seq && t.count == self.count && t.schedule != self.schedule =>
+            {
                 format!("{} with a different algorithm or chunking (schedule {:08x} vs {:08x}; is TOPOCCL_ALGO set alike everywhere?)", t.describe(), t.schedule, self.schedule)
             }
             Some(t) => t.describe(),

@@ -146,6 +146,6 @@ mod tests {
             got.extend_from_slice(&buf[..n]);
         }
         assert_eq!(got, data);
-        assert!(!rx.readable());
+        assert_eq!(rx.read(&mut buf), 0);
     }
 }

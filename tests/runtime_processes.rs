@@ -1,0 +1,151 @@
+//! Ranks as separate processes, started the way launchers start them (environment variables):
+//! the README's two-process example, a rank that never comes, and a rank killed mid-call.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use topoccl::{Communicator, ReduceOp};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// The example's binary. `cargo test` builds examples; a filtered run (`--test`) may not have,
+/// so build it then.
+fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let path = exe.parent().unwrap().parent().unwrap().join("examples").join(name);
+    if !path.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let profile_release = exe.to_string_lossy().contains("/release/");
+        let mut c = Command::new(cargo);
+        c.args(["build", "--example", name]);
+        if profile_release {
+            c.arg("--release");
+        }
+        assert!(c.status().unwrap().success(), "building example {name}");
+    }
+    path
+}
+
+fn rank_command(program: &PathBuf, rank: u32, size: u32, port: u16, extra: &[(&str, &str)]) -> Command {
+    let mut c = Command::new(program);
+    c.env("RANK", rank.to_string())
+        .env("WORLD_SIZE", size.to_string())
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", port.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in extra {
+        c.env(k, v);
+    }
+    c
+}
+
+fn wait_with_deadline(child: &mut Child, deadline: Instant) -> Option<std::process::ExitStatus> {
+    while Instant::now() < deadline {
+        if let Some(s) = child.try_wait().unwrap() {
+            return Some(s);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    None
+}
+
+fn output(child: Child) -> String {
+    let o = child.wait_with_output().unwrap();
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+#[test]
+fn the_example_all_reduces_across_two_processes() {
+    let exe = example("allreduce");
+    assert!(exe.exists(), "{} missing (cargo test builds examples)", exe.display());
+    for transport in ["tcp", "shm"] {
+        let port = free_port();
+        let kids: Vec<Child> = (0..2)
+            .map(|r| rank_command(&exe, r, 2, port, &[("TOPOCCL_TRANSPORT", transport)]).spawn().unwrap())
+            .collect();
+        for (r, k) in kids.into_iter().enumerate() {
+            let o = k.wait_with_output().unwrap();
+            let text = String::from_utf8_lossy(&o.stdout);
+            assert!(o.status.success(), "rank {r}: {text}{}", String::from_utf8_lossy(&o.stderr));
+            assert!(text.contains(&format!("rank {r} of 2 ([\"{transport}\"]): all_reduce = [3.0, 3.0")), "{text}");
+        }
+    }
+}
+
+#[test]
+fn a_rank_that_never_comes_is_a_clear_failure() {
+    let exe = example("allreduce");
+    let mut k = rank_command(&exe, 0, 2, free_port(), &[("TOPOCCL_TIMEOUT", "2")]).spawn().unwrap();
+    let status = wait_with_deadline(&mut k, Instant::now() + Duration::from_secs(20)).expect("exits");
+    let text = output(k);
+    assert!(!status.success());
+    assert!(text.contains("rank(s) 1 of 2 never reached the rendezvous"), "{text}");
+}
+
+/// A rank process for the kill test: all-reduces until something fails.
+#[test]
+fn child_rank() {
+    if std::env::var("TOPOCCL_TEST_CHILD").is_err() {
+        return;
+    }
+    let result = (|| -> topoccl::Result<()> {
+        let mut comm = Communicator::from_env()?;
+        let send = vec![1.0f32; 1 << 18];
+        let mut recv = vec![0.0f32; 1 << 18];
+        comm.all_reduce(&send, &mut recv, ReduceOp::Sum)?;
+        println!("READY");
+        loop {
+            comm.all_reduce(&send, &mut recv, ReduceOp::Sum)?;
+        }
+    })();
+    if let Err(e) = result {
+        println!("ERROR: {e}");
+        std::process::exit(3);
+    }
+}
+
+#[test]
+fn a_killed_rank_fails_the_others_promptly() {
+    let me = std::env::current_exe().unwrap();
+    for transport in ["tcp", "shm"] {
+        let port = free_port();
+        let env = [("TOPOCCL_TEST_CHILD", "1"), ("TOPOCCL_TRANSPORT", transport), ("TOPOCCL_TIMEOUT", "60")];
+        let mut kids: Vec<Child> = (0..3)
+            .map(|r| {
+                let mut c = rank_command(&me, r, 3, port, &env);
+                c.args(["--exact", "child_rank", "--nocapture", "--test-threads=1"]);
+                c.spawn().unwrap()
+            })
+            .collect();
+        // Wait until every rank is in its loop.
+        let mut readers: Vec<_> = kids.iter_mut().map(|k| BufReader::new(k.stdout.take().unwrap())).collect();
+        for r in &mut readers {
+            let mut line = String::new();
+            while !line.contains("READY") {
+                line.clear();
+                assert!(r.read_line(&mut line).unwrap() > 0, "a rank ended before it was ready");
+            }
+        }
+        kids[2].kill().unwrap();
+        let killed = Instant::now();
+        let mut messages = String::new();
+        for (r, k) in kids.iter_mut().take(2).enumerate() {
+            let status = wait_with_deadline(k, killed + Duration::from_secs(15));
+            assert!(status.is_some(), "{transport}: rank {r} still running 15 s after rank 2 was killed");
+            assert_eq!(status.unwrap().code(), Some(3), "{transport}: rank {r}");
+            let mut rest = String::new();
+            std::io::Read::read_to_string(&mut readers[r], &mut rest).unwrap();
+            messages += &rest;
+        }
+        let took = killed.elapsed();
+        assert!(took < Duration::from_secs(10), "{transport}: {took:?}");
+        assert!(messages.contains("rank 2"), "{transport}: {messages}");
+        let _ = kids[2].wait();
+    }
+}
