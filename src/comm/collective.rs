@@ -123,7 +123,7 @@ impl Communicator {
             return Ok(());
         }
 
-        let chosen = self.schedule(call.collective())?;
+        let chosen = self.schedule(call.collective(), block_bytes)?;
         let s = &*chosen.schedule;
         let k = (s.chunks / s.collective.chunk_multiple(s.nranks)) as usize;
         let chunk_elems = call.count.div_ceil(k);
@@ -139,8 +139,12 @@ impl Communicator {
             count: call.count as u64,
             schedule: chosen.hash,
         };
-        let prog = Program::from_schedule(s, me, chunk_bytes, header.encode());
-        let what = header.describe();
+        let key = (s.collective, chosen.hash, chunk_bytes);
+        let mut prog = match self.programs.remove(&key) {
+            Some(p) => p,
+            None => Program::from_schedule(s, me, chunk_bytes, header.encode()),
+        };
+        prog.metas[0] = header.encode();
         let mut scratch = std::mem::take(&mut self.scratch);
         scratch.resize((s.scratch_chunks as usize * chunk_bytes).div_ceil(8), 0);
         let scratch_bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut scratch);
@@ -153,7 +157,7 @@ impl Communicator {
             max_backlog: self.config.max_backlog,
             timeout: self.config.timeout,
             abort: &self.abort,
-            what: &what,
+            call: Some(header),
         };
 
         let result = if padded || (overlap && !s.in_place) {
@@ -205,11 +209,18 @@ impl Communicator {
         };
         drop(user);
         self.scratch = scratch;
+        if self.programs.len() >= PROGRAM_CACHE {
+            self.programs.clear();
+        }
+        self.programs.insert(key, prog);
         averaged?;
         self.seq = self.seq.wrapping_add(1);
         Ok(())
     }
 }
+
+/// Lowered programs kept per communicator (by schedule and chunk size).
+const PROGRAM_CACHE: usize = 256;
 
 fn length(which: &str, got: usize, want: usize, esize: usize) -> Error {
     Error::InvalidArgument(format!(

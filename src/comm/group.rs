@@ -121,7 +121,7 @@ impl<'b> Group<'_, 'b> {
             max_backlog: comm.config.max_backlog,
             timeout: comm.config.timeout,
             abort: &comm.abort,
-            what: "grouped send/recv",
+            call: None,
         };
         let result = engine::run(&prog, &mut mem, &mut comm.links, &cfg);
         match result {

@@ -47,6 +47,7 @@ use connect::Auth;
 pub use group::Group;
 
 use crate::error::{Error, Result};
+use crate::exec::program::Program;
 use crate::exec::wire::fnv1a;
 
 /// Stops a communicator's running call from another thread.
@@ -82,7 +83,8 @@ pub struct Communicator {
     p2p_sent: Vec<u32>,
     p2p_received: Vec<u32>,
     topology: Topology,
-    schedules: HashMap<Collective, Chosen>,
+    schedules: HashMap<(Collective, bool), Chosen>,
+    programs: HashMap<(Collective, u32, usize), Program>,
     scratch: Vec<u64>,
     abort: Arc<AtomicBool>,
     broken: Option<String>,
@@ -190,6 +192,7 @@ impl Communicator {
             p2p_received: vec![0; nranks as usize],
             topology: topology::resolve(&spec)?,
             schedules: HashMap::new(),
+            programs: HashMap::new(),
             scratch: Vec::new(),
             abort: Arc::new(AtomicBool::new(false)),
             broken: None,
@@ -298,13 +301,21 @@ impl Communicator {
         e
     }
 
-    /// The schedule for `collective`: `TOPOCCL_ALGO` where it applies, else the default.
-    fn schedule(&mut self, collective: Collective) -> Result<Chosen> {
-        if let Some(c) = self.schedules.get(&collective) {
+    /// The schedule for `collective` with blocks of `block_bytes`: `TOPOCCL_ALGO` where it
+    /// applies, else recursive doubling for small all-reduces and rings (pairwise exchange for
+    /// all-to-all) otherwise. Every rank decides from the same inputs, so all pick alike. (The
+    /// tuner replaces this rule.)
+    fn schedule(&mut self, collective: Collective, block_bytes: usize) -> Result<Chosen> {
+        let small = collective == Collective::AllReduce && block_bytes <= SMALL_ALL_REDUCE_BYTES;
+        if let Some(c) = self.schedules.get(&(collective, small)) {
             return Ok(c.clone());
         }
         let registry = Registry::builtin();
-        let default = if collective == Collective::AllToAll { "pairwise" } else { "ring" };
+        let default = match collective {
+            Collective::AllToAll => "pairwise",
+            Collective::AllReduce if small => "rd",
+            _ => "ring",
+        };
         let name = match &self.config.algo {
             Some(a) => {
                 let g = registry.get(a).map_err(|_| {
@@ -324,12 +335,15 @@ impl Communicator {
         let schedule = registry.generate(name, &Request::new(&self.topology, collective))?;
         let identity = format!("{}/{}/{}/{}", schedule.name, schedule.collective, schedule.nranks, schedule.chunks);
         let chosen = Chosen { hash: fnv1a(identity.as_bytes()), schedule: Arc::new(schedule) };
-        self.schedules.insert(collective, chosen.clone());
+        self.schedules.insert((collective, small), chosen.clone());
         Ok(chosen)
     }
 }
 
 const SPLIT_RECORD: usize = 40;
+
+/// All-reduces up to this size use recursive doubling by default.
+const SMALL_ALL_REDUCE_BYTES: usize = 64 << 10;
 
 impl Drop for Communicator {
     fn drop(&mut self) {

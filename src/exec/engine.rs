@@ -16,7 +16,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use topoccl_transports::{wait, Connection, WaitFd};
+use topoccl_transports::{wait, Connection, Meta, WaitFd};
 
 use super::memory::{Memory, Pair};
 use super::program::{Action, Program, XStep};
@@ -24,6 +24,10 @@ use super::reduce::{reduce_in_place, reduce_into};
 use super::wire::CallHeader;
 use crate::error::{Error, Result};
 use crate::types::{Dtype, ReduceOp};
+
+/// Idle rounds spent spinning, then yielding, before sleeping (shared memory).
+const SPIN_ROUNDS: u32 = 256;
+const YIELD_ROUNDS: u32 = 2048;
 
 /// A connection per rank (`None` for this rank itself).
 pub(crate) type Links = [Option<Box<dyn Connection>>];
@@ -37,8 +41,14 @@ pub(crate) struct RunConfig<'c> {
     pub max_backlog: usize,
     pub timeout: Duration,
     pub abort: &'c AtomicBool,
-    /// What the call is, for error messages.
-    pub what: &'c str,
+    /// The collective being run (`None`: grouped send/recv), for error messages.
+    pub call: Option<CallHeader>,
+}
+
+impl RunConfig<'_> {
+    fn what(&self) -> String {
+        self.call.map_or_else(|| "grouped send/recv".to_string(), |c| c.describe())
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -77,7 +87,9 @@ pub(crate) fn run(prog: &Program, mem: &mut Memory<'_>, links: &mut Links, cfg: 
 
 impl Run<'_, '_> {
     fn run(&mut self) -> Result<()> {
-        let mut last_progress = Instant::now();
+        // Clock reads cost as much as a spin round, so the idle path reads it once per idle
+        // episode and then every few rounds.
+        let mut idle_since = Instant::now();
         let mut idle_rounds = 0u32;
         let mut fds: Vec<WaitFd> = Vec::new();
         loop {
@@ -94,30 +106,33 @@ impl Run<'_, '_> {
                 return Ok(());
             }
             if moved {
-                last_progress = Instant::now();
                 idle_rounds = 0;
                 continue;
             }
-            if self.cfg.abort.load(Ordering::Relaxed) {
-                return Err(Error::Aborted);
-            }
-            let idle = last_progress.elapsed();
-            if idle >= self.cfg.timeout {
-                return Err(Error::Timeout {
-                    rank: self.cfg.rank,
-                    secs: self.cfg.timeout.as_secs_f64(),
-                    call: self.cfg.what.to_string(),
-                    waiting: self.blocked(),
-                });
+            if idle_rounds == 0 {
+                idle_since = Instant::now();
             }
             idle_rounds += 1;
-            self.idle_wait(idle, idle_rounds, &mut fds)?;
+            if idle_rounds % 64 == 0 {
+                if self.cfg.abort.load(Ordering::Relaxed) {
+                    return Err(Error::Aborted);
+                }
+                if idle_since.elapsed() >= self.cfg.timeout {
+                    return Err(Error::Timeout {
+                        rank: self.cfg.rank,
+                        secs: self.cfg.timeout.as_secs_f64(),
+                        call: self.cfg.what(),
+                        waiting: self.blocked(),
+                    });
+                }
+            }
+            self.idle_wait(idle_rounds, &mut fds)?;
         }
     }
 
     /// Spin briefly, then yield, then sleep in `poll(2)` (shared memory: short naps, since
     /// its data comes without a descriptor becoming ready).
-    fn idle_wait(&mut self, idle: Duration, rounds: u32, fds: &mut Vec<WaitFd>) -> Result<()> {
+    fn idle_wait(&mut self, rounds: u32, fds: &mut Vec<WaitFd>) -> Result<()> {
         fds.clear();
         let mut spin = false;
         for &p in &self.prog.peers {
@@ -126,9 +141,9 @@ impl Run<'_, '_> {
             spin |= l.needs_spin();
         }
         if spin {
-            if idle < Duration::from_micros(50) {
+            if rounds < SPIN_ROUNDS {
                 std::hint::spin_loop();
-            } else if idle < Duration::from_millis(2) {
+            } else if rounds < YIELD_ROUNDS {
                 std::thread::yield_now();
             } else {
                 wait::wait(fds, Duration::from_micros(500))
@@ -208,8 +223,9 @@ impl Run<'_, '_> {
         } else {
             None
         };
+        let meta = &self.prog.metas[st.meta as usize];
         if let Some(m) = &msg {
-            self.check(st, &m.meta, m.data.len(), n)?;
+            self.check(st, meta, &m.meta, m.data.len(), n)?;
         }
         let src = st.src.slice(off, n);
         let dst = st.dst.slice(off, n);
@@ -217,7 +233,7 @@ impl Run<'_, '_> {
         match st.action {
             Action::Send => {
                 let bytes = self.mem.read(src)?;
-                link(self.links, st.to)?.send(tag, &st.meta, bytes).map_err(transport_error(st.to))?;
+                link(self.links, st.to)?.send(tag, meta, bytes).map_err(transport_error(st.to))?;
             }
             Action::Recv => self.mem.write(dst)?.copy_from_slice(data),
             Action::RecvReduce => match self.mem.pair(src, dst)? {
@@ -226,11 +242,11 @@ impl Run<'_, '_> {
             },
             Action::RecvCopySend => {
                 self.mem.write(dst)?.copy_from_slice(data);
-                link(self.links, st.to)?.send(tag, &st.meta, data).map_err(transport_error(st.to))?;
+                link(self.links, st.to)?.send(tag, meta, data).map_err(transport_error(st.to))?;
             }
             Action::RecvReduceSend => {
                 reduce_in_place(dtype, op, data, self.mem.read(src)?);
-                link(self.links, st.to)?.send(tag, &st.meta, data).map_err(transport_error(st.to))?;
+                link(self.links, st.to)?.send(tag, meta, data).map_err(transport_error(st.to))?;
             }
             Action::RecvReduceCopySend => {
                 match self.mem.pair(src, dst)? {
@@ -238,7 +254,7 @@ impl Run<'_, '_> {
                     Pair::Distinct(s, d) => reduce_into(dtype, op, d, s, data),
                 }
                 let out = self.mem.read(dst)?;
-                link(self.links, st.to)?.send(tag, &st.meta, out).map_err(transport_error(st.to))?;
+                link(self.links, st.to)?.send(tag, meta, out).map_err(transport_error(st.to))?;
             }
             Action::Copy => {
                 if let Pair::Distinct(s, d) = self.mem.pair(src, dst)? {
@@ -257,10 +273,10 @@ impl Run<'_, '_> {
     }
 
     /// A message must belong to this very call and have the expected length.
-    fn check(&self, st: &XStep, meta: &[u8; 24], got: usize, want: usize) -> Result<()> {
-        if *meta != st.meta {
-            let ours = CallHeader::decode(&st.meta).map(|h| h.describe()).unwrap_or_default();
-            let theirs = CallHeader::decode(&st.meta).map(|h| h.mismatch(meta)).unwrap_or_default();
+    fn check(&self, st: &XStep, expected: &Meta, meta: &Meta, got: usize, want: usize) -> Result<()> {
+        if meta != expected {
+            let ours = CallHeader::decode(expected).map(|h| h.describe()).unwrap_or_default();
+            let theirs = CallHeader::decode(expected).map(|h| h.mismatch(meta)).unwrap_or_default();
             return Err(Error::Mismatch { rank: self.cfg.rank, peer: st.from, theirs, ours });
         }
         if got != want {
@@ -270,7 +286,7 @@ impl Run<'_, '_> {
                 theirs: format!("a message of {got} bytes"),
                 ours: format!(
                     "{} expecting {want} bytes (is TOPOCCL_SLICE_BYTES set alike everywhere?)",
-                    self.cfg.what
+                    self.cfg.what()
                 ),
             });
         }

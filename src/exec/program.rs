@@ -41,8 +41,9 @@ pub(crate) struct XStep {
     pub src: Span,
     pub dst: Span,
     pub len: usize,
-    /// The call header messages of this step carry (and must arrive with).
-    pub meta: Meta,
+    /// Index in [`Program::metas`] of the call header this step's messages carry (and must
+    /// arrive with).
+    pub meta: u32,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -66,6 +67,8 @@ pub(crate) struct Program {
     pub channels: Vec<XChannel>,
     /// Every rank this program exchanges messages with.
     pub peers: Vec<u32>,
+    /// Call headers; a collective has one, updated for each call, so a program can be reused.
+    pub metas: Vec<Meta>,
 }
 
 impl Program {
@@ -77,7 +80,7 @@ impl Program {
 
     /// Rank `rank`'s part of `schedule`, with chunks of `chunk_bytes` bytes.
     pub(crate) fn from_schedule(schedule: &Schedule, rank: u32, chunk_bytes: usize, meta: Meta) -> Program {
-        let mut prog = Program::default();
+        let mut prog = Program { metas: vec![meta], ..Program::default() };
         let Some(mine) = schedule.ranks.get(rank as usize) else { return prog };
         let span = |slot: Slot, count: u32| {
             let mem: MemId = match slot.buffer {
@@ -111,7 +114,7 @@ impl Program {
                 if action.sends() {
                     prog.note_peer(to);
                 }
-                steps.push(XStep { action, from, to, src, dst, len, meta });
+                steps.push(XStep { action, from, to, src, dst, len, meta: 0 });
             }
             prog.channels.push(XChannel { tag: c as u32, steps, deps: ch.deps.clone() });
         }
@@ -122,6 +125,8 @@ impl Program {
     /// receives from one peer on another, and different peers run concurrently.
     pub(crate) fn add_p2p(&mut self, send: bool, peer: u32, span: Span, meta: Meta) {
         self.note_peer(peer);
+        self.metas.push(meta);
+        let meta = (self.metas.len() - 1) as u32;
         let action = if send { Action::Send } else { Action::Recv };
         let none = Span::new(INPUT, 0, 0);
         let step = if send {

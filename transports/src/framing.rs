@@ -5,7 +5,7 @@
 //! Small frames are read through a staging buffer (many frames per system call); the payload
 //! of a large frame is read straight into its message buffer (no extra copy).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::io::IoSlice;
 
 use crate::error::{Error, Result};
@@ -43,7 +43,8 @@ pub(crate) struct Framed<S> {
     st_start: usize,
     st_end: usize,
     partial: Option<Partial>,
-    queues: HashMap<u32, VecDeque<Message>>,
+    /// Arrived messages per tag (few tags, so a list beats hashing).
+    queues: Vec<(u32, VecDeque<Message>)>,
     pool: Vec<Vec<u8>>,
     closed: Option<String>,
 }
@@ -78,7 +79,7 @@ impl<S: ByteStream> Framed<S> {
             st_start: 0,
             st_end: 0,
             partial: None,
-            queues: HashMap::new(),
+            queues: Vec::new(),
             pool: Vec::new(),
             closed: None,
         }
@@ -206,7 +207,11 @@ impl<S: ByteStream> Framed<S> {
     }
 
     fn complete(&mut self, p: Partial) {
-        self.queues.entry(p.tag).or_default().push_back(Message { tag: p.tag, meta: p.meta, data: p.data });
+        let m = Message { tag: p.tag, meta: p.meta, data: p.data };
+        match self.queues.iter_mut().find(|(t, _)| *t == p.tag) {
+            Some((_, q)) => q.push_back(m),
+            None => self.queues.push((p.tag, VecDeque::from([m]))),
+        }
     }
 
     fn progress_read(&mut self) -> Result<bool> {
@@ -284,7 +289,7 @@ impl<S: ByteStream> Framed<S> {
     }
 
     pub(crate) fn recv(&mut self, tag: u32) -> Option<Message> {
-        self.queues.get_mut(&tag).and_then(|q| q.pop_front())
+        self.queues.iter_mut().find(|(t, _)| *t == tag).and_then(|(_, q)| q.pop_front())
     }
 }
 

@@ -6,6 +6,7 @@
 
 pub mod alltoall;
 pub mod hierarchical;
+pub mod rd;
 pub mod rhd;
 pub mod ring;
 pub mod tree;
@@ -71,6 +72,7 @@ impl Registry {
                 Box::new(ring::Ring),
                 Box::new(tree::DoubleBinaryTree),
                 Box::new(rhd::RecursiveHalvingDoubling),
+                Box::new(rd::RecursiveDoubling),
                 Box::new(hierarchical::Hierarchical),
                 Box::new(alltoall::PairwiseAllToAll),
             ],

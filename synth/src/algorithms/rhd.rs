@@ -11,28 +11,28 @@ use crate::schedule::{Collective, Op, Rank, Schedule, ScheduleBuilder, Slot};
 pub struct RecursiveHalvingDoubling;
 
 /// Who takes part and which blocks each participant covers.
-struct Layout {
-    n: u32,
+pub(super) struct Layout {
+    pub(super) n: u32,
     /// Largest power of two ≤ n.
-    p: u32,
+    pub(super) p: u32,
     /// n − p: ranks 0, 2, …, 2(extra−1) fold into their odd neighbour.
-    extra: u32,
+    pub(super) extra: u32,
 }
 
 impl Layout {
-    fn new(n: u32) -> Layout {
+    pub(super) fn new(n: u32) -> Layout {
         let p = 1u32 << (31 - n.leading_zeros());
         Layout { n, p, extra: n - p }
     }
     /// Virtual rank of a participant; `None` for a folded (extra) rank.
-    fn virt(&self, r: Rank) -> Option<u32> {
+    pub(super) fn virt(&self, r: Rank) -> Option<u32> {
         if r < 2 * self.extra {
             (r % 2 == 1).then_some(r / 2)
         } else {
             Some(r - self.extra)
         }
     }
-    fn real(&self, v: u32) -> Rank {
+    pub(super) fn real(&self, v: u32) -> Rank {
         if v < self.extra {
             2 * v + 1
         } else {
@@ -48,7 +48,7 @@ impl Layout {
         }
     }
     /// Halving levels, largest distance first.
-    fn distances(&self) -> impl DoubleEndedIterator<Item = u32> {
+    pub(super) fn distances(&self) -> impl DoubleEndedIterator<Item = u32> {
         let levels = self.p.trailing_zeros();
         (0..levels).rev().map(|l| 1u32 << l)
     }
