@@ -19,6 +19,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (min, max, factor) = (arg(1, 8), arg(2, 64 << 20), arg(3, 4).max(2));
     let mut comm = Communicator::from_env()?;
     let n = comm.nranks() as f64;
+    // Warm up for 300 ms (rank 0 decides when to stop), as the peer programs do: processes
+    // that just started run slowly at first on a virtual machine.
+    let t0 = Instant::now();
+    loop {
+        let mut go = [u8::from(t0.elapsed().as_millis() < 300)];
+        comm.broadcast_in_place(&mut go, 0)?;
+        if go[0] == 0 {
+            break;
+        }
+    }
     let mut bytes = min;
     while bytes <= max {
         let count = (bytes / 4).max(1);

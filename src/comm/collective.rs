@@ -158,6 +158,7 @@ impl Communicator {
             timeout: self.config.timeout,
             abort: &self.abort,
             call: Some(header),
+            oversubscribed: self.oversubscribed,
         };
 
         let result = if padded || (overlap && !s.in_place) {

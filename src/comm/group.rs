@@ -122,6 +122,7 @@ impl<'b> Group<'_, 'b> {
             timeout: comm.config.timeout,
             abort: &comm.abort,
             call: None,
+            oversubscribed: comm.oversubscribed,
         };
         let result = engine::run(&prog, &mut mem, &mut comm.links, &cfg);
         match result {

@@ -89,6 +89,8 @@ pub struct Communicator {
     abort: Arc<AtomicBool>,
     broken: Option<String>,
     splits: u32,
+    /// More ranks of this communicator on this host than cores.
+    oversubscribed: bool,
 }
 
 impl std::fmt::Debug for Communicator {
@@ -179,6 +181,8 @@ impl Communicator {
     ) -> Result<Communicator> {
         let nranks = peers.len() as u32;
         let links = connect::connect_all(rank, &peers, listener, auth, &config, deadline)?;
+        let local = peers.iter().filter(|p| p.host == peers[rank as usize].host).count();
+        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
         let spec = if nranks <= 64 { format!("full:{nranks}") } else { format!("ring:{nranks}") };
         Ok(Communicator {
             rank,
@@ -197,6 +201,7 @@ impl Communicator {
             abort: Arc::new(AtomicBool::new(false)),
             broken: None,
             splits: 0,
+            oversubscribed: local > cores,
         })
     }
 

@@ -43,6 +43,9 @@ pub(crate) struct RunConfig<'c> {
     pub abort: &'c AtomicBool,
     /// The collective being run (`None`: grouped send/recv), for error messages.
     pub call: Option<CallHeader>,
+    /// More ranks share this host than it has cores: waiting ranks must give their core away
+    /// at once (the peer they wait for may be the one not running), not spin.
+    pub oversubscribed: bool,
 }
 
 impl RunConfig<'_> {
@@ -141,7 +144,7 @@ impl Run<'_, '_> {
             spin |= l.needs_spin();
         }
         if spin {
-            if rounds < SPIN_ROUNDS {
+            if rounds < SPIN_ROUNDS && !self.cfg.oversubscribed {
                 std::hint::spin_loop();
             } else if rounds < YIELD_ROUNDS {
                 std::thread::yield_now();
