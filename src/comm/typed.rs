@@ -16,7 +16,7 @@
 //!             })
 //!         })
 //!         .collect();
-//!     ranks.into_iter().map(|h| h.join().unwrap()).collect::<Result<_, _>>()
+//!     ranks.into_iter().map(|h| h.join().unwrap_or(Err(topoccl::Error::Internal("a rank panicked".into())))).collect::<Result<_, _>>()
 //! })?;
 //! assert!(sums.iter().all(|v| v == &[10.0; 3]));
 //! # Ok::<(), topoccl::Error>(())
