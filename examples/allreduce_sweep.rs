@@ -20,11 +20,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut comm = Communicator::from_env()?;
     let n = comm.nranks() as f64;
     // Warm up for 300 ms (rank 0 decides when to stop), as the peer programs do: processes
-    // that just started run slowly at first on a virtual machine.
+    // that just started run slowly at first on a virtual machine. The decision travels by
+    // all-reduce, which waits for every rank (a broadcast would let the root run ahead by
+    // hundreds of thousands of calls, all queued at the others).
     let t0 = Instant::now();
     loop {
-        let mut go = [u8::from(t0.elapsed().as_millis() < 300)];
-        comm.broadcast_in_place(&mut go, 0)?;
+        let mut go = [u8::from(comm.rank() == 0 && t0.elapsed().as_millis() < 300)];
+        comm.all_reduce_in_place(&mut go, ReduceOp::Max)?;
         if go[0] == 0 {
             break;
         }

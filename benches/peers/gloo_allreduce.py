@@ -12,12 +12,13 @@ def main():
     lo, hi, factor = (int(a) for a in (sys.argv[1:4] + ["8", str(64 << 20), "4"][len(sys.argv[1:4]):]))
     dist.init_process_group("gloo")
     rank, n = dist.get_rank(), dist.get_world_size()
-    # Warm up for 300 ms (rank 0 decides), as the other programs do.
+    # Warm up for 300 ms (rank 0 decides; an all-reduce waits for every rank), as the other
+    # programs do.
     t0 = time.perf_counter()
-    go = torch.ones(1, dtype=torch.uint8)
+    go = torch.ones(1, dtype=torch.int32)
     while go[0].item():
-        go[0] = int(rank != 0 or time.perf_counter() - t0 < 0.3)
-        dist.broadcast(go, 0)
+        go[0] = int(rank == 0 and time.perf_counter() - t0 < 0.3)
+        dist.all_reduce(go, op=dist.ReduceOp.MAX)
     size = lo
     while size <= hi:
         count = max(size // 4, 1)

@@ -140,11 +140,13 @@ impl Communicator {
             schedule: chosen.hash,
         };
         let key = (s.collective, chosen.hash, chunk_bytes);
-        let mut prog = match self.programs.remove(&key) {
-            Some(p) => p,
-            None => Program::from_schedule(s, me, chunk_bytes, header.encode()),
-        };
+        if self.programs.len() >= PROGRAM_CACHE && !self.programs.contains_key(&key) {
+            self.programs.clear();
+        }
+        let prog =
+            self.programs.entry(key).or_insert_with(|| Program::from_schedule(s, me, chunk_bytes, header.encode()));
         prog.metas[0] = header.encode();
+        let prog = &*prog;
         let mut scratch = std::mem::take(&mut self.scratch);
         scratch.resize((s.scratch_chunks as usize * chunk_bytes).div_ceil(8), 0);
         let scratch_bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut scratch);
@@ -180,7 +182,7 @@ impl Communicator {
                 st_out_store = vec![0u64; (out_blocks * stride).div_ceil(8)];
                 let st_out = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut st_out_store)[..out_blocks * stride];
                 mem.writable(OUTPUT, if uses_output { &mut st_out[..] } else { &mut [] });
-                let r = engine::run(&prog, &mut mem, &mut self.links, &cfg);
+                let r = engine::run(prog, &mut mem, &mut self.links, &cfg, &mut self.slice_tmp);
                 drop(mem);
                 if r.is_ok() && uses_output {
                     for b in 0..out_blocks {
@@ -192,13 +194,13 @@ impl Communicator {
             } else {
                 let out = if uses_output { user.write(Span::new(OUTPUT, 0, out_bytes))? } else { &mut [] };
                 mem.writable(OUTPUT, out);
-                engine::run(&prog, &mut mem, &mut self.links, &cfg)
+                engine::run(prog, &mut mem, &mut self.links, &cfg, &mut self.slice_tmp)
             };
             run
         } else {
             let mut mem = user;
             mem.writable(SCRATCH, scratch_bytes);
-            let r = engine::run(&prog, &mut mem, &mut self.links, &cfg);
+            let r = engine::run(prog, &mut mem, &mut self.links, &cfg, &mut self.slice_tmp);
             user = mem;
             r
         };
@@ -210,10 +212,6 @@ impl Communicator {
         };
         drop(user);
         self.scratch = scratch;
-        if self.programs.len() >= PROGRAM_CACHE {
-            self.programs.clear();
-        }
-        self.programs.insert(key, prog);
         averaged?;
         self.seq = self.seq.wrapping_add(1);
         Ok(())

@@ -124,7 +124,7 @@ impl<'b> Group<'_, 'b> {
             call: None,
             oversubscribed: comm.oversubscribed,
         };
-        let result = engine::run(&prog, &mut mem, &mut comm.links, &cfg);
+        let result = engine::run(&prog, &mut mem, &mut comm.links, &cfg, &mut comm.slice_tmp);
         match result {
             Ok(()) => {
                 comm.p2p_sent = sent;

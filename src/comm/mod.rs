@@ -29,7 +29,7 @@ mod group;
 mod netif;
 mod typed;
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::net::{IpAddr, SocketAddr, TcpListener, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -83,9 +83,12 @@ pub struct Communicator {
     p2p_sent: Vec<u32>,
     p2p_received: Vec<u32>,
     topology: Topology,
-    schedules: HashMap<(Collective, bool), Chosen>,
-    programs: HashMap<(Collective, u32, usize), Program>,
+    /// Small maps looked up on every call: hashed with Fx, not SipHash (no untrusted keys).
+    schedules: FxHashMap<(Collective, bool), Chosen>,
+    programs: FxHashMap<(Collective, u32, usize), Program>,
     scratch: Vec<u64>,
+    /// The executor's per-slice scratch, kept between calls.
+    slice_tmp: Vec<u64>,
     abort: Arc<AtomicBool>,
     broken: Option<String>,
     splits: u32,
@@ -195,9 +198,10 @@ impl Communicator {
             p2p_sent: vec![0; nranks as usize],
             p2p_received: vec![0; nranks as usize],
             topology: topology::resolve(&spec)?,
-            schedules: HashMap::new(),
-            programs: HashMap::new(),
+            schedules: FxHashMap::default(),
+            programs: FxHashMap::default(),
             scratch: Vec::new(),
+            slice_tmp: Vec::new(),
             abort: Arc::new(AtomicBool::new(false)),
             broken: None,
             splits: 0,

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use topoccl_transports::{wait, Connection, Meta, WaitFd};
 
-use super::memory::{Memory, Pair};
+use super::memory::{Memory, Pair, Span};
 use super::program::{Action, Program, XStep};
 use super::reduce::{reduce_in_place, reduce_into};
 use super::wire::CallHeader;
@@ -28,6 +28,10 @@ use crate::types::{Dtype, ReduceOp};
 /// Idle rounds spent spinning, then yielding, before sleeping (shared memory).
 const SPIN_ROUNDS: u32 = 256;
 const YIELD_ROUNDS: u32 = 2048;
+/// Channel states kept on the stack.
+const INLINE_CHANNELS: usize = 16;
+/// Idle rounds between two checks of the clock and the abort flag.
+const CHECK_EVERY: u32 = 64;
 
 /// A connection per rank (`None` for this rank itself).
 pub(crate) type Links = [Option<Box<dyn Connection>>];
@@ -65,7 +69,9 @@ struct Run<'r, 'm> {
     mem: &'r mut Memory<'m>,
     links: &'r mut Links,
     cfg: &'r RunConfig<'r>,
-    state: Vec<ChannelState>,
+    state: &'r mut [ChannelState],
+    /// Where a receive-reduce-send step reduces before sending.
+    tmp: &'r mut Vec<u64>,
 }
 
 fn link(links: &mut Links, peer: u32) -> Result<&mut Box<dyn Connection>> {
@@ -83,16 +89,34 @@ fn transport_error(peer: u32) -> impl FnOnce(topoccl_transports::Error) -> Error
 }
 
 /// Runs `prog` to completion: every step done and every byte handed to the transports.
-pub(crate) fn run(prog: &Program, mem: &mut Memory<'_>, links: &mut Links, cfg: &RunConfig<'_>) -> Result<()> {
-    let mut run = Run { prog, mem, links, cfg, state: vec![ChannelState::default(); prog.channels.len()] };
+/// `tmp` is scratch space kept between calls by the caller (grown to one slice on first use).
+pub(crate) fn run(
+    prog: &Program,
+    mem: &mut Memory<'_>,
+    links: &mut Links,
+    cfg: &RunConfig<'_>,
+    tmp: &mut Vec<u64>,
+) -> Result<()> {
+    // Most programs have a few channels: keep their state on the stack (no allocation per call).
+    let mut inline = [ChannelState::default(); INLINE_CHANNELS];
+    let mut heap = Vec::new();
+    let state: &mut [ChannelState] = match inline.get_mut(..prog.channels.len()) {
+        Some(s) => s,
+        None => {
+            heap.resize(prog.channels.len(), ChannelState::default());
+            &mut heap
+        }
+    };
+    let mut run = Run { prog, mem, links, cfg, state, tmp };
     run.run()
 }
 
 impl Run<'_, '_> {
     fn run(&mut self) -> Result<()> {
-        // Clock reads cost as much as a spin round, so the idle path reads it once per idle
-        // episode and then every few rounds.
-        let mut idle_since = Instant::now();
+        // Clock reads cost as much as a spin round and most idle episodes last a few rounds,
+        // so the clock is first read after CHECK_EVERY idle rounds (the deadline is late by
+        // those few microseconds), then every CHECK_EVERY rounds.
+        let mut idle_since: Option<Instant> = None;
         let mut idle_rounds = 0u32;
         let mut fds: Vec<WaitFd> = Vec::new();
         loop {
@@ -112,15 +136,14 @@ impl Run<'_, '_> {
                 idle_rounds = 0;
                 continue;
             }
-            if idle_rounds == 0 {
-                idle_since = Instant::now();
-            }
             idle_rounds += 1;
-            if idle_rounds % 64 == 0 {
+            if idle_rounds == CHECK_EVERY {
+                idle_since = Some(Instant::now());
+            } else if idle_rounds % CHECK_EVERY == 0 {
                 if self.cfg.abort.load(Ordering::Relaxed) {
                     return Err(Error::Aborted);
                 }
-                if idle_since.elapsed() >= self.cfg.timeout {
+                if idle_since.is_some_and(|t| t.elapsed() >= self.cfg.timeout) {
                     return Err(Error::Timeout {
                         rank: self.cfg.rank,
                         secs: self.cfg.timeout.as_secs_f64(),
@@ -209,55 +232,47 @@ impl Run<'_, '_> {
     /// Does bytes `[off, off + n)` of step `st`; false when it must wait.
     fn slice(&mut self, st: &XStep, tag: u32, off: usize, n: usize) -> Result<bool> {
         let (dtype, op) = (self.cfg.dtype, self.cfg.op);
-        if st.action.sends() && link(self.links, st.to)?.backlog() >= self.cfg.max_backlog {
-            return Ok(false);
-        }
-        let mut msg = if st.action.receives() {
-            let l = link(self.links, st.from)?;
-            match l.recv(tag) {
-                Some(m) => Some(m),
-                None => {
-                    if let Some(why) = l.closed() {
-                        return Err(Error::PeerFailed { peer: st.from, reason: why.to_string() });
-                    }
-                    return Ok(false);
-                }
+        if st.action.sends() {
+            let l = link(self.links, st.to)?;
+            let limit = l.backlog_limit().map_or(self.cfg.max_backlog, |b| b.min(self.cfg.max_backlog));
+            if l.backlog() >= limit {
+                return Ok(false);
             }
-        } else {
-            None
-        };
-        let meta = &self.prog.metas[st.meta as usize];
-        if let Some(m) = &msg {
-            self.check(st, meta, &m.meta, m.data.len(), n)?;
         }
+        let meta = &self.prog.metas[st.meta as usize];
         let src = st.src.slice(off, n);
         let dst = st.dst.slice(off, n);
-        let data = msg.as_mut().map(|m| m.data.as_mut_slice()).unwrap_or_default();
+        if st.action.receives() {
+            // The receiving half runs on the message where the transport holds it (in the
+            // shared ring, for large shared-memory messages); the sending half follows.
+            let mut done = Ok(());
+            let (cfg, mem, tmp) = (self.cfg, &mut *self.mem, &mut *self.tmp);
+            let got = link(self.links, st.from)?
+                .recv_with(tag, &mut |m, data| {
+                    done = check(cfg, st.from, meta, m, data.len(), n)
+                        .and_then(|()| receive(st.action, dtype, op, mem, tmp, src, dst, data));
+                })
+                .map_err(transport_error(st.from))?;
+            if !got {
+                if let Some(why) = link(self.links, st.from)?.closed() {
+                    return Err(Error::PeerFailed { peer: st.from, reason: why.to_string() });
+                }
+                return Ok(false);
+            }
+            done?;
+        }
         match st.action {
             Action::Send => {
                 let bytes = self.mem.read(src)?;
                 link(self.links, st.to)?.send(tag, meta, bytes).map_err(transport_error(st.to))?;
             }
-            Action::Recv => self.mem.write(dst)?.copy_from_slice(data),
-            Action::RecvReduce => match self.mem.pair(src, dst)? {
-                Pair::Same(d) => reduce_in_place(dtype, op, d, data),
-                Pair::Distinct(s, d) => reduce_into(dtype, op, d, s, data),
-            },
-            Action::RecvCopySend => {
-                self.mem.write(dst)?.copy_from_slice(data);
-                link(self.links, st.to)?.send(tag, meta, data).map_err(transport_error(st.to))?;
+            Action::RecvCopySend | Action::RecvReduceCopySend => {
+                let bytes = self.mem.read(dst)?;
+                link(self.links, st.to)?.send(tag, meta, bytes).map_err(transport_error(st.to))?;
             }
             Action::RecvReduceSend => {
-                reduce_in_place(dtype, op, data, self.mem.read(src)?);
-                link(self.links, st.to)?.send(tag, meta, data).map_err(transport_error(st.to))?;
-            }
-            Action::RecvReduceCopySend => {
-                match self.mem.pair(src, dst)? {
-                    Pair::Same(d) => reduce_in_place(dtype, op, d, data),
-                    Pair::Distinct(s, d) => reduce_into(dtype, op, d, s, data),
-                }
-                let out = self.mem.read(dst)?;
-                link(self.links, st.to)?.send(tag, meta, out).map_err(transport_error(st.to))?;
+                let bytes = &bytemuck::cast_slice::<u64, u8>(self.tmp)[..n];
+                link(self.links, st.to)?.send(tag, meta, bytes).map_err(transport_error(st.to))?;
             }
             Action::Copy => {
                 if let Pair::Distinct(s, d) = self.mem.pair(src, dst)? {
@@ -268,32 +283,9 @@ impl Run<'_, '_> {
                 Pair::Distinct(s, d) => reduce_in_place(dtype, op, d, s),
                 Pair::Same(_) => return Err(Error::Internal("a step reduces a chunk with itself".into())),
             },
-        }
-        if let Some(m) = msg {
-            link(self.links, st.from)?.recycle(m.data);
+            Action::Recv | Action::RecvReduce => {}
         }
         Ok(true)
-    }
-
-    /// A message must belong to this very call and have the expected length.
-    fn check(&self, st: &XStep, expected: &Meta, meta: &Meta, got: usize, want: usize) -> Result<()> {
-        if meta != expected {
-            let ours = CallHeader::decode(expected).map(|h| h.describe()).unwrap_or_default();
-            let theirs = CallHeader::decode(expected).map(|h| h.mismatch(meta)).unwrap_or_default();
-            return Err(Error::Mismatch { rank: self.cfg.rank, peer: st.from, theirs, ours });
-        }
-        if got != want {
-            return Err(Error::Mismatch {
-                rank: self.cfg.rank,
-                peer: st.from,
-                theirs: format!("a message of {got} bytes"),
-                ours: format!(
-                    "{} expecting {want} bytes (is TOPOCCL_SLICE_BYTES set alike everywhere?)",
-                    self.cfg.what()
-                ),
-            });
-        }
-        Ok(())
     }
 
     /// What every unfinished channel waits for.
@@ -322,4 +314,53 @@ impl Run<'_, '_> {
         }
         s
     }
+}
+
+/// The receiving half of a step: `data` is the message (in the transport's memory, usable as
+/// scratch). A receive-reduce-send reduces into `tmp`, which the sending half then sends.
+#[allow(clippy::too_many_arguments)]
+fn receive(
+    action: Action,
+    dtype: Dtype,
+    op: ReduceOp,
+    mem: &mut Memory<'_>,
+    tmp: &mut Vec<u64>,
+    src: Span,
+    dst: Span,
+    data: &mut [u8],
+) -> Result<()> {
+    match action {
+        Action::Recv | Action::RecvCopySend => mem.write(dst)?.copy_from_slice(data),
+        Action::RecvReduce | Action::RecvReduceCopySend => match mem.pair(src, dst)? {
+            Pair::Same(d) => reduce_in_place(dtype, op, d, data),
+            Pair::Distinct(s, d) => reduce_into(dtype, op, d, s, data),
+        },
+        Action::RecvReduceSend => {
+            if tmp.len() * 8 < data.len() {
+                tmp.resize(data.len().div_ceil(8), 0);
+            }
+            let out = &mut bytemuck::cast_slice_mut::<u64, u8>(tmp)[..data.len()];
+            reduce_into(dtype, op, out, mem.read(src)?, data);
+        }
+        Action::Send | Action::Copy | Action::Reduce => {}
+    }
+    Ok(())
+}
+
+/// A message must belong to this very call and have the expected length.
+fn check(cfg: &RunConfig<'_>, from: u32, expected: &Meta, meta: &Meta, got: usize, want: usize) -> Result<()> {
+    if meta != expected {
+        let ours = CallHeader::decode(expected).map(|h| h.describe()).unwrap_or_default();
+        let theirs = CallHeader::decode(expected).map(|h| h.mismatch(meta)).unwrap_or_default();
+        return Err(Error::Mismatch { rank: cfg.rank, peer: from, theirs, ours });
+    }
+    if got != want {
+        return Err(Error::Mismatch {
+            rank: cfg.rank,
+            peer: from,
+            theirs: format!("a message of {got} bytes"),
+            ours: format!("{} expecting {want} bytes (is TOPOCCL_SLICE_BYTES set alike everywhere?)", cfg.what()),
+        });
+    }
+    Ok(())
 }

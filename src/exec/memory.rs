@@ -43,9 +43,15 @@ struct Region {
     writable: bool,
 }
 
+/// Regions held inline (input, output, scratch); extra buffers of grouped calls go to the heap.
+const INLINE_REGIONS: usize = 3;
+
+const NO_REGION: Region = Region { ptr: std::ptr::NonNull::dangling().as_ptr(), len: 0, writable: false };
+
 /// The regions of one call, valid for `'a`.
 pub(crate) struct Memory<'a> {
-    regions: Vec<Region>,
+    inline: [Region; INLINE_REGIONS],
+    extra: Vec<Region>,
     _borrow: PhantomData<&'a mut [u8]>,
 }
 
@@ -58,17 +64,28 @@ pub(crate) enum Pair<'m> {
 
 impl<'a> Memory<'a> {
     pub(crate) fn new() -> Memory<'a> {
-        let none = Region { ptr: std::ptr::NonNull::dangling().as_ptr(), len: 0, writable: false };
-        Memory { regions: vec![none; 3], _borrow: PhantomData }
+        Memory { inline: [NO_REGION; INLINE_REGIONS], extra: Vec::new(), _borrow: PhantomData }
     }
 
     fn set(&mut self, id: MemId, r: Region) {
         let i = usize::from(id);
-        if self.regions.len() <= i {
-            let none = Region { ptr: std::ptr::NonNull::dangling().as_ptr(), len: 0, writable: false };
-            self.regions.resize(i + 1, none);
+        if let Some(slot) = self.inline.get_mut(i) {
+            *slot = r;
+            return;
         }
-        self.regions[i] = r;
+        let i = i - INLINE_REGIONS;
+        if self.extra.len() <= i {
+            self.extra.resize(i + 1, NO_REGION);
+        }
+        self.extra[i] = r;
+    }
+
+    fn get(&self, id: MemId) -> Option<Region> {
+        let i = usize::from(id);
+        match self.inline.get(i) {
+            Some(r) => Some(*r),
+            None => self.extra.get(i - INLINE_REGIONS).copied(),
+        }
     }
 
     /// Registers a read-only buffer.
@@ -94,7 +111,7 @@ impl<'a> Memory<'a> {
     }
 
     fn region(&self, s: Span, write: bool) -> Result<Region> {
-        let r = self.regions.get(usize::from(s.mem)).copied().ok_or_else(|| bad(s, "no such buffer"))?;
+        let r = self.get(s.mem).ok_or_else(|| bad(s, "no such buffer"))?;
         if s.off.checked_add(s.len).map_or(true, |end| end > r.len) {
             return Err(bad(s, &format!("out of bounds of a {}-byte buffer", r.len)));
         }

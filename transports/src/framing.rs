@@ -18,11 +18,54 @@ const DIRECT_READ_BYTES: usize = 16 << 10;
 /// Buffers kept for reuse.
 const POOL_BUFFERS: usize = 64;
 
+/// Payloads at least this large are handed over where they arrived when the stream allows it
+/// (smaller ones are cheaper to batch through the staging buffer).
+const IN_PLACE_MIN_BYTES: usize = 4 << 10;
+
 /// A non-blocking byte stream. `Ok(0)` means "nothing now"; a closed peer is
 /// `Err(Error::PeerClosed)`.
 pub(crate) trait ByteStream: Send {
     fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> Result<usize>;
     fn read(&mut self, buf: &mut [u8]) -> Result<usize>;
+    /// Received bytes viewed where they lie, without copying (shared memory); `None` where
+    /// the stream cannot (TCP).
+    /// `want`: how many bytes the caller needs (the stream may look again for more).
+    fn peek(&mut self, _want: usize) -> Option<Peeked<'_>> {
+        None
+    }
+    /// Releases `n` bytes seen through [`ByteStream::peek`].
+    fn consume(&mut self, _n: usize) {}
+    /// Called while waiting on bytes that were peeked at but not read: an error once the peer
+    /// is gone (a stream that reads nothing notices that in `read`).
+    fn check_alive(&mut self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Received bytes where they lie in a stream's buffer.
+pub(crate) struct Peeked<'a> {
+    /// The bytes at the read position that lie contiguously in memory.
+    pub bytes: &'a mut [u8],
+    /// Bytes the stream holds in all (`bytes` and those past a wrap).
+    pub buffered: usize,
+    /// Bytes from the read position to the end of the buffer (where a frame would wrap).
+    pub until_end: usize,
+    pub capacity: usize,
+}
+
+impl Peeked<'_> {
+    /// The stream is filling up: frames must move out of it so the sender never waits.
+    fn pressed(&self) -> bool {
+        self.buffered * 4 >= self.capacity * 3
+    }
+}
+
+/// A frame left where it arrived (header read, payload still in the stream).
+#[derive(Clone, Copy)]
+struct InPlace {
+    tag: u32,
+    len: usize,
+    meta: Meta,
 }
 
 struct Partial {
@@ -43,6 +86,10 @@ pub(crate) struct Framed<S> {
     st_start: usize,
     st_end: usize,
     partial: Option<Partial>,
+    /// The frame at the stream's read position, left there to be handed over without a copy
+    /// (only while the staging buffer is empty and no frame is partly read, so it is the
+    /// newest frame known).
+    in_place: Option<InPlace>,
     /// Arrived messages per tag (few tags, so a list beats hashing).
     queues: Vec<(u32, VecDeque<Message>)>,
     pool: Vec<Vec<u8>>,
@@ -79,6 +126,7 @@ impl<S: ByteStream> Framed<S> {
             st_start: 0,
             st_end: 0,
             partial: None,
+            in_place: None,
             queues: Vec::new(),
             pool: Vec::new(),
             closed: None,
@@ -266,9 +314,60 @@ impl<S: ByteStream> Framed<S> {
                 }
                 continue;
             }
+            if self.st_start == self.st_end {
+                if let Some(h) = self.in_place {
+                    if !self.stream.peek(usize::MAX).is_some_and(|p| p.pressed()) {
+                        return Ok(moved);
+                    }
+                    self.spill(h);
+                    moved = true;
+                    continue;
+                }
+                if self.leave_in_place() {
+                    return Ok(moved);
+                }
+            }
             if !self.fill_staging()? {
                 return Ok(moved);
             }
+        }
+    }
+
+    /// Leaves the frame at the read position where it is, if it can be handed over from there:
+    /// large, contiguous (not wrapping), 8-byte aligned for the reduction kernels, at most half
+    /// the buffer (so it always fits), and the buffer not filling up.
+    fn leave_in_place(&mut self) -> bool {
+        let Some(p) = self.stream.peek(HEADER_BYTES) else { return false };
+        if p.bytes.len() < HEADER_BYTES || p.pressed() {
+            return false;
+        }
+        let (tag, len, meta) = decode_header(&p.bytes[..HEADER_BYTES]);
+        let frame = HEADER_BYTES + len;
+        let aligned = (p.bytes.as_ptr() as usize + HEADER_BYTES) % 8 == 0;
+        if len < IN_PLACE_MIN_BYTES || frame > p.until_end || frame * 2 > p.capacity || !aligned {
+            return false;
+        }
+        self.in_place = Some(InPlace { tag, len, meta });
+        true
+    }
+
+    /// Turns the frame left in place into an ordinary partly read one (copied out as it comes).
+    fn spill(&mut self, h: InPlace) {
+        self.in_place = None;
+        self.stream.consume(HEADER_BYTES);
+        let data = self.buffer(h.len);
+        self.partial = Some(Partial { tag: h.tag, meta: h.meta, data, got: 0 });
+    }
+
+    /// Reads what has arrived, recording a peer that closed.
+    fn read_side(&mut self) -> Result<bool> {
+        match self.progress_read() {
+            Ok(m) => Ok(m),
+            Err(Error::PeerClosed(why)) => {
+                self.mark_closed(why);
+                Ok(true)
+            }
+            Err(e) => Err(e),
         }
     }
 
@@ -277,19 +376,68 @@ impl<S: ByteStream> Framed<S> {
             return Ok(false);
         }
         let wrote = self.progress_write()?;
-        let read = match self.progress_read() {
-            Ok(m) => m,
-            Err(Error::PeerClosed(why)) => {
-                self.mark_closed(why);
-                true
-            }
-            Err(e) => return Err(e),
-        };
+        let read = self.read_side()?;
         Ok(wrote || read)
     }
 
-    pub(crate) fn recv(&mut self, tag: u32) -> Option<Message> {
+    fn queued(&mut self, tag: u32) -> Option<Message> {
         self.queues.iter_mut().find(|(t, _)| *t == tag).and_then(|(_, q)| q.pop_front())
+    }
+
+    /// The next message of `tag`, copied out of the stream if it was left there.
+    pub(crate) fn recv(&mut self, tag: u32) -> Option<Message> {
+        if let Some(m) = self.queued(tag) {
+            return Some(m);
+        }
+        self.in_place?;
+        let mut data = self.buffer(0);
+        let mut meta = None;
+        // An error marks the connection closed, which the caller checks next.
+        let _ = self.recv_with(tag, &mut |m, bytes| {
+            data.extend_from_slice(bytes);
+            meta = Some(*m);
+        });
+        match meta {
+            Some(meta) => Some(Message { tag, meta, data }),
+            None => {
+                self.recycle(data);
+                None
+            }
+        }
+    }
+
+    /// Hands the next message of `tag` to `f`, where it lies when it was left in place; false
+    /// when none has arrived.
+    pub(crate) fn recv_with(&mut self, tag: u32, f: &mut dyn FnMut(&Meta, &mut [u8])) -> Result<bool> {
+        loop {
+            if let Some(mut m) = self.queued(tag) {
+                f(&m.meta, &mut m.data);
+                self.recycle(m.data);
+                return Ok(true);
+            }
+            let Some(h) = self.in_place else { return Ok(false) };
+            let frame = HEADER_BYTES + h.len;
+            let complete = self.stream.peek(frame).is_some_and(|p| p.bytes.len() >= frame);
+            if h.tag == tag && !complete {
+                if let Err(Error::PeerClosed(why)) = self.stream.check_alive() {
+                    self.mark_closed(why);
+                }
+                return Ok(false);
+            }
+            if h.tag == tag {
+                if let Some(p) = self.stream.peek(frame) {
+                    f(&h.meta, &mut p.bytes[HEADER_BYTES..frame]);
+                }
+                self.stream.consume(frame);
+                self.in_place = None;
+                return Ok(true);
+            }
+            // Another tag's frame is in the way: queue it (it is wanted later) and look on.
+            self.spill(h);
+            if !self.read_side()? {
+                return Ok(false);
+            }
+        }
     }
 }
 

@@ -8,11 +8,14 @@
 //!   and the payload) to the connection and returns at once. Sends are **eager**: the payload
 //!   is copied into the kernel, the shared ring, or a pending buffer, so the caller's memory
 //!   is free again when `send` returns, and a send never waits for the matching receive.
-//! - `progress` moves bytes both ways without blocking. Arriving messages are always drained
-//!   into pooled buffers, so a sender never waits on a receiver that is busy elsewhere (this is
-//!   what makes every deadlock-free schedule of the IR deadlock-free on the wire).
+//! - `progress` moves bytes both ways without blocking. Arriving messages are drained into
+//!   pooled buffers, so a sender never waits on a receiver that is busy elsewhere (this is what
+//!   makes every deadlock-free schedule of the IR deadlock-free on the wire). The one exception
+//!   saves a copy: shared memory leaves a large message where it lies in the ring while the
+//!   ring has room, and moves it out as soon as the ring fills up.
 //! - `recv(tag)` takes the next complete message of a tag (messages of one tag stay in order);
-//!   `recycle` gives its buffer back so the hot path allocates nothing.
+//!   `recycle` gives its buffer back so the hot path allocates nothing. `recv_with(tag, f)`
+//!   hands the message to a closure instead, in place where the backend can.
 //! - `backlog` says how many bytes wait to be handed over, so the executor can apply
 //!   back-pressure; `wait_fds`/`needs_spin` tell it how to sleep when nothing moves.
 //!
@@ -35,7 +38,7 @@ use std::time::Duration;
 pub use error::{Error, Result};
 
 /// Version of the [`Transport`] and [`Connection`] interfaces.
-pub const TRANSPORT_API_VERSION: u32 = 1;
+pub const TRANSPORT_API_VERSION: u32 = 2;
 
 /// Bytes of per-message metadata carried for the user of the connection.
 pub const META_BYTES: usize = 24;
@@ -76,6 +79,25 @@ pub trait Connection: Send {
     fn progress(&mut self) -> Result<bool>;
     /// The next complete message of `tag`, if one has arrived.
     fn recv(&mut self, tag: u32) -> Option<Message>;
+    /// Hands the next complete message of `tag` to `f` and consumes it; false when none has
+    /// arrived. Shared memory hands over large payloads where they lie in the ring (one copy
+    /// less than `recv`); `f` may use the bytes as scratch space.
+    fn recv_with(&mut self, tag: u32, f: &mut dyn FnMut(&Meta, &mut [u8])) -> Result<bool> {
+        match self.recv(tag) {
+            Some(mut m) => {
+                f(&m.meta, &mut m.data);
+                self.recycle(m.data);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+    /// The backlog at which the executor should hold further sends back, if the connection
+    /// wants a lower one than the executor's own: shared memory holds back as soon as anything
+    /// waits, since each byte that waits costs a copy more than one written to the ring.
+    fn backlog_limit(&self) -> Option<usize> {
+        None
+    }
     /// Returns a message buffer to the pool.
     fn recycle(&mut self, data: Vec<u8>);
     /// Why the peer is gone, once it is.

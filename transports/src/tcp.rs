@@ -129,8 +129,15 @@ impl Connection for TcpConnection {
         }
     }
 
+    /// Closed once every socket is: a peer that finished closes them one after the other, and
+    /// data it sent on a socket not yet at its end must still be read (a dead peer's sockets
+    /// all close at once, so this costs no time in noticing it).
     fn closed(&self) -> Option<&str> {
-        self.sockets.iter().find_map(|s| s.closed())
+        let mut why = None;
+        for s in &self.sockets {
+            why = Some(s.closed()?);
+        }
+        why
     }
 
     fn wait_fds(&self, out: &mut Vec<WaitFd>) {
@@ -211,5 +218,34 @@ mod tests {
             rx.progress().unwrap();
         }
         assert!(rx.closed().unwrap().contains("rank 0"));
+    }
+
+    #[test]
+    fn one_socket_at_its_end_does_not_lose_data_on_another() {
+        let (a, b) = socket_pairs(2);
+        let mut tx = TcpConnection::new(a, "rank 1").unwrap();
+        let mut rx = TcpConnection::new(b, "rank 0").unwrap();
+        tx.send(1, &[1; 24], b"last words").unwrap();
+        while tx.backlog() > 0 {
+            tx.progress().unwrap();
+        }
+        // The peer finished: its first socket reaches its end before the data on the second
+        // is read.
+        tx.sockets[0].stream.stream.shutdown(Shutdown::Both).unwrap();
+        while rx.sockets[0].closed().is_none() {
+            rx.sockets[0].progress().unwrap();
+        }
+        assert!(rx.closed().is_none(), "the connection still has a live socket");
+        let m = loop {
+            rx.progress().unwrap();
+            if let Some(m) = rx.recv(1) {
+                break m;
+            }
+        };
+        assert_eq!(m.data, b"last words");
+        tx.close();
+        while rx.closed().is_none() {
+            rx.progress().unwrap();
+        }
     }
 }

@@ -16,7 +16,7 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::framing::{ByteStream, Framed};
+use crate::framing::{ByteStream, Framed, Peeked};
 use crate::tcp::TcpConnection;
 use crate::{Connection, Message, Meta, PeerSetup, Transport, WaitFd};
 use ring::{Ring, RING_HEADER_BYTES};
@@ -75,6 +75,19 @@ impl ByteStream for ShmByteStream {
         }
         Ok(n)
     }
+
+    fn peek(&mut self, want: usize) -> Option<Peeked<'_>> {
+        Some(self.rx.peek(want))
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.idle = 0;
+        self.rx.consume(n);
+    }
+
+    fn check_alive(&mut self) -> Result<()> {
+        self.check_peer()
+    }
 }
 
 /// A shared-memory connection.
@@ -97,6 +110,12 @@ impl Connection for ShmConnection {
     }
     fn recv(&mut self, tag: u32) -> Option<Message> {
         self.framed.recv(tag)
+    }
+    fn recv_with(&mut self, tag: u32, f: &mut dyn FnMut(&Meta, &mut [u8])) -> Result<bool> {
+        self.framed.recv_with(tag, f)
+    }
+    fn backlog_limit(&self) -> Option<usize> {
+        Some(1)
     }
     fn recycle(&mut self, data: Vec<u8>) {
         self.framed.recycle(data)
@@ -256,5 +275,57 @@ mod tests {
         b.progress().unwrap();
         assert!(b.closed().is_some());
         assert!(b.send(0, &[0; 24], b"x").is_err());
+    }
+
+    fn payload(i: usize, len: usize) -> Vec<u8> {
+        (0..len).map(|b| (b * 13 + i * 7) as u8).collect()
+    }
+
+    /// Frames left in the ring must never make the sender wait (they are moved out when the
+    /// ring fills), must keep their order per tag, and may be taken in any tag order.
+    #[test]
+    fn frames_left_in_place_never_block_the_sender_and_keep_order() {
+        let transport = ShmTransport { ring_bytes: 64 << 10 };
+        let (mut a, mut b) = pair(&transport);
+        let lens: Vec<usize> = (0..24).map(|i| if i == 5 { 9_001 } else { 8192 + 8 * i }).collect();
+        for (i, &len) in lens.iter().enumerate() {
+            a.send((i % 3) as u32, &[i as u8; 24], &payload(i, len)).unwrap();
+        }
+        // The receiver only progresses (takes nothing): the sender must still get rid of
+        // everything, far more than the ring holds.
+        let mut rounds = 0;
+        while a.backlog() > 0 {
+            a.progress().unwrap();
+            b.progress().unwrap();
+            rounds += 1;
+            assert!(rounds < 1_000_000, "sender stuck with {} bytes", a.backlog());
+        }
+        for tag in [2u32, 0, 1] {
+            for (i, &len) in lens.iter().enumerate().filter(|(i, _)| (*i % 3) as u32 == tag) {
+                let mut got = None;
+                while got.is_none() {
+                    b.progress().unwrap();
+                    b.recv_with(tag, &mut |m, d| got = Some((*m, d.to_vec()))).unwrap();
+                }
+                let (meta, data) = got.unwrap();
+                assert_eq!(meta, [i as u8; 24], "tag {tag}: frame {i} out of order");
+                assert_eq!(data, payload(i, len));
+            }
+        }
+        // A frame of another tag in the way is queued, and the wanted one found behind it.
+        a.send(7, &[7; 24], &payload(70, 16384)).unwrap();
+        a.send(8, &[8; 24], &payload(80, 16384)).unwrap();
+        a.send(7, &[9; 24], &payload(71, 16384)).unwrap();
+        let mut order = Vec::new();
+        while order.len() < 3 {
+            a.progress().unwrap();
+            b.progress().unwrap();
+            for tag in [8u32, 7] {
+                b.recv_with(tag, &mut |m, d| order.push((m[0], d.to_vec()))).unwrap();
+            }
+        }
+        assert_eq!(order[0], (8, payload(80, 16384)));
+        assert_eq!(order[1], (7, payload(70, 16384)));
+        assert_eq!(order[2], (9, payload(71, 16384)));
     }
 }

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::segment::Segment;
+use crate::framing::Peeked;
 
 /// Bytes of the ring header.
 pub(crate) const RING_HEADER_BYTES: usize = 256;
@@ -26,6 +27,10 @@ pub(crate) struct Ring {
     header: NonNull<u8>,
     data: NonNull<u8>,
     capacity: usize,
+    /// The other side's position as last read: the producer's view of `tail`, the consumer's
+    /// of `head`. Reading the other side's cache line costs a miss whenever it moved, so each
+    /// side reads it only when what it last saw is not enough.
+    seen: u64,
 }
 
 // SAFETY: the ring points into a shared mapping kept alive by `_segment`; each side of a ring
@@ -44,7 +49,8 @@ impl Ring {
         let header = unsafe { NonNull::new_unchecked(segment.base().as_ptr().add(offset)) };
         // SAFETY: as above.
         let data = unsafe { NonNull::new_unchecked(header.as_ptr().add(RING_HEADER_BYTES)) };
-        Some(Ring { _segment: segment, header, data, capacity })
+        // Positions start at 0 and only grow: a stale `seen` underestimates, never overstates.
+        Some(Ring { _segment: segment, header, data, capacity, seen: 0 })
     }
 
     fn word(&self, offset: usize) -> &AtomicU64 {
@@ -67,10 +73,14 @@ impl Ring {
     }
 
     /// Producer: copies as much of `bufs` as fits; returns the bytes taken.
-    pub(crate) fn write(&self, bufs: &[IoSlice<'_>]) -> usize {
+    pub(crate) fn write(&mut self, bufs: &[IoSlice<'_>]) -> usize {
         let head = self.word(HEAD_OFFSET).load(Ordering::Relaxed);
-        let tail = self.word(TAIL_OFFSET).load(Ordering::Acquire);
-        let mut free = self.capacity - (head - tail) as usize;
+        let want: usize = bufs.iter().map(|b| b.len()).sum();
+        if self.capacity - ((head - self.seen) as usize) < want {
+            // Only now read the consumer's line (a cache miss when it has moved).
+            self.seen = self.word(TAIL_OFFSET).load(Ordering::Acquire);
+        }
+        let mut free = self.capacity - (head - self.seen) as usize;
         let mut pos = head;
         for b in bufs {
             if free == 0 {
@@ -90,17 +100,49 @@ impl Ring {
         (pos - head) as usize
     }
 
+    /// Consumer: bytes known to be readable, reading the producer's line only when fewer than
+    /// `want` are known.
+    fn readable(&mut self, tail: u64, want: usize) -> usize {
+        if ((self.seen - tail) as usize) < want {
+            self.seen = self.word(HEAD_OFFSET).load(Ordering::Acquire);
+        }
+        (self.seen - tail) as usize
+    }
+
     /// Consumer: copies out up to `buf.len()` available bytes.
-    pub(crate) fn read(&self, buf: &mut [u8]) -> usize {
+    pub(crate) fn read(&mut self, buf: &mut [u8]) -> usize {
         let tail = self.word(TAIL_OFFSET).load(Ordering::Relaxed);
-        let head = self.word(HEAD_OFFSET).load(Ordering::Acquire);
-        let n = ((head - tail) as usize).min(buf.len());
+        let n = self.readable(tail, 1).min(buf.len());
         if n == 0 {
             return 0;
         }
         self.copy_out(tail, &mut buf[..n]);
         self.word(TAIL_OFFSET).store(tail + n as u64, Ordering::Release);
         n
+    }
+
+    /// Consumer: the received bytes at the read position that lie contiguously in the data
+    /// region (up to its end), without copying them; with how many bytes the ring holds in all
+    /// and how many lie between the read position and the end of the data region. The
+    /// producer's position is re-read when fewer than `want` bytes are known to be there
+    /// (`usize::MAX`: always).
+    pub(crate) fn peek(&mut self, want: usize) -> Peeked<'_> {
+        let tail = self.word(TAIL_OFFSET).load(Ordering::Relaxed);
+        let buffered = self.readable(tail, want);
+        let start = (tail % self.capacity as u64) as usize;
+        let until_end = self.capacity - start;
+        let n = buffered.min(until_end);
+        // SAFETY: [start, start + n) lies in the data region below the acquired `head`: the
+        // producer has finished writing it and will not touch it until `tail` moves past it,
+        // which only `consume` (through `&mut self`, so not while this borrow lives) does.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(self.data.as_ptr().add(start), n) };
+        Peeked { bytes, buffered, until_end, capacity: self.capacity }
+    }
+
+    /// Consumer: releases `n` bytes at the read position (at most what [`Ring::peek`] showed).
+    pub(crate) fn consume(&mut self, n: usize) {
+        let tail = self.word(TAIL_OFFSET).load(Ordering::Relaxed);
+        self.word(TAIL_OFFSET).store(tail + n as u64, Ordering::Release);
     }
 
     fn copy_in(&self, pos: u64, src: &[u8]) {
@@ -134,8 +176,8 @@ mod tests {
     #[test]
     fn wraps_around_and_keeps_order() {
         let seg = Arc::new(Segment::create(RING_HEADER_BYTES + 1000).unwrap());
-        let tx = Ring::new(seg.clone(), 0, 1000).unwrap();
-        let rx = Ring::new(seg, 0, 1000).unwrap();
+        let mut tx = Ring::new(seg.clone(), 0, 1000).unwrap();
+        let mut rx = Ring::new(seg, 0, 1000).unwrap();
         let data: Vec<u8> = (0..10_000u32).map(|i| (i % 253) as u8).collect();
         let mut sent = 0;
         let mut got = Vec::new();
