@@ -11,7 +11,7 @@ pub mod error;
 mod exec;
 pub mod types;
 
-pub use comm::{AbortHandle, Communicator, Config, Group, TransportPolicy, UniqueId};
+pub use comm::{AbortHandle, CollectiveCall, CollectiveKind, Communicator, Config, Group, TransportPolicy, UniqueId};
 pub use error::{Error, Result};
 pub use topoccl_synth as synth;
 pub use topoccl_transports as transports;

@@ -59,7 +59,9 @@ fn bad_input_gives_one_line_and_a_failure() {
         (vec!["--simulate", "--collective", "alltoall", "--algo", "tree"], "cannot build"),
         (vec!["--simulate", "-d", "complex"], "unknown datatype"),
         (vec!["--simulate", "-r", "9"], "root 9 out of range"),
-        (vec!["--topology", "dgx1"], "--simulate"),
+        (vec!["--topology", "dgx1"], "dgx1 has 8 ranks, but -n is 2"),
+        (vec!["-b", "1K", "--transport", "ib"], "unknown transport"),
+        (vec!["-n", "2", "-r", "2"], "root 2 out of range"),
     ] {
         let (ok, out, err) = collbench(&args);
         assert!(!ok, "{args:?} succeeded: {out}");

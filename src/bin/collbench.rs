@@ -4,9 +4,15 @@ use clap::Parser;
 
 fn main() {
     let args = topoccl::collbench::Args::parse();
-    let mut stdout = std::io::stdout().lock();
-    if let Err(e) = topoccl::collbench::run(&args, &mut stdout) {
-        eprintln!("collbench: {e}");
-        std::process::exit(1);
-    }
+    let code = {
+        let mut stdout = std::io::stdout().lock();
+        match topoccl::collbench::run(&args, &mut stdout) {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("collbench: {e}");
+                1
+            }
+        }
+    };
+    std::process::exit(code);
 }

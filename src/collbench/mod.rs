@@ -1,39 +1,75 @@
-//! `collbench`: an nccl-tests-style bandwidth sweep. This version predicts (`--simulate`): it
-//! builds each algorithm's schedule for the topology, proves it correct with the verifier, and
-//! prices every size in the simulator.
+//! `collbench`: an nccl-tests-style bandwidth sweep of topoccl's collectives.
+//!
+//! Run plainly, it spawns `-n` ranks on this machine ([`launch`]); under mpirun, srun or
+//! torchrun it is one rank of the launched job. Every rank checks each size against a
+//! reference ([`check`]) and times it ([`measure`]); rank 0 prints nccl-tests' table
+//! ([`table`]) and can write JSON, CSV and an SVG plot ([`plot`]). `--simulate` predicts
+//! instead of running ([`simulate`]); `--compare-sim` prints both side by side.
 
+pub mod check;
+pub mod launch;
+pub mod measure;
+pub mod plan;
+pub mod plot;
 pub mod report;
+pub mod simulate;
 pub mod sizes;
+pub mod table;
 
 use std::io::Write;
-use std::time::Instant;
 
 use clap::Parser;
-use topoccl_synth::algorithms::{Registry, Request};
-use topoccl_synth::schedule::Collective;
-use topoccl_synth::sim::{SimConfig, Simulator};
 use topoccl_synth::topology;
-use topoccl_synth::verify;
 
+use crate::comm::Config;
 use crate::error::{Error, Result};
-use crate::types::{Dtype, ReduceOp};
-use report::{Report, Row, Sweep};
+use launch::Role;
+use plan::Plan;
 
-/// Command-line arguments (nccl-tests' flags where they exist).
+/// Command-line arguments (nccl-tests' flags where they exist; `-n` is the number of local
+/// ranks to spawn, nccl-tests' iteration count is `--iters`/`-N`).
 #[derive(Debug, Parser)]
 #[command(name = "collbench", version, about = "Bandwidth sweep of topoccl collectives (nccl-tests style)")]
 pub struct Args {
+    /// Ranks to spawn on this machine (ignored under mpirun/srun/torchrun, which say how many).
+    #[arg(short = 'n', long = "nranks", default_value_t = 2)]
+    pub nranks: u32,
+    /// Timed iterations per size (nccl-tests' -n).
+    #[arg(short = 'N', long = "iters", default_value_t = 20)]
+    pub iters: u32,
+    /// Warm-up iterations per size.
+    #[arg(short = 'w', long = "warmup_iters", default_value_t = 1)]
+    pub warmup: u32,
+    /// Check results against a reference (1) or not (0).
+    #[arg(short = 'c', long = "check", default_value_t = 1)]
+    pub check: u32,
+    /// nccl-tests' blocking flag; topoccl's calls always complete before returning, so both
+    /// values time the same thing.
+    #[arg(short = 'z', long = "blocking", default_value_t = 0)]
+    pub blocking: u32,
+    /// Time reported: 0 rank 0's, 1 the mean over ranks, 2 the minimum, 3 the maximum.
+    #[arg(short = 'a', long = "average", default_value_t = 1)]
+    pub average: u32,
     /// Predict with the simulator instead of running ranks.
     #[arg(long)]
     pub simulate: bool,
+    /// Print the simulator's prediction beside each measured row (on --topology, default the
+    /// communicator's own model of the ranks).
+    #[arg(long)]
+    pub compare_sim: bool,
     /// Topology: a built-in machine (dgx1, dgx-a100, …), a family (torus2d:8x8, cluster:64x8),
-    /// or a .toml file; append [0,1,3,6] for a subset of ranks.
-    #[arg(long, default_value = "dgx1")]
-    pub topology: String,
-    /// Algorithm(s), comma-separated, or `all` for every one that builds the collective.
-    #[arg(long, default_value = "ring")]
+    /// or a .toml file; append [0,1,3,6] for a subset of ranks. --simulate defaults to dgx1.
+    #[arg(long)]
+    pub topology: Option<String>,
+    /// Algorithm(s), comma-separated: auto (topoccl's choice) or names; with --simulate also
+    /// `all`.
+    #[arg(long, default_value = "auto")]
     pub algo: String,
-    /// Collective: all_reduce, reduce_scatter, all_gather, broadcast, reduce, all_to_all.
+    /// Transport(s), comma-separated: auto, tcp, shm.
+    #[arg(long, default_value = "auto")]
+    pub transport: String,
+    /// Collective(s), comma-separated: all_reduce, reduce_scatter, all_gather, broadcast,
+    /// reduce, all_to_all, sendrecv, or all.
     #[arg(long, default_value = "all_reduce")]
     pub collective: String,
     /// Minimum size in bytes (K, M, G suffixes).
@@ -48,135 +84,135 @@ pub struct Args {
     /// Add this many bytes between steps (overrides -f).
     #[arg(short = 'i', long = "stepbytes", default_value = "0")]
     pub step_bytes: String,
-    /// Datatype.
+    /// Datatype(s), comma-separated, or all.
     #[arg(short = 'd', long = "datatype", default_value = "float")]
     pub datatype: String,
-    /// Reduction operator.
+    /// Reduction operator(s), comma-separated, or all.
     #[arg(short = 'o', long = "op", default_value = "sum")]
     pub op: String,
     /// Root rank of broadcast and reduce.
     #[arg(short = 'r', long = "root", default_value_t = 0)]
     pub root: u32,
-    /// Chunks per block for pipelining (0: each algorithm's default).
+    /// (--simulate) Chunks per block for pipelining (0: each algorithm's default).
     #[arg(long, default_value_t = 0)]
     pub pipeline: u32,
-    /// Channels (rings, tree pairs); 0: each algorithm's default.
+    /// (--simulate) Channels (rings, tree pairs); 0: each algorithm's default.
     #[arg(long, default_value_t = 0)]
     pub channels: u32,
-    /// Per-message software overhead the simulator adds, µs.
+    /// (--simulate) Per-message software overhead the simulator adds, µs.
     #[arg(long, default_value_t = 0.0)]
     pub sim_overhead_us: f64,
-    /// Write JSON (to FILE, or to standard output when no FILE is given) instead of the table.
+    /// Write JSON to FILE (or, with no FILE, to standard output instead of the table).
     #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
     pub json: Option<String>,
+    /// Write the rows as CSV to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub csv: Option<String>,
+    /// Draw bus bandwidth against size as SVG into FILE.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<String>,
 }
 
-/// Runs collbench with parsed arguments, writing the report to `out`.
-pub fn run(args: &Args, out: &mut dyn Write) -> Result<()> {
-    if !args.simulate {
-        return Err(Error::InvalidArgument(
-            "collbench runs ranks once topoccl's runtime lands; until then pass --simulate for predicted times".into(),
-        ));
+fn write_file(path: &str, text: &str) -> Result<()> {
+    std::fs::write(path, text).map_err(|e| Error::Io { context: format!("writing {path}"), source: e })
+}
+
+/// Runs collbench; returns the process exit code (0, 1 for an error a rank or the launcher
+/// reported, [`launch::WRONG_RESULTS`] for wrong results).
+pub fn run(args: &Args, out: &mut dyn Write) -> Result<i32> {
+    if args.simulate {
+        simulate::run(args, out)?;
+        return Ok(0);
     }
-    let dtype: Dtype = args.datatype.parse()?;
-    let op: ReduceOp = args.op.parse()?;
-    let topo = topology::resolve(&args.topology)?;
-    let n = topo.nranks() as u32;
-    if args.root >= n {
-        return Err(Error::InvalidArgument(format!(
-            "root {} out of range: topology {} has {n} ranks",
-            args.root,
-            topo.name()
-        )));
+    let plan = Plan::parse(args)?;
+    let topo = args.topology.as_deref().map(topology::resolve).transpose()?;
+    let mut config = Config::from_env()?;
+    config.transport = plan.transports[0];
+    match launch::role(args.nranks, &config)? {
+        Role::Spawn(n) => {
+            if plan.root >= n {
+                return Err(Error::InvalidArgument(format!("root {} out of range for {n} ranks", plan.root)));
+            }
+            if let Some(t) = &topo {
+                if t.nranks() != n as usize {
+                    return Err(Error::InvalidArgument(format!(
+                        "topology {} has {} ranks, but -n is {n}",
+                        t.name(),
+                        t.nranks()
+                    )));
+                }
+            }
+            launch::spawn(n)
+        }
+        Role::Rank(comm, how, own_stdout) => {
+            let rank = comm.rank();
+            let progress = own_stdout && measure::stdout_is_terminal();
+            match run_rank(args, &plan, topo, comm, &config, (how, progress), out) {
+                Ok(code) => Ok(code),
+                Err(e) => {
+                    eprintln!("collbench: rank {rank}: {e}");
+                    Ok(1)
+                }
+            }
+        }
     }
-    let coll = Collective::parse(&args.collective, args.root).ok_or_else(|| {
-        Error::InvalidArgument(format!(
-            "unknown collective `{}` (all_reduce, reduce_scatter, all_gather, broadcast, reduce, all_to_all)",
-            args.collective
-        ))
-    })?;
-    let sizes = sizes::sweep(
-        sizes::parse_size(&args.min_bytes)?,
-        sizes::parse_size(&args.max_bytes)?,
-        args.step_factor,
-        sizes::parse_size(&args.step_bytes)?,
-    )?;
-    let registry = Registry::builtin();
-    let names: Vec<&str> = if args.algo == "all" {
-        registry.iter().filter(|g| g.supports(coll)).map(|g| g.name()).collect()
-    } else {
-        args.algo.split(',').map(str::trim).collect()
-    };
-    for name in &names {
-        registry.get(name)?;
+}
+
+fn run_rank(
+    args: &Args,
+    plan: &Plan,
+    topo: Option<topology::Topology>,
+    comm: crate::Communicator,
+    config: &Config,
+    (how, progress): (String, bool),
+    out: &mut dyn Write,
+) -> Result<i32> {
+    let n = comm.nranks();
+    if plan.root >= n {
+        return Err(Error::InvalidArgument(format!("root {} out of range for {n} ranks", plan.root)));
     }
-    let config = SimConfig { message_overhead_us: args.sim_overhead_us, ..SimConfig::default() };
-    let mut sim = Simulator::with_config(&topo, config);
-    let mut report = Report {
-        mode: "simulated (predicted times, no bytes moved)".into(),
-        topology: topo.name().to_string(),
-        nranks: topo.nranks(),
-        collective: coll.to_string(),
-        sweeps: Vec::new(),
-    };
-    let root = coll.root().map_or(-1, i64::from);
-    for name in names {
-        let started = Instant::now();
-        let request = Request::new(&topo, coll).pipeline(args.pipeline).channels(args.channels);
-        let schedule = registry.generate(name, &request)?;
-        let generated = started.elapsed();
-        // Large schedules are proven by the test suite; verify here what is quick to verify.
-        let stats = schedule.stats();
-        let verified = if stats.steps <= 2_000_000 {
-            verify::verify(&schedule)?;
-            "verified"
-        } else {
-            "not verified here (large)"
+    let topology = if args.compare_sim {
+        let t = match topo {
+            Some(t) => t,
+            None => topology::resolve(&format!("full:{n}"))?,
         };
-        let sim_started = Instant::now();
-        let mut rows = Vec::with_capacity(sizes.len());
-        for &size in &sizes {
-            // nccl-tests: per-rank counts for the collectives whose buffer is n blocks.
-            let per = dtype.size() as u64 * u64::from(coll.chunk_multiple(n));
-            let count_total = size / per * u64::from(coll.chunk_multiple(n));
-            let bytes = count_total * dtype.size() as u64;
-            let count = count_total / u64::from(coll.chunk_multiple(n));
-            let t = sim.run(&schedule, bytes)?.time_us;
-            let algbw = if t > 0.0 { bytes as f64 / t / 1e3 } else { 0.0 };
-            rows.push(Row {
-                size: bytes,
-                count,
-                dtype: dtype.name().into(),
-                redop: if coll.reduces() { op.name().into() } else { "none".into() },
-                root,
-                time_us: t,
-                algbw,
-                busbw: algbw * coll.bus_factor(n),
-            });
+        if t.nranks() != n as usize {
+            return Err(Error::InvalidArgument(format!("topology {} has {} ranks, the job {n}", t.name(), t.nranks())));
         }
-        report.sweeps.push(Sweep {
-            algorithm: name.to_string(),
-            schedule: format!(
-                "{} channels, {} chunks, {} steps, {} messages; {verified}; generated in {:.1} ms, {} sizes simulated in {:.1} ms",
-                stats.max_channels,
-                schedule.chunks,
-                stats.steps,
-                stats.sends,
-                generated.as_secs_f64() * 1e3,
-                sizes.len(),
-                sim_started.elapsed().as_secs_f64() * 1e3
-            ),
-            rows,
-        });
-    }
-    let io = |e: std::io::Error| Error::Io { context: "writing the report".into(), source: e };
-    match args.json.as_deref() {
-        Some("-") => writeln!(out, "{}", report.json()).map_err(io),
-        Some(path) => {
-            std::fs::write(path, report.json())
-                .map_err(|e| Error::Io { context: format!("writing {path}"), source: e })?;
-            write!(out, "{}", report.table()).map_err(io)
+        Some(t)
+    } else {
+        None
+    };
+    let time = ["rank 0's time", "mean time over ranks", "minimum time over ranks", "maximum time over ranks"];
+    let mode = format!(
+        "measured on {how}; {} iterations after {} warm-up, check {}, {}{}",
+        plan.iters,
+        plan.warmup,
+        if plan.check { "on" } else { "off" },
+        time[plan.average as usize],
+        topology.as_ref().map(|t| format!("; predictions on topology {}", t.name())).unwrap_or_default()
+    );
+    let me = comm.rank();
+    let json_to_stdout = args.json.as_deref() == Some("-");
+    let mut sink = std::io::sink();
+    let table_out: &mut dyn Write = if me == 0 && !json_to_stdout { out } else { &mut sink };
+    let progress = progress && me == 0 && !json_to_stdout;
+    let report = measure::run(plan, comm, config, measure::Output { out: table_out, progress, topology }, mode)?;
+    if me == 0 {
+        if let Some(path) = &args.json {
+            if path == "-" {
+                println!("{}", report.json());
+            } else {
+                write_file(path, &report.json())?;
+            }
         }
-        None => write!(out, "{}", report.table()).map_err(io),
+        if let Some(path) = &args.csv {
+            write_file(path, &report.csv())?;
+        }
+        if let Some(path) = &args.plot {
+            let title = format!("{} ranks: bus bandwidth (out-of-place)", report.nranks);
+            write_file(path, &plot::svg(&report, &title))?;
+        }
     }
+    Ok(if report.wrong() > 0 { launch::WRONG_RESULTS } else { 0 })
 }

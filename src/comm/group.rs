@@ -72,6 +72,22 @@ impl<'b> Group<'_, 'b> {
         Ok(())
     }
 
+    /// Sends `data`, `dtype` elements as bytes (the byte-level twin of [`Group::send`]).
+    pub fn send_bytes(&mut self, data: &'b [u8], dtype: Dtype, peer: u32) -> Result<()> {
+        self.check_peer(peer)?;
+        let count = whole_elements(data.len(), dtype)?;
+        self.ops.push(P2p { peer, dtype, count, data: Transfer::Send(data) });
+        Ok(())
+    }
+
+    /// Receives into `data`, `dtype` elements as bytes.
+    pub fn recv_bytes(&mut self, data: &'b mut [u8], dtype: Dtype, peer: u32) -> Result<()> {
+        self.check_peer(peer)?;
+        let count = whole_elements(data.len(), dtype)?;
+        self.ops.push(P2p { peer, dtype, count, data: Transfer::Recv(data) });
+        Ok(())
+    }
+
     /// Runs every collected transfer; returns when all are done.
     pub fn end(self) -> Result<()> {
         let Group { comm, ops } = self;
@@ -134,4 +150,11 @@ impl<'b> Group<'_, 'b> {
             Err(e) => Err(comm.fail(e)),
         }
     }
+}
+
+fn whole_elements(bytes: usize, dtype: Dtype) -> Result<usize> {
+    if bytes % dtype.size() != 0 {
+        return Err(Error::InvalidArgument(format!("{bytes} bytes are not whole {} elements", dtype.name())));
+    }
+    Ok(bytes / dtype.size())
 }

@@ -21,6 +21,7 @@
 //! ```
 
 mod bootstrap;
+mod bytes;
 mod collective;
 mod config;
 mod connect;
@@ -42,6 +43,7 @@ use topoccl_transports::Connection;
 
 use bootstrap::PeerInfo;
 pub use bootstrap::{UniqueId, UNIQUE_ID_BYTES};
+pub use bytes::{CollectiveCall, CollectiveKind};
 pub use config::{Config, TransportPolicy};
 use connect::Auth;
 pub use group::Group;
@@ -164,7 +166,11 @@ impl Communicator {
     /// `SLURM_NTASKS`), meeting at `TOPOCCL_ROOT=host:port` or `MASTER_ADDR`:`MASTER_PORT`,
     /// where rank 0 runs the rendezvous.
     pub fn from_env() -> Result<Communicator> {
-        let config = Config::from_env()?;
+        Communicator::from_env_with(Config::from_env()?)
+    }
+
+    /// [`Communicator::from_env`] with explicit settings.
+    pub fn from_env_with(config: Config) -> Result<Communicator> {
         let job = env::LaunchEnv::detect()?;
         let id = if job.rank == 0 {
             UniqueId::serve(job.root, job.secret, config.timeout)?
@@ -308,6 +314,41 @@ impl Communicator {
             self.close_links();
         }
         e
+    }
+
+    /// Forces an algorithm for later calls (`None` or `auto`: the default choice), as
+    /// `TOPOCCL_ALGO` does at start-up. Every rank must make the same choice before its next
+    /// call (calls with different schedules are reported as mismatched). An algorithm that
+    /// cannot build a collective leaves that collective to the default choice.
+    pub fn set_algorithm(&mut self, algo: Option<&str>) -> Result<()> {
+        let algo = algo.filter(|a| *a != "auto");
+        if let Some(a) = algo {
+            let registry = Registry::builtin();
+            if registry.get(a).is_err() {
+                return Err(Error::InvalidArgument(format!(
+                    "unknown algorithm `{a}` (auto, {})",
+                    registry.names().join(", ")
+                )));
+            }
+        }
+        self.config.algo = algo.map(str::to_string);
+        self.schedules.clear();
+        self.programs.clear();
+        Ok(())
+    }
+
+    /// The algorithm this communicator runs `call` with (the schedule's name).
+    pub fn algorithm_for(&mut self, call: &CollectiveCall) -> Result<String> {
+        let block_bytes = call.count.saturating_mul(call.dtype.size());
+        let collective = match call.kind {
+            CollectiveKind::AllReduce => Collective::AllReduce,
+            CollectiveKind::ReduceScatter => Collective::ReduceScatter,
+            CollectiveKind::AllGather => Collective::AllGather,
+            CollectiveKind::Broadcast => Collective::Broadcast { root: call.root },
+            CollectiveKind::Reduce => Collective::Reduce { root: call.root },
+            CollectiveKind::AllToAll => Collective::AllToAll,
+        };
+        Ok(self.schedule(collective, block_bytes)?.schedule.name.clone())
     }
 
     /// The schedule for `collective` with blocks of `block_bytes`: `TOPOCCL_ALGO` where it

@@ -1,0 +1,181 @@
+//! What a sweep will do, parsed and checked from the arguments before any rank starts (so bad
+//! input fails in one line, once).
+
+use topoccl_synth::algorithms::Registry;
+use topoccl_synth::schedule::Collective;
+
+use super::sizes;
+use super::Args;
+use crate::comm::{CollectiveKind, TransportPolicy};
+use crate::error::{Error, Result};
+use crate::types::{Dtype, ReduceOp};
+
+/// What one row group measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bench {
+    Collective(CollectiveKind),
+    /// nccl-tests' sendrecv: every rank sends to the next and receives from the previous.
+    SendRecv,
+}
+
+impl Bench {
+    pub fn name(self) -> &'static str {
+        match self {
+            Bench::Collective(k) => k.name(),
+            Bench::SendRecv => "sendrecv",
+        }
+    }
+
+    pub fn reduces(self) -> bool {
+        matches!(self, Bench::Collective(k) if k.reduces())
+    }
+
+    /// nccl-tests' bus bandwidth factor.
+    pub fn bus_factor(self, n: u32) -> f64 {
+        match self {
+            Bench::Collective(k) => synth_collective(k, 0).bus_factor(n),
+            Bench::SendRecv => 1.0,
+        }
+    }
+
+    /// Blocks of `count` elements the size column counts (n for the per-rank collectives).
+    pub fn size_blocks(self, n: u32) -> u64 {
+        match self {
+            Bench::Collective(k) => k.blocks(n as usize).0.max(k.blocks(n as usize).1) as u64,
+            Bench::SendRecv => 1,
+        }
+    }
+}
+
+/// The synthesizer's name for a collective.
+pub fn synth_collective(k: CollectiveKind, root: u32) -> Collective {
+    match k {
+        CollectiveKind::AllReduce => Collective::AllReduce,
+        CollectiveKind::ReduceScatter => Collective::ReduceScatter,
+        CollectiveKind::AllGather => Collective::AllGather,
+        CollectiveKind::Broadcast => Collective::Broadcast { root },
+        CollectiveKind::Reduce => Collective::Reduce { root },
+        CollectiveKind::AllToAll => Collective::AllToAll,
+    }
+}
+
+/// The parsed sweep.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub sizes: Vec<u64>,
+    pub benches: Vec<Bench>,
+    pub dtypes: Vec<Dtype>,
+    pub ops: Vec<ReduceOp>,
+    /// `auto` or algorithm names.
+    pub algos: Vec<String>,
+    pub transports: Vec<TransportPolicy>,
+    pub iters: u32,
+    pub warmup: u32,
+    pub check: bool,
+    /// nccl-tests' `-a`: 0 rank 0's time, 1 the mean, 2 the minimum, 3 the maximum over ranks.
+    pub average: u32,
+    pub root: u32,
+}
+
+fn list(s: &str) -> impl Iterator<Item = &str> {
+    s.split(',').map(str::trim).filter(|x| !x.is_empty())
+}
+
+impl Plan {
+    pub fn parse(args: &Args) -> Result<Plan> {
+        let sizes = sizes::sweep(
+            sizes::parse_size(&args.min_bytes)?,
+            sizes::parse_size(&args.max_bytes)?,
+            args.step_factor,
+            sizes::parse_size(&args.step_bytes)?,
+        )?;
+        let mut benches = Vec::new();
+        for c in list(&args.collective) {
+            match c {
+                "all" => {
+                    benches.extend(CollectiveKind::ALL.map(Bench::Collective));
+                    benches.push(Bench::SendRecv);
+                }
+                "sendrecv" | "send_recv" => benches.push(Bench::SendRecv),
+                other => benches.push(Bench::Collective(other.parse().map_err(|_| {
+                    Error::InvalidArgument(format!(
+                        "unknown collective `{other}` (all_reduce, reduce_scatter, all_gather, broadcast, reduce, all_to_all, sendrecv, all)"
+                    ))
+                })?)),
+            }
+        }
+        let dtypes = if args.datatype == "all" {
+            Dtype::ALL.to_vec()
+        } else {
+            list(&args.datatype).map(str::parse).collect::<Result<Vec<Dtype>>>()?
+        };
+        let ops = if args.op == "all" {
+            ReduceOp::ALL.to_vec()
+        } else {
+            list(&args.op).map(str::parse).collect::<Result<Vec<ReduceOp>>>()?
+        };
+        let registry = Registry::builtin();
+        let algos: Vec<String> = list(&args.algo).map(str::to_string).collect();
+        for a in &algos {
+            if a != "auto" && registry.get(a).is_err() {
+                return Err(Error::InvalidArgument(format!(
+                    "unknown algorithm `{a}` (auto, {})",
+                    registry.names().join(", ")
+                )));
+            }
+        }
+        let transports = list(&args.transport)
+            .map(|t| match t {
+                "auto" => Ok(TransportPolicy::Auto),
+                "tcp" => Ok(TransportPolicy::Tcp),
+                "shm" => Ok(TransportPolicy::Shm),
+                other => Err(Error::InvalidArgument(format!("unknown transport `{other}` (auto, tcp, shm)"))),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if benches.is_empty() || dtypes.is_empty() || ops.is_empty() || algos.is_empty() || transports.is_empty() {
+            return Err(Error::InvalidArgument(
+                "empty list of collectives, types, ops, algorithms or transports".into(),
+            ));
+        }
+        if args.iters == 0 {
+            return Err(Error::InvalidArgument("iterations (--iters) must be at least 1".into()));
+        }
+        if args.average > 3 {
+            return Err(Error::InvalidArgument(format!(
+                "-a {}: expected 0 (rank 0), 1 (mean), 2 (min) or 3 (max)",
+                args.average
+            )));
+        }
+        Ok(Plan {
+            sizes,
+            benches,
+            dtypes,
+            ops,
+            algos,
+            transports,
+            iters: args.iters,
+            warmup: args.warmup,
+            check: args.check != 0,
+            average: args.average,
+            root: args.root,
+        })
+    }
+
+    /// Whether algorithm `algo` builds `bench` (auto builds everything; send/recv has none).
+    pub fn builds(algo: &str, bench: Bench) -> bool {
+        match bench {
+            Bench::SendRecv => true,
+            Bench::Collective(k) => {
+                algo == "auto" || Registry::builtin().get(algo).is_ok_and(|g| g.supports(synth_collective(k, 0)))
+            }
+        }
+    }
+}
+
+pub fn transport_name(t: TransportPolicy) -> &'static str {
+    match t {
+        TransportPolicy::Auto => "auto",
+        TransportPolicy::Tcp => "tcp",
+        TransportPolicy::Shm => "shm",
+    }
+}
