@@ -112,7 +112,7 @@ mod tests {
     #[test]
     fn expected_values_are_exact_in_every_type() {
         // 8 ranks: sums up to 32, products up to 2, averages of small integers.
-        let mut buf = vec![0u8; 8];
+        let mut buf = [0u8; 8];
         for dtype in Dtype::ALL {
             for op in ReduceOp::ALL {
                 let b = &mut buf[..dtype.size()];

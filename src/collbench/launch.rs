@@ -27,7 +27,7 @@ pub enum Role {
     /// One rank of a job, with how it was started and whether its standard output is the
     /// user's own (spawned by collbench; launchers forward output through pseudo-terminals,
     /// so a terminal there is no sign of a person watching).
-    Rank(Communicator, String, bool),
+    Rank(Box<Communicator>, String, bool),
     /// The parent of `n` local ranks it must spawn.
     Spawn(u32),
 }
@@ -68,12 +68,12 @@ pub fn role(nranks: u32, config: &Config) -> Result<Role> {
         };
         let (rank, n) = (parse(&rank, RANK_VAR)?, parse(&n, NRANKS_VAR)?);
         let comm = Communicator::init_with(&id, rank, n, config.clone())?;
-        return Ok(Role::Rank(comm, format!("{n} ranks spawned on this machine"), true));
+        return Ok(Role::Rank(Box::new(comm), format!("{n} ranks spawned on this machine"), true));
     }
     match launcher_size() {
         Some(size) if size > 1 => {
             let comm = Communicator::from_env_with(config.clone())?;
-            Ok(Role::Rank(comm, format!("{size} ranks started by a launcher"), false))
+            Ok(Role::Rank(Box::new(comm), format!("{size} ranks started by a launcher"), false))
         }
         _ => Ok(Role::Spawn(nranks)),
     }

@@ -147,7 +147,7 @@ pub fn run(args: &Args, out: &mut dyn Write) -> Result<i32> {
         Role::Rank(comm, how, own_stdout) => {
             let rank = comm.rank();
             let progress = own_stdout && measure::stdout_is_terminal();
-            match run_rank(args, &plan, topo, comm, &config, (how, progress), out) {
+            match run_rank(args, &plan, topo, *comm, &config, (how, progress), out) {
                 Ok(code) => Ok(code),
                 Err(e) => {
                     eprintln!("collbench: rank {rank}: {e}");

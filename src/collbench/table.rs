@@ -161,7 +161,7 @@ impl Block {
         let sim = if predicted { format!("  {:>9} {:>7} {:>7}", "time", "busbw", "ratio") } else { String::new() };
         let _ = writeln!(
             out,
-            "#{:>11} {:>12} {:>8} {:>6} {:>6}  {:>9} {:>7} {:>7} {:>6}  {:>9} {:>7} {:>7} {:>6}{sim}  {}",
+            "#{:>11} {:>12} {:>8} {:>6} {:>6}  {:>9} {:>7} {:>7} {:>6}  {:>9} {:>7} {:>7} {:>6}{sim}  ran",
             "size",
             "count",
             "type",
@@ -174,8 +174,7 @@ impl Block {
             "time",
             "algbw",
             "busbw",
-            "#wrong",
-            "ran"
+            "#wrong"
         );
         let sim = if predicted { format!("  {:>9} {:>7} {:>7}", "(us)", "(GB/s)", "meas/pr") } else { String::new() };
         let _ = writeln!(
