@@ -59,6 +59,16 @@ pub fn synth_collective(k: CollectiveKind, root: u32) -> Collective {
     }
 }
 
+/// The sizes `-b`, `-e`, `-f` and `-i` ask for.
+pub fn sizes_of(args: &Args) -> Result<Vec<u64>> {
+    sizes::sweep(
+        sizes::parse_size(&args.min_bytes)?,
+        sizes::parse_size(&args.max_bytes)?,
+        args.step_factor,
+        sizes::parse_size(&args.step_bytes)?,
+    )
+}
+
 /// The parsed sweep.
 #[derive(Debug, Clone)]
 pub struct Plan {
@@ -83,12 +93,7 @@ fn list(s: &str) -> impl Iterator<Item = &str> {
 
 impl Plan {
     pub fn parse(args: &Args) -> Result<Plan> {
-        let sizes = sizes::sweep(
-            sizes::parse_size(&args.min_bytes)?,
-            sizes::parse_size(&args.max_bytes)?,
-            args.step_factor,
-            sizes::parse_size(&args.step_bytes)?,
-        )?;
+        let sizes = sizes_of(args)?;
         let mut benches = Vec::new();
         for c in list(&args.collective) {
             match c {

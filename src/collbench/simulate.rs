@@ -11,7 +11,7 @@ use topoccl_synth::topology;
 use topoccl_synth::verify;
 
 use super::report::{Report, Row, Sweep};
-use super::{sizes, Args};
+use super::Args;
 use crate::error::{Error, Result};
 use crate::types::{Dtype, ReduceOp};
 
@@ -34,12 +34,7 @@ pub fn run(args: &Args, out: &mut dyn Write) -> Result<()> {
             args.collective
         ))
     })?;
-    let sizes = sizes::sweep(
-        sizes::parse_size(&args.min_bytes)?,
-        sizes::parse_size(&args.max_bytes)?,
-        args.step_factor,
-        sizes::parse_size(&args.step_bytes)?,
-    )?;
+    let sizes = super::plan::sizes_of(args)?;
     let registry = Registry::builtin();
     let names: Vec<&str> = if args.algo == "all" {
         registry.iter().filter(|g| g.supports(coll)).map(|g| g.name()).collect()
