@@ -11,7 +11,7 @@ use topoccl_synth::topology::Topology;
 
 use super::check::{self, Value};
 use super::plan::{synth_collective, transport_name, Bench, Plan};
-use super::table::{Block, MeasuredReport, MeasuredRow, Predicted, Timing};
+use super::table::{Block, MeasuredReport, MeasuredRow, Predicted, RowId, Timing};
 use crate::comm::{CollectiveCall, CollectiveKind, Communicator, Config, UniqueId, UNIQUE_ID_BYTES};
 use crate::error::{Error, Result};
 use crate::types::{Dtype, ReduceOp};
@@ -308,13 +308,15 @@ fn measure(
     };
     let out_of_place = variants[0].ok_or_else(|| Error::Internal("no out-of-place timing".into()))?;
     Ok(MeasuredRow {
-        size: bytes,
-        count: count as u64,
-        dtype: dtype.name().to_string(),
-        redop: if bench.reduces() { rop.name().to_string() } else { "none".to_string() },
-        root: match bench {
-            Bench::Collective(k) if k.rooted() => i64::from(root),
-            _ => -1,
+        id: RowId {
+            size: bytes,
+            count: count as u64,
+            dtype: dtype.name().to_string(),
+            redop: if bench.reduces() { rop.name().to_string() } else { "none".to_string() },
+            root: match bench {
+                Bench::Collective(k) if k.rooted() => i64::from(root),
+                _ => -1,
+            },
         },
         out_of_place,
         in_place: variants[1],

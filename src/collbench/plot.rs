@@ -48,7 +48,7 @@ fn series(report: &MeasuredReport) -> Vec<Series> {
     for b in &report.blocks {
         let mut keys: Vec<(String, String)> = Vec::new();
         for r in &b.rows {
-            let k = (r.dtype.clone(), r.redop.clone());
+            let k = (r.id.dtype.clone(), r.id.redop.clone());
             if !keys.contains(&k) {
                 keys.push(k);
             }
@@ -70,8 +70,8 @@ fn series(report: &MeasuredReport) -> Vec<Series> {
             let points = b
                 .rows
                 .iter()
-                .filter(|r| &r.dtype == dtype && &r.redop == redop && r.size > 0)
-                .map(|r| (r.size as f64, r.out_of_place.busbw))
+                .filter(|r| &r.id.dtype == dtype && &r.id.redop == redop && r.id.size > 0)
+                .map(|r| (r.id.size as f64, r.out_of_place.busbw))
                 .collect();
             out.push(Series { label: parts.join(" / "), points });
         }
@@ -172,16 +172,12 @@ fn nice(v: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::collbench::table::{Block, MeasuredRow, Timing};
+    use crate::collbench::table::{Block, MeasuredRow, RowId, Timing};
 
     #[test]
     fn one_line_per_algorithm() {
         let row = |size: u64, busbw: f64| MeasuredRow {
-            size,
-            count: size / 4,
-            dtype: "float".into(),
-            redop: "sum".into(),
-            root: -1,
+            id: RowId { size, count: size / 4, dtype: "float".into(), redop: "sum".into(), root: -1 },
             out_of_place: Timing { time_us: 1.0, algbw: busbw, busbw, wrong: Some(0) },
             in_place: None,
             algorithm: "ring".into(),

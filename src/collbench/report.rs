@@ -4,15 +4,22 @@ use std::fmt::Write;
 
 use serde::Serialize;
 
-/// One size of one sweep.
+/// nccl-tests' leading columns, shared by predicted and measured rows.
 #[derive(Debug, Clone, Serialize)]
-pub struct Row {
+pub struct RowId {
     pub size: u64,
     pub count: u64,
     #[serde(rename = "type")]
     pub dtype: String,
     pub redop: String,
     pub root: i64,
+}
+
+/// One size of one sweep.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    #[serde(flatten)]
+    pub id: RowId,
     pub time_us: f64,
     pub algbw: f64,
     pub busbw: f64,
@@ -80,11 +87,11 @@ impl Report {
                 let _ = writeln!(
                     out,
                     " {:>11}  {:>12}  {:>8}  {:>6}  {:>6}  {:>9}  {:>7.2}  {:>7.2}",
-                    r.size,
-                    r.count,
-                    r.dtype,
-                    r.redop,
-                    r.root,
+                    r.id.size,
+                    r.id.count,
+                    r.id.dtype,
+                    r.id.redop,
+                    r.id.root,
                     fmt_time(r.time_us),
                     r.algbw,
                     r.busbw

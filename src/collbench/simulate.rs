@@ -10,7 +10,7 @@ use topoccl_synth::sim::{SimConfig, Simulator};
 use topoccl_synth::topology;
 use topoccl_synth::verify;
 
-use super::report::{Report, Row, Sweep};
+use super::report::{Report, Row, RowId, Sweep};
 use super::Args;
 use crate::error::{Error, Result};
 use crate::types::{Dtype, ReduceOp};
@@ -79,11 +79,13 @@ pub fn run(args: &Args, out: &mut dyn Write) -> Result<()> {
             let t = sim.run(&schedule, bytes)?.time_us;
             let algbw = if t > 0.0 { bytes as f64 / t / 1e3 } else { 0.0 };
             rows.push(Row {
-                size: bytes,
-                count,
-                dtype: dtype.name().into(),
-                redop: if coll.reduces() { op.name().into() } else { "none".into() },
-                root,
+                id: RowId {
+                    size: bytes,
+                    count,
+                    dtype: dtype.name().into(),
+                    redop: if coll.reduces() { op.name().into() } else { "none".into() },
+                    root,
+                },
                 time_us: t,
                 algbw,
                 busbw: algbw * coll.bus_factor(n),

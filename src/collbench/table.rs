@@ -5,6 +5,8 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+pub use super::report::RowId;
+
 /// Time and bandwidth of one variant (out-of-place or in-place) of one size.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct Timing {
@@ -25,12 +27,8 @@ pub struct Predicted {
 /// One size.
 #[derive(Debug, Clone, Serialize)]
 pub struct MeasuredRow {
-    pub size: u64,
-    pub count: u64,
-    #[serde(rename = "type")]
-    pub dtype: String,
-    pub redop: String,
-    pub root: i64,
+    #[serde(flatten)]
+    pub id: RowId,
     pub out_of_place: Timing,
     /// `None` where an in-place form does not exist (sendrecv).
     pub in_place: Option<Timing>,
@@ -114,11 +112,11 @@ impl MeasuredReport {
                     b.transport,
                     b.algorithm,
                     b.collective,
-                    r.size,
-                    r.count,
-                    r.dtype,
-                    r.redop,
-                    r.root,
+                    r.id.size,
+                    r.id.count,
+                    r.id.dtype,
+                    r.id.redop,
+                    r.id.root,
                     o.time_us,
                     o.algbw,
                     o.busbw,
@@ -202,11 +200,11 @@ impl MeasuredRow {
         };
         format!(
             " {:>11} {:>12} {:>8} {:>6} {:>6}  {:>9} {:>7.2} {:>7.2} {:>6}  {ip}{sim}  {}",
-            self.size,
-            self.count,
-            self.dtype,
-            self.redop,
-            self.root,
+            self.id.size,
+            self.id.count,
+            self.id.dtype,
+            self.id.redop,
+            self.id.root,
             time(o.time_us),
             o.algbw,
             o.busbw,
