@@ -8,6 +8,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::comm::env::{launcher_world_size, var};
 use crate::comm::{Communicator, Config, UniqueId};
 use crate::error::{Error, Result};
 
@@ -30,18 +31,6 @@ pub enum Role {
     Rank(Box<Communicator>, String, bool),
     /// The parent of `n` local ranks it must spawn.
     Spawn(u32),
-}
-
-fn var(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
-}
-
-/// The world size a launcher announced, if any.
-fn launcher_size() -> Option<u32> {
-    ["WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"]
-        .iter()
-        .find_map(|v| var(v))
-        .and_then(|s| s.trim().parse().ok())
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -70,7 +59,7 @@ pub fn role(nranks: u32, config: &Config) -> Result<Role> {
         let comm = Communicator::init_with(&id, rank, n, config.clone())?;
         return Ok(Role::Rank(Box::new(comm), format!("{n} ranks spawned on this machine"), true));
     }
-    match launcher_size() {
+    match launcher_world_size() {
         Some(size) if size > 1 => {
             let comm = Communicator::from_env_with(config.clone())?;
             Ok(Role::Rank(Box::new(comm), format!("{size} ranks started by a launcher"), false))

@@ -10,7 +10,7 @@ use topoccl_synth::sim::Simulator;
 use topoccl_synth::topology::Topology;
 
 use super::check::{self, Value};
-use super::plan::{synth_collective, transport_name, Bench, Plan};
+use super::plan::{Bench, Plan};
 use super::table::{Block, MeasuredReport, MeasuredRow, Predicted, RowId, Timing};
 use crate::comm::{CollectiveCall, CollectiveKind, Communicator, Config, UniqueId, UNIQUE_ID_BYTES};
 use crate::error::{Error, Result};
@@ -113,7 +113,7 @@ pub fn run(plan: &Plan, first: Communicator, config: &Config, out: Output<'_>, m
                     continue;
                 }
                 let mut block = Block {
-                    transport: transport_name(plan.transports[ti]).to_string(),
+                    transport: plan.transports[ti].name().to_string(),
                     algorithm: if bench == Bench::SendRecv { "p2p".into() } else { algo.clone() },
                     collective: bench.name().to_string(),
                     rows: Vec::new(),
@@ -340,7 +340,7 @@ fn aggregate(comm: &mut Communicator, mine: f64, average: u32) -> Result<f64> {
 /// The simulator's time for `algorithm` on `topo` (the schedule the runtime ran, rebuilt for
 /// the topology).
 fn predict(topo: &Topology, algorithm: &str, c: CollectiveCall, bytes: u64) -> Result<Predicted> {
-    let coll = synth_collective(c.kind, c.root);
+    let coll = c.kind.collective(c.root);
     let schedule = Registry::builtin().generate(algorithm, &Request::new(topo, coll))?;
     let time_us = Simulator::new(topo).run(&schedule, bytes)?.time_us;
     let algbw = if time_us > 0.0 { bytes as f64 / time_us / 1e3 } else { 0.0 };

@@ -2,7 +2,6 @@
 //! input fails in one line, once).
 
 use topoccl_synth::algorithms::Registry;
-use topoccl_synth::schedule::Collective;
 
 use super::sizes;
 use super::Args;
@@ -33,7 +32,7 @@ impl Bench {
     /// nccl-tests' bus bandwidth factor.
     pub fn bus_factor(self, n: u32) -> f64 {
         match self {
-            Bench::Collective(k) => synth_collective(k, 0).bus_factor(n),
+            Bench::Collective(k) => k.collective(0).bus_factor(n),
             Bench::SendRecv => 1.0,
         }
     }
@@ -44,18 +43,6 @@ impl Bench {
             Bench::Collective(k) => k.blocks(n as usize).0.max(k.blocks(n as usize).1) as u64,
             Bench::SendRecv => 1,
         }
-    }
-}
-
-/// The synthesizer's name for a collective.
-pub fn synth_collective(k: CollectiveKind, root: u32) -> Collective {
-    match k {
-        CollectiveKind::AllReduce => Collective::AllReduce,
-        CollectiveKind::ReduceScatter => Collective::ReduceScatter,
-        CollectiveKind::AllGather => Collective::AllGather,
-        CollectiveKind::Broadcast => Collective::Broadcast { root },
-        CollectiveKind::Reduce => Collective::Reduce { root },
-        CollectiveKind::AllToAll => Collective::AllToAll,
     }
 }
 
@@ -129,14 +116,7 @@ impl Plan {
                 )));
             }
         }
-        let transports = list(&args.transport)
-            .map(|t| match t {
-                "auto" => Ok(TransportPolicy::Auto),
-                "tcp" => Ok(TransportPolicy::Tcp),
-                "shm" => Ok(TransportPolicy::Shm),
-                other => Err(Error::InvalidArgument(format!("unknown transport `{other}` (auto, tcp, shm)"))),
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let transports = list(&args.transport).map(str::parse).collect::<Result<Vec<TransportPolicy>>>()?;
         if benches.is_empty() || dtypes.is_empty() || ops.is_empty() || algos.is_empty() || transports.is_empty() {
             return Err(Error::InvalidArgument(
                 "empty list of collectives, types, ops, algorithms or transports".into(),
@@ -171,16 +151,8 @@ impl Plan {
         match bench {
             Bench::SendRecv => true,
             Bench::Collective(k) => {
-                algo == "auto" || Registry::builtin().get(algo).is_ok_and(|g| g.supports(synth_collective(k, 0)))
+                algo == "auto" || Registry::builtin().get(algo).is_ok_and(|g| g.supports(k.collective(0)))
             }
         }
-    }
-}
-
-pub fn transport_name(t: TransportPolicy) -> &'static str {
-    match t {
-        TransportPolicy::Auto => "auto",
-        TransportPolicy::Tcp => "tcp",
-        TransportPolicy::Shm => "shm",
     }
 }

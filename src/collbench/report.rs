@@ -54,7 +54,7 @@ pub struct Report {
     pub sweeps: Vec<Sweep>,
 }
 
-fn fmt_time(us: f64) -> String {
+pub(crate) fn fmt_time(us: f64) -> String {
     if us >= 1e6 {
         format!("{:.0}", us)
     } else if us >= 100.0 {

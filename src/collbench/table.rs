@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use super::report::fmt_time;
 pub use super::report::RowId;
 
 /// Time and bandwidth of one variant (out-of-place or in-place) of one size.
@@ -135,16 +136,6 @@ impl MeasuredReport {
     }
 }
 
-fn time(us: f64) -> String {
-    if us >= 1e6 {
-        format!("{us:.0}")
-    } else if us >= 100.0 {
-        format!("{us:.1}")
-    } else {
-        format!("{us:.2}")
-    }
-}
-
 fn wrong(w: Option<u64>) -> String {
     w.map_or("N/A".into(), |w| w.to_string())
 }
@@ -188,13 +179,13 @@ impl MeasuredRow {
     pub fn line(&self) -> String {
         let o = &self.out_of_place;
         let ip = match &self.in_place {
-            Some(t) => format!("{:>9} {:>7.2} {:>7.2} {:>6}", time(t.time_us), t.algbw, t.busbw, wrong(t.wrong)),
+            Some(t) => format!("{:>9} {:>7.2} {:>7.2} {:>6}", fmt_time(t.time_us), t.algbw, t.busbw, wrong(t.wrong)),
             None => format!("{:>9} {:>7} {:>7} {:>6}", "-", "-", "-", "-"),
         };
         let sim = match &self.predicted {
             Some(p) => {
                 let ratio = if p.busbw > 0.0 { o.busbw / p.busbw } else { 0.0 };
-                format!("  {:>9} {:>7.2} {:>7.2}", time(p.time_us), p.busbw, ratio)
+                format!("  {:>9} {:>7.2} {:>7.2}", fmt_time(p.time_us), p.busbw, ratio)
             }
             None => String::new(),
         };
@@ -205,7 +196,7 @@ impl MeasuredRow {
             self.id.dtype,
             self.id.redop,
             self.id.root,
-            time(o.time_us),
+            fmt_time(o.time_us),
             o.algbw,
             o.busbw,
             wrong(o.wrong),

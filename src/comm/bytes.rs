@@ -1,6 +1,8 @@
 //! The byte-level API: buffers as bytes with an explicit [`Dtype`], for callers that choose the
 //! datatype at run time (the C ABI, `collbench`). Same semantics and checks as the typed API.
 
+use topoccl_synth::schedule::Collective;
+
 use super::collective::{Buffers, Call};
 use super::Communicator;
 use crate::error::{Error, Result};
@@ -57,6 +59,18 @@ impl CollectiveKind {
             CollectiveKind::AllGather => (1, n),
             CollectiveKind::AllToAll => (n, n),
             _ => (1, 1),
+        }
+    }
+
+    /// The synthesizer's name for this collective (its schedules are built for it).
+    pub fn collective(self, root: u32) -> Collective {
+        match self {
+            CollectiveKind::AllReduce => Collective::AllReduce,
+            CollectiveKind::ReduceScatter => Collective::ReduceScatter,
+            CollectiveKind::AllGather => Collective::AllGather,
+            CollectiveKind::Broadcast => Collective::Broadcast { root },
+            CollectiveKind::Reduce => Collective::Reduce { root },
+            CollectiveKind::AllToAll => Collective::AllToAll,
         }
     }
 

@@ -12,6 +12,7 @@
 
 use std::time::Duration;
 
+use super::env::var;
 use crate::error::{Error, Result};
 
 /// Which transport connects ranks.
@@ -22,6 +23,26 @@ pub enum TransportPolicy {
     Tcp,
     /// Shared memory only; ranks on different hosts are an error.
     Shm,
+}
+
+impl TransportPolicy {
+    pub fn name(self) -> &'static str {
+        match self {
+            TransportPolicy::Auto => "auto",
+            TransportPolicy::Tcp => "tcp",
+            TransportPolicy::Shm => "shm",
+        }
+    }
+}
+
+impl std::str::FromStr for TransportPolicy {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<TransportPolicy> {
+        [TransportPolicy::Auto, TransportPolicy::Tcp, TransportPolicy::Shm]
+            .into_iter()
+            .find(|t| t.name().eq_ignore_ascii_case(s.trim()))
+            .ok_or_else(|| Error::InvalidArgument(format!("unknown transport `{s}` (auto, tcp, shm)")))
+    }
 }
 
 /// Settings of a communicator.
@@ -51,10 +72,6 @@ impl Default for Config {
     }
 }
 
-fn var(name: &str) -> Option<String> {
-    std::env::var(name).ok().map(|v| v.trim().to_string()).filter(|v| !v.is_empty())
-}
-
 fn number(name: &str, min: f64, max: f64) -> Result<Option<f64>> {
     let Some(v) = var(name) else { return Ok(None) };
     match v.parse::<f64>() {
@@ -71,12 +88,7 @@ impl Config {
             c.timeout = Duration::from_secs_f64(s);
         }
         if let Some(t) = var("TOPOCCL_TRANSPORT") {
-            c.transport = match t.to_ascii_lowercase().as_str() {
-                "auto" => TransportPolicy::Auto,
-                "tcp" => TransportPolicy::Tcp,
-                "shm" => TransportPolicy::Shm,
-                _ => return Err(Error::InvalidArgument(format!("TOPOCCL_TRANSPORT={t}: expected auto, tcp or shm"))),
-            };
+            c.transport = t.parse().map_err(|e| Error::InvalidArgument(format!("TOPOCCL_TRANSPORT: {e}")))?;
         }
         c.algo = var("TOPOCCL_ALGO").filter(|a| a != "auto");
         if let Some(n) = number("TOPOCCL_NSOCKS", 1.0, 64.0)? {

@@ -14,8 +14,9 @@ pub(crate) struct LaunchEnv {
     pub secret: [u8; 16],
 }
 
-fn var(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+/// A variable's value, trimmed; `None` when unset or blank.
+pub(crate) fn var(name: &str) -> Option<String> {
+    std::env::var(name).ok().map(|v| v.trim().to_string()).filter(|v| !v.is_empty())
 }
 
 fn parse_u32(name: &str, v: &str) -> Result<u32> {
@@ -29,6 +30,12 @@ const LAUNCHERS: [(&str, &str); 4] = [
     ("PMI_RANK", "PMI_SIZE"),
     ("SLURM_PROCID", "SLURM_NTASKS"),
 ];
+
+/// The world size a recognised launcher announced, if any (whether or not the rest of its
+/// environment is complete).
+pub(crate) fn launcher_world_size() -> Option<u32> {
+    LAUNCHERS.iter().find_map(|(_, s)| var(s)).and_then(|s| s.parse().ok())
+}
 
 impl LaunchEnv {
     pub(crate) fn detect() -> Result<LaunchEnv> {

@@ -25,7 +25,7 @@ mod bytes;
 mod collective;
 mod config;
 mod connect;
-mod env;
+pub(crate) mod env;
 mod group;
 mod netif;
 mod typed;
@@ -340,15 +340,7 @@ impl Communicator {
     /// The algorithm this communicator runs `call` with (the schedule's name).
     pub fn algorithm_for(&mut self, call: &CollectiveCall) -> Result<String> {
         let block_bytes = call.count.saturating_mul(call.dtype.size());
-        let collective = match call.kind {
-            CollectiveKind::AllReduce => Collective::AllReduce,
-            CollectiveKind::ReduceScatter => Collective::ReduceScatter,
-            CollectiveKind::AllGather => Collective::AllGather,
-            CollectiveKind::Broadcast => Collective::Broadcast { root: call.root },
-            CollectiveKind::Reduce => Collective::Reduce { root: call.root },
-            CollectiveKind::AllToAll => Collective::AllToAll,
-        };
-        Ok(self.schedule(collective, block_bytes)?.schedule.name.clone())
+        Ok(self.schedule(call.kind.collective(call.root), block_bytes)?.schedule.name.clone())
     }
 
     /// The schedule for `collective` with blocks of `block_bytes`: `TOPOCCL_ALGO` where it

@@ -316,8 +316,8 @@ impl Run<'_, '_> {
     }
 }
 
-/// The receiving half of a step: `data` is the message (in the transport's memory, usable as
-/// scratch). A receive-reduce-send reduces into `tmp`, which the sending half then sends.
+/// The receiving half of a step: `data` is the message (possibly in the transport's memory).
+/// A receive-reduce-send reduces into `tmp`, which the sending half then sends.
 #[allow(clippy::too_many_arguments)]
 fn receive(
     action: Action,
@@ -327,7 +327,7 @@ fn receive(
     tmp: &mut Vec<u64>,
     src: Span,
     dst: Span,
-    data: &mut [u8],
+    data: &[u8],
 ) -> Result<()> {
     match action {
         Action::Recv | Action::RecvCopySend => mem.write(dst)?.copy_from_slice(data),

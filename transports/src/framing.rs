@@ -45,7 +45,7 @@ pub(crate) trait ByteStream: Send {
 /// Received bytes where they lie in a stream's buffer.
 pub(crate) struct Peeked<'a> {
     /// The bytes at the read position that lie contiguously in memory.
-    pub bytes: &'a mut [u8],
+    pub bytes: &'a [u8],
     /// Bytes the stream holds in all (`bytes` and those past a wrap).
     pub buffered: usize,
     /// Bytes from the read position to the end of the buffer (where a frame would wrap).
@@ -408,10 +408,10 @@ impl<S: ByteStream> Framed<S> {
 
     /// Hands the next message of `tag` to `f`, where it lies when it was left in place; false
     /// when none has arrived.
-    pub(crate) fn recv_with(&mut self, tag: u32, f: &mut dyn FnMut(&Meta, &mut [u8])) -> Result<bool> {
+    pub(crate) fn recv_with(&mut self, tag: u32, f: &mut dyn FnMut(&Meta, &[u8])) -> Result<bool> {
         loop {
-            if let Some(mut m) = self.queued(tag) {
-                f(&m.meta, &mut m.data);
+            if let Some(m) = self.queued(tag) {
+                f(&m.meta, &m.data);
                 self.recycle(m.data);
                 return Ok(true);
             }
@@ -426,7 +426,7 @@ impl<S: ByteStream> Framed<S> {
             }
             if h.tag == tag {
                 if let Some(p) = self.stream.peek(frame) {
-                    f(&h.meta, &mut p.bytes[HEADER_BYTES..frame]);
+                    f(&h.meta, &p.bytes[HEADER_BYTES..frame]);
                 }
                 self.stream.consume(frame);
                 self.in_place = None;

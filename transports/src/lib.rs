@@ -81,11 +81,11 @@ pub trait Connection: Send {
     fn recv(&mut self, tag: u32) -> Option<Message>;
     /// Hands the next complete message of `tag` to `f` and consumes it; false when none has
     /// arrived. Shared memory hands over large payloads where they lie in the ring (one copy
-    /// less than `recv`); `f` may use the bytes as scratch space.
-    fn recv_with(&mut self, tag: u32, f: &mut dyn FnMut(&Meta, &mut [u8])) -> Result<bool> {
+    /// less than `recv`).
+    fn recv_with(&mut self, tag: u32, f: &mut dyn FnMut(&Meta, &[u8])) -> Result<bool> {
         match self.recv(tag) {
-            Some(mut m) => {
-                f(&m.meta, &mut m.data);
+            Some(m) => {
+                f(&m.meta, &m.data);
                 self.recycle(m.data);
                 Ok(true)
             }

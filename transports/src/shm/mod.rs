@@ -111,7 +111,7 @@ impl Connection for ShmConnection {
     fn recv(&mut self, tag: u32) -> Option<Message> {
         self.framed.recv(tag)
     }
-    fn recv_with(&mut self, tag: u32, f: &mut dyn FnMut(&Meta, &mut [u8])) -> Result<bool> {
+    fn recv_with(&mut self, tag: u32, f: &mut dyn FnMut(&Meta, &[u8])) -> Result<bool> {
         self.framed.recv_with(tag, f)
     }
     fn backlog_limit(&self) -> Option<usize> {

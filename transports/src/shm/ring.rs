@@ -135,7 +135,7 @@ impl Ring {
         // SAFETY: [start, start + n) lies in the data region below the acquired `head`: the
         // producer has finished writing it and will not touch it until `tail` moves past it,
         // which only `consume` (through `&mut self`, so not while this borrow lives) does.
-        let bytes = unsafe { std::slice::from_raw_parts_mut(self.data.as_ptr().add(start), n) };
+        let bytes = unsafe { std::slice::from_raw_parts(self.data.as_ptr().add(start), n) };
         Peeked { bytes, buffered, until_end, capacity: self.capacity }
     }
 
