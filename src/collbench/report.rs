@@ -23,6 +23,8 @@ pub struct Row {
     pub time_us: f64,
     pub algbw: f64,
     pub busbw: f64,
+    /// The optimality bound's time over this time (100 = optimal).
+    pub pct_of_bound: f64,
 }
 
 /// One algorithm's sweep.
@@ -51,6 +53,8 @@ pub struct Report {
     pub topology: String,
     pub nranks: usize,
     pub collective: String,
+    /// What no schedule can beat (see `topoccl_synth::bound`).
+    pub bound: String,
     pub sweeps: Vec<Sweep>,
 }
 
@@ -70,23 +74,24 @@ impl Report {
         let mut out = String::new();
         let _ = writeln!(out, "# collbench {} (topoccl): {}", env!("CARGO_PKG_VERSION"), self.mode);
         let _ = writeln!(out, "# topology {}: {} ranks; collective {}", self.topology, self.nranks, self.collective);
+        let _ = writeln!(out, "# bound: {}", self.bound);
         for sweep in &self.sweeps {
             let _ = writeln!(out, "#\n# algorithm {}: {}", sweep.algorithm, sweep.schedule);
-            let _ = writeln!(out, "#{}{:^27}", " ".repeat(53), "predicted");
+            let _ = writeln!(out, "#{}{:^36}", " ".repeat(53), "predicted");
             let _ = writeln!(
                 out,
-                "#{:>11}  {:>12}  {:>8}  {:>6}  {:>6}  {:>9}  {:>7}  {:>7}",
-                "size", "count", "type", "redop", "root", "time", "algbw", "busbw"
+                "#{:>11}  {:>12}  {:>8}  {:>6}  {:>6}  {:>9}  {:>7}  {:>7}  {:>6}",
+                "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "bound"
             );
             let _ = writeln!(
                 out,
-                "#{:>11}  {:>12}  {:>8}  {:>6}  {:>6}  {:>9}  {:>7}  {:>7}",
-                "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)"
+                "#{:>11}  {:>12}  {:>8}  {:>6}  {:>6}  {:>9}  {:>7}  {:>7}  {:>6}",
+                "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "(%)"
             );
             for r in &sweep.rows {
                 let _ = writeln!(
                     out,
-                    " {:>11}  {:>12}  {:>8}  {:>6}  {:>6}  {:>9}  {:>7.2}  {:>7.2}",
+                    " {:>11}  {:>12}  {:>8}  {:>6}  {:>6}  {:>9}  {:>7.2}  {:>7.2}  {:>6.1}",
                     r.id.size,
                     r.id.count,
                     r.id.dtype,
@@ -94,7 +99,8 @@ impl Report {
                     r.id.root,
                     fmt_time(r.time_us),
                     r.algbw,
-                    r.busbw
+                    r.busbw,
+                    r.pct_of_bound
                 );
             }
             let _ = writeln!(out, "# Avg bus bandwidth    : {:.4}", sweep.avg_busbw());

@@ -8,7 +8,7 @@ use topoccl_synth::algorithms::{Registry, Request};
 use topoccl_synth::schedule::Collective;
 use topoccl_synth::sim::{SimConfig, Simulator};
 use topoccl_synth::topology;
-use topoccl_synth::verify;
+use topoccl_synth::{bound, verify};
 
 use super::report::{Report, Row, RowId, Sweep};
 use super::Args;
@@ -47,11 +47,13 @@ pub fn run(args: &Args, out: &mut dyn Write) -> Result<()> {
     }
     let config = SimConfig { message_overhead_us: args.sim_overhead_us, ..SimConfig::default() };
     let mut sim = Simulator::with_config(&topo, config);
+    let bound = bound::bound(&topo, coll);
     let mut report = Report {
         mode: "simulated (predicted times, no bytes moved)".into(),
         topology: topo.name().to_string(),
         nranks: topo.nranks(),
         collective: coll.to_string(),
+        bound: describe_bound(&bound),
         sweeps: Vec::new(),
     };
     let root = coll.root().map_or(-1, i64::from);
@@ -89,6 +91,7 @@ pub fn run(args: &Args, out: &mut dyn Write) -> Result<()> {
                 time_us: t,
                 algbw,
                 busbw: algbw * coll.bus_factor(n),
+                pct_of_bound: 100.0 * bound.efficiency(bytes, t),
             });
         }
         report.sweeps.push(Sweep {
@@ -116,4 +119,17 @@ pub fn run(args: &Args, out: &mut dyn Write) -> Result<()> {
         }
         None => write!(out, "{}", report.table()).map_err(io),
     }
+}
+
+/// One line: the bound's algorithm bandwidth, where it comes from, its latency term.
+fn describe_bound(b: &bound::Bound) -> String {
+    let shapes: Vec<String> = b.shapes.iter().map(|(s, r)| format!("{s} {r:.2}")).collect();
+    format!(
+        "algbw ≤ {:.2} GB/s ({}{}; shapes: {}), time ≥ {:.2} us latency; column `bound` = bound time / time",
+        b.rate_gbps,
+        b.shape,
+        if b.exact { ", exact" } else { ", valid but not tight" },
+        shapes.join(", "),
+        b.latency_us
+    )
 }

@@ -18,9 +18,13 @@
 //! ```
 
 pub mod algorithms;
+pub mod blink;
+pub mod bound;
 pub mod error;
+pub mod flow;
 pub mod schedule;
 pub mod sim;
+pub mod tacos;
 pub mod topology;
 pub mod verify;
 

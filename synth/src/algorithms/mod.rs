@@ -18,7 +18,7 @@ use crate::topology::Topology;
 
 /// Version of the [`ScheduleGenerator`] interface. Bumped when the trait or [`Request`] changes
 /// incompatibly, so that out-of-tree generators can check what they were built against.
-pub const GENERATOR_API_VERSION: u32 = 1;
+pub const GENERATOR_API_VERSION: u32 = 2;
 
 /// What a generator is asked to build.
 #[derive(Debug, Clone, Copy)]
@@ -30,11 +30,14 @@ pub struct Request<'a> {
     pub pipeline: u32,
     /// Parallel channels (rings, tree pairs) to use; 0 lets the generator choose.
     pub channels: u32,
+    /// The message size the schedule is for (the collective's buffer, bytes), for generators
+    /// that synthesize per size (TACOS prices links with it); 0 = unknown.
+    pub bytes: u64,
 }
 
 impl<'a> Request<'a> {
     pub fn new(topology: &'a Topology, collective: Collective) -> Request<'a> {
-        Request { topology, collective, pipeline: 1, channels: 0 }
+        Request { topology, collective, pipeline: 1, channels: 0, bytes: 0 }
     }
     pub fn pipeline(mut self, k: u32) -> Request<'a> {
         self.pipeline = k.max(1);
@@ -42,6 +45,10 @@ impl<'a> Request<'a> {
     }
     pub fn channels(mut self, c: u32) -> Request<'a> {
         self.channels = c;
+        self
+    }
+    pub fn bytes(mut self, bytes: u64) -> Request<'a> {
+        self.bytes = bytes;
         self
     }
     pub fn nranks(&self) -> u32 {
@@ -75,6 +82,8 @@ impl Registry {
                 Box::new(rd::RecursiveDoubling),
                 Box::new(hierarchical::Hierarchical),
                 Box::new(alltoall::PairwiseAllToAll),
+                Box::new(crate::blink::Blink),
+                Box::new(crate::tacos::Tacos),
             ],
         }
     }

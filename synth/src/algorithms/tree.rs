@@ -24,7 +24,7 @@ pub struct Tree {
 }
 
 impl Tree {
-    fn from_parents(parent: Vec<Option<Rank>>) -> Tree {
+    pub fn from_parents(parent: Vec<Option<Rank>>) -> Tree {
         let mut children = vec![Vec::new(); parent.len()];
         let mut root = 0;
         for (r, p) in parent.iter().enumerate() {

@@ -8,6 +8,7 @@
 pub mod families;
 pub mod file;
 pub mod library;
+pub mod logical;
 pub mod routing;
 
 use std::collections::{HashMap, HashSet, VecDeque};

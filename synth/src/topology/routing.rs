@@ -9,8 +9,10 @@ use petgraph::graph::NodeIndex;
 
 use super::{Rank, Topology};
 
-/// Cost of one hop on top of its latency, so that among zero-latency paths the shortest wins.
-const HOP_COST_US: f64 = 1e-3;
+/// Paths are chosen for the time a message of this size takes over them (latency plus size over
+/// bandwidth, summed per hop), so a fast switch wins over a slow bus with a shorter latency
+/// (NVSwitch over PCIe inside a node), and among zero-latency paths the shortest wins.
+const ROUTE_BYTES: f64 = 65536.0;
 
 /// The link groups a transfer from one rank to another crosses, in order.
 #[derive(Debug, Clone, PartialEq)]
@@ -31,8 +33,9 @@ pub struct Router<'t> {
     dist_to: HashMap<NodeIndex, Vec<f64>>,
 }
 
+/// A (distance, node) heap entry ordered so that `BinaryHeap` pops the nearest first.
 #[derive(PartialEq)]
-struct Entry(f64, usize);
+pub(crate) struct Entry(pub(crate) f64, pub(crate) usize);
 impl Eq for Entry {}
 impl PartialOrd for Entry {
     fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
@@ -58,7 +61,8 @@ impl<'t> Router<'t> {
     }
 
     fn weight(&self, group: usize) -> f64 {
-        self.topo.group(group).latency + HOP_COST_US
+        let g = self.topo.group(group);
+        g.latency + ROUTE_BYTES / (g.bandwidth * 1e3)
     }
 
     /// Shortest-path distances to `dst` from every node (reverse Dijkstra).

@@ -1,0 +1,293 @@
+//! Blink (Wang et al., MLSys 2020): pack spanning trees into the link capacities and split the
+//! data across them in proportion to their rates, so that every link works, whatever the
+//! topology — where rings need a Hamiltonian cycle of fast links (fragmented DGX-1 allocations
+//! often have none), trees only need connectivity.
+//!
+//! - [`packing`]: fractional packing by multiplicative weights, with a certified ceiling.
+//! - [`select`]: LP over the trees found, then an ILP that keeps a few (Blink's second stage).
+//! - [`exact`]: where capacities are whole multiples of a unit (NVLink counts) and the trees are
+//!   rooted (broadcast, reduce), Edmonds' theorem gives an exact integral packing with as many
+//!   trees as the min cut; it is computed too and wins when it is at least as fast.
+//!
+//! All-reduce reduces up each tree and broadcasts down it (both directions of each tree edge);
+//! broadcast and reduce use arborescences out of / into the root. Chunks of a tree are
+//! pipelined, one step per chunk.
+
+pub mod arborescence;
+pub mod exact;
+pub mod packing;
+pub mod select;
+
+use crate::algorithms::tree::Tree;
+use crate::algorithms::{unsupported, Request, ScheduleGenerator};
+use crate::error::Result;
+use crate::schedule::{Collective, Op, Rank, Schedule, ScheduleBuilder, Slot, StepRef};
+use crate::topology::logical::RankGraph;
+use crate::topology::Topology;
+use packing::{pack_trees, PackedTree, PackingShape};
+
+/// MWU stops when its rate is this close to its certificate (the LP then closes most of the gap).
+const TOLERANCE: f64 = 0.05;
+/// The ILP may give up this much rate to use fewer trees.
+const SLACK: f64 = 0.02;
+/// Above this many ranks the packing is not run to convergence (minutes on a 512-rank
+/// cluster): a few spread-out trees are used instead, and the method says so.
+const PACKING_MAX_RANKS: usize = 64;
+const LARGE_TREES: usize = 4;
+/// Chunks per tree when the request leaves pipelining to us.
+const DEFAULT_PIPELINE: u32 = 32;
+
+/// The trees Blink uses for one collective and how they were found.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TreePlan {
+    pub shape: PackingShape,
+    pub trees: Vec<PackedTree>,
+    /// Σ tree rates, GB/s.
+    pub rate: f64,
+    /// No packing of this shape beats this, GB/s.
+    pub upper: f64,
+    /// `mwu+ilp`, `edmonds` (exact integral) or `spread` (large graphs, not optimised; `upper`
+    /// is then NaN).
+    pub method: &'static str,
+}
+
+/// Packs trees for `collective` on `topo`.
+pub fn plan(topo: &Topology, collective: Collective) -> Result<TreePlan> {
+    let shape = match collective {
+        Collective::AllReduce => PackingShape::Bidirectional,
+        Collective::Broadcast { root } => PackingShape::Rooted { root, reversed: false },
+        Collective::Reduce { root } => PackingShape::Rooted { root, reversed: true },
+        other => return Err(unsupported("blink", other, "tree packing builds all-reduce, broadcast and reduce")),
+    };
+    let graph = RankGraph::of(topo);
+    if topo.nranks() > PACKING_MAX_RANKS {
+        let trees = packing::spread_trees(&graph, shape, LARGE_TREES);
+        let rate = trees.iter().map(|t| t.rate).sum::<f64>();
+        if trees.is_empty() {
+            return Err(unsupported("blink", collective, "the ranks cannot be spanned by trees of usable links"));
+        }
+        return Ok(TreePlan { shape, trees, rate, upper: f64::NAN, method: "spread" });
+    }
+    let packing = pack_trees(&graph, shape, TOLERANCE);
+    if packing.trees.is_empty() && topo.nranks() > 1 {
+        return Err(unsupported(
+            "blink",
+            collective,
+            "the ranks cannot be spanned by trees of usable links (an all-reduce tree needs links both ways)",
+        ));
+    }
+    let trees = select::select_trees(&graph, shape, packing.trees, SLACK);
+    let rate = trees.iter().map(|t| t.rate).sum::<f64>();
+    let mut best = TreePlan { shape, trees, rate, upper: packing.upper.max(rate), method: "mwu+ilp" };
+    if let PackingShape::Rooted { root, reversed } = shape {
+        if let Some((unit, units)) = exact::unit_capacities(&graph) {
+            let trees = exact::pack_arborescences(&graph, &units, unit, root, reversed);
+            let rate = unit * trees.len() as f64;
+            if !trees.is_empty() && rate >= best.rate * (1.0 - 1e-9) {
+                best = TreePlan { shape, trees, rate, upper: best.upper.max(rate), method: "edmonds" };
+            }
+        }
+    }
+    if topo.nranks() <= 1 {
+        best.trees = vec![PackedTree { root: 0, parent: vec![None], rate: 1.0 }];
+        best.rate = 1.0;
+    }
+    Ok(best)
+}
+
+/// Splits `total` chunks over trees in proportion to `rates` (largest remainder, each ≥ 1),
+/// trying totals from `base` to 2·`base` and keeping the one whose slowest tree is least
+/// overloaded.
+fn split_chunks(rates: &[f64], base: u32) -> Vec<u32> {
+    let sum: f64 = rates.iter().sum();
+    let mut best: (f64, Vec<u32>) = (f64::INFINITY, Vec::new());
+    for total in base..=2 * base {
+        let exact: Vec<f64> = rates.iter().map(|r| r / sum * f64::from(total)).collect();
+        let mut parts: Vec<u32> = exact.iter().map(|e| (e.floor() as u32).max(1)).collect();
+        let mut order: Vec<usize> = (0..rates.len()).collect();
+        order.sort_by(|&a, &b| (exact[b] - exact[b].floor()).total_cmp(&(exact[a] - exact[a].floor())));
+        let mut k = 0;
+        while parts.iter().sum::<u32>() < total && k < order.len() {
+            parts[order[k]] += 1;
+            k += 1;
+        }
+        let total = parts.iter().sum::<u32>();
+        // Time ∝ the worst chunks-per-rate, relative to perfect proportion.
+        let worst =
+            parts.iter().zip(rates).map(|(&c, &r)| f64::from(c) / r).fold(0.0, f64::max) * sum / f64::from(total);
+        if worst < best.0 - 1e-9 {
+            best = (worst, parts);
+        }
+    }
+    best.1
+}
+
+/// One tree's channels. Every tree edge has its own channel (the child's position among its
+/// siblings, offset by `base`; reduce edges another `width` further), so that a rank feeds all
+/// its children at once and takes all its children's partial sums at once — one channel per
+/// tree would serialise a fan-out of k children into k turns of the same link time.
+struct TreeLanes {
+    tree: Tree,
+    base: u32,
+    /// Most children of any rank in this tree.
+    width: u32,
+    /// The channel of the edge into each rank from its parent (before `base`).
+    lane: Vec<u32>,
+}
+
+impl TreeLanes {
+    fn new(tree: Tree, base: u32) -> TreeLanes {
+        let mut lane = vec![0; tree.parent.len()];
+        let mut width = 1;
+        for kids in &tree.children {
+            width = width.max(kids.len() as u32);
+            for (j, &k) in kids.iter().enumerate() {
+                lane[k as usize] = j as u32;
+            }
+        }
+        TreeLanes { tree, base, width, lane }
+    }
+
+    fn down(&self, r: Rank) -> u32 {
+        self.base + self.lane[r as usize]
+    }
+
+    fn up(&self, r: Rank) -> u32 {
+        self.base + self.width + self.lane[r as usize]
+    }
+
+    /// Reduces `inp` up the tree: partial sums accumulate in `acc(rank)` one child after
+    /// another, the root's total lands in `out`. Returns the root's last steps.
+    fn reduce(&self, b: &mut ScheduleBuilder, inp: Slot, acc: &dyn Fn(Rank) -> Slot, out: Slot) -> Vec<StepRef> {
+        let mut root_last = Vec::new();
+        for x in 0..self.tree.parent.len() as Rank {
+            let parent = self.tree.parent[x as usize];
+            let target = if parent.is_some() { acc(x) } else { out };
+            let mut prev: Option<StepRef> = None;
+            for &kid in &self.tree.children[x as usize] {
+                let src = if prev.is_some() { target } else { inp };
+                let deps: Vec<StepRef> = prev.into_iter().collect();
+                prev = Some(b.push_after(x, self.up(kid), Op::RecvReduce { from: kid, src, dst: target }, 1, &deps));
+            }
+            match parent {
+                Some(p) => {
+                    let src = if prev.is_some() { target } else { inp };
+                    let deps: Vec<StepRef> = prev.into_iter().collect();
+                    b.push_after(x, self.up(x), Op::Send { to: p, src }, 1, &deps);
+                }
+                None => match prev {
+                    Some(last) => root_last.push(last),
+                    None => root_last.push(b.push(x, self.up(x), Op::Copy { src: inp, dst: out }, 1)),
+                },
+            }
+        }
+        root_last
+    }
+
+    /// Broadcasts down the tree: the root sends `root_src` (after `root_deps`), the others
+    /// store it in `out` and pass it on to all their children at once.
+    fn broadcast(&self, b: &mut ScheduleBuilder, root_src: Slot, out: Slot, root_deps: &[StepRef]) {
+        for x in 0..self.tree.parent.len() as Rank {
+            let (src, deps) = match self.tree.parent[x as usize] {
+                None => (root_src, root_deps.to_vec()),
+                Some(p) => (out, vec![b.push(x, self.down(x), Op::Recv { from: p, dst: out }, 1)]),
+            };
+            for &kid in &self.tree.children[x as usize] {
+                b.push_after(x, self.down(kid), Op::Send { to: kid, src }, 1, &deps);
+            }
+        }
+    }
+}
+
+pub struct Blink;
+
+impl ScheduleGenerator for Blink {
+    fn name(&self) -> &'static str {
+        "blink"
+    }
+    fn describe(&self) -> &'static str {
+        "Blink spanning-tree packing (MWU + ILP; exact Edmonds packing for whole-link capacities)"
+    }
+    fn supports(&self, c: Collective) -> bool {
+        matches!(c, Collective::AllReduce | Collective::Broadcast { .. } | Collective::Reduce { .. })
+    }
+
+    fn generate(&self, req: &Request) -> Result<Schedule> {
+        let coll = req.collective;
+        let tree_plan = plan(req.topology, coll)?;
+        let rates: Vec<f64> = tree_plan.trees.iter().map(|t| t.rate).collect();
+        let per_tree = if req.pipeline <= 1 { DEFAULT_PIPELINE } else { req.pipeline };
+        let split = split_chunks(&rates, per_tree * rates.len() as u32);
+        let chunks: u32 = split.iter().sum();
+        let mut b = ScheduleBuilder::new("blink", coll, req.nranks(), chunks);
+        b.in_place(true);
+        if matches!(coll, Collective::Reduce { .. }) {
+            b.reserve_scratch(chunks);
+        }
+        let mut base = 0;
+        let mut c = 0;
+        for (t, &count) in tree_plan.trees.iter().zip(&split) {
+            let lanes = TreeLanes::new(Tree::from_parents(t.parent.clone()), base);
+            base += 2 * lanes.width;
+            for _ in 0..count {
+                match coll {
+                    Collective::AllReduce => {
+                        let last = lanes.reduce(&mut b, Slot::input(c), &|_| Slot::output(c), Slot::output(c));
+                        lanes.broadcast(&mut b, Slot::output(c), Slot::output(c), &last);
+                    }
+                    Collective::Reduce { .. } => {
+                        lanes.reduce(&mut b, Slot::input(c), &|_| Slot::scratch(c), Slot::output(c));
+                    }
+                    Collective::Broadcast { root } => {
+                        let copy = b.push(root, lanes.base, Op::Copy { src: Slot::input(c), dst: Slot::output(c) }, 1);
+                        lanes.broadcast(&mut b, Slot::input(c), Slot::output(c), &[copy]);
+                    }
+                    _ => return Err(unsupported("blink", coll, "checked by supports()")),
+                }
+                c += 1;
+            }
+        }
+        Ok(b.build())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topology::resolve;
+    use crate::verify::verify;
+
+    #[test]
+    fn chunk_split_follows_rates() {
+        assert_eq!(split_chunks(&[1.0, 1.0], 4).iter().sum::<u32>() % 2, 0);
+        let s = split_chunks(&[3.0, 1.0], 8);
+        assert_eq!(s[0], 3 * s[1]);
+    }
+
+    #[test]
+    fn blink_schedules_verify_on_fragments() {
+        for spec in ["dgx1", "dgx1[0,1,2]", "dgx1[0,1,4,5,6]", "cluster-2x4-slow", "ring:5"] {
+            let t = resolve(spec).unwrap();
+            for coll in [Collective::AllReduce, Collective::Broadcast { root: 1 }, Collective::Reduce { root: 2 }] {
+                let s = Blink.generate(&Request::new(&t, coll)).unwrap();
+                verify(&s).unwrap_or_else(|e| panic!("{spec} {coll}: {e}"));
+            }
+        }
+    }
+
+    #[test]
+    fn edmonds_and_mwu_agree_on_whole_link_capacities() {
+        // Rooted packings on NVLink-only graphs: the fractional optimum equals the integral one.
+        let t = resolve("dgx1").unwrap();
+        let g = RankGraph::of(&t).clone();
+        let direct: Vec<_> = g.arcs().iter().copied().filter(|a| a.direct).collect();
+        let nv = RankGraph::from_arcs(8, direct);
+        let (unit, units) = exact::unit_capacities(&nv).unwrap();
+        for root in [0, 5] {
+            let k = exact::pack_arborescences(&nv, &units, unit, root, false).len() as f64 * unit;
+            let p = pack_trees(&nv, PackingShape::Rooted { root, reversed: false }, 0.01);
+            assert!(p.lower <= k * (1.0 + 1e-9) && p.upper >= k * (1.0 - 1e-9), "{k} vs [{}, {}]", p.lower, p.upper);
+            assert!(p.lower >= 0.98 * k);
+        }
+    }
+}

@@ -1,0 +1,248 @@
+//! Fractional packing of spanning trees into the rank graph's capacities by multiplicative
+//! weight updates (Garg–Könemann), as Blink does.
+//!
+//! Each round prices every arc by its weight, asks an oracle for the cheapest tree, routes the
+//! tree's bottleneck through it and raises the weights of the arcs it used. Every round also
+//! yields a certificate: with arc weights ℓ, no packing can exceed Σ c·ℓ / (cheapest tree
+//! under ℓ), so the result carries both a feasible rate (`lower`) and a proven ceiling
+//! (`upper`); the loop stops when they are within the tolerance.
+
+use super::arborescence::{min_arborescence, min_spanning_tree, orient, WeightedArc};
+use crate::schedule::Rank;
+use crate::topology::logical::RankGraph;
+
+/// What the trees are used for, which decides the arcs a tree occupies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PackingShape {
+    /// Undirected spanning trees used both ways (all-reduce: reduce towards a root on one
+    /// direction of each edge, broadcast back on the other).
+    Bidirectional,
+    /// Arborescences out of `root` (broadcast), or into it when `reversed` (reduce).
+    Rooted { root: Rank, reversed: bool },
+}
+
+/// A tree of the packing: parent of every rank (root: `None`) and its rate in GB/s.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PackedTree {
+    pub root: Rank,
+    pub parent: Vec<Option<Rank>>,
+    pub rate: f64,
+}
+
+impl PackedTree {
+    /// Arc ids of `graph` this tree occupies under `shape`.
+    pub fn arcs(&self, graph: &RankGraph, shape: PackingShape) -> Vec<usize> {
+        let mut out = Vec::new();
+        for (v, p) in self.parent.iter().enumerate() {
+            if let Some(p) = *p {
+                let v = v as Rank;
+                let dirs: &[(Rank, Rank)] = match shape {
+                    PackingShape::Bidirectional => &[(p, v), (v, p)],
+                    PackingShape::Rooted { reversed: false, .. } => &[(p, v)],
+                    PackingShape::Rooted { reversed: true, .. } => &[(v, p)],
+                };
+                out.extend(dirs.iter().filter_map(|&(a, b)| graph.find(a, b)));
+            }
+        }
+        out
+    }
+}
+
+/// A packing with its certificate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Packing {
+    pub shape: PackingShape,
+    /// Trees with rates that together respect every capacity.
+    pub trees: Vec<PackedTree>,
+    /// Σ rates of `trees` (GB/s).
+    pub lower: f64,
+    /// No packing of this shape exceeds this (GB/s).
+    pub upper: f64,
+    pub rounds: usize,
+}
+
+/// Cap on MWU work, in rounds × arcs (each round is one oracle call over every arc); large
+/// graphs get fewer rounds, and the certificate says how close they got.
+const WORK_BUDGET: usize = 20_000_000;
+const MIN_ROUNDS: usize = 30;
+
+/// Packs trees of `shape` into `graph` until the feasible rate is within `tolerance` (relative)
+/// of the certified ceiling, or the round cap.
+pub fn pack_trees(graph: &RankGraph, shape: PackingShape, tolerance: f64) -> Packing {
+    let n = graph.nranks();
+    let arcs = graph.arcs();
+    let cap: Vec<f64> = arcs.iter().map(|a| a.bandwidth).collect();
+    let mut empty = Packing { shape, trees: Vec::new(), lower: 0.0, upper: 0.0, rounds: 0 };
+    if n <= 1 {
+        empty.upper = f64::INFINITY;
+        return empty;
+    }
+    let eps = (tolerance / 2.0).clamp(1e-3, 0.1);
+    let mut length: Vec<f64> = cap.iter().map(|c| 1.0 / c).collect();
+    let mut load = vec![0.0f64; arcs.len()];
+    let mut trees: Vec<PackedTree> = Vec::new();
+    let mut best_upper = f64::INFINITY;
+    let mut rounds = 0;
+    let max_rounds = (WORK_BUDGET / arcs.len().max(1)).max(MIN_ROUNDS);
+    while rounds < max_rounds {
+        rounds += 1;
+        let Some(tree) = cheapest_tree(graph, shape, &length) else {
+            return empty; // the graph cannot span all ranks with this shape
+        };
+        let used = tree.arcs(graph, shape);
+        let tree_len: f64 = used.iter().map(|&a| length[a]).sum();
+        let volume: f64 = length.iter().zip(&cap).map(|(l, c)| l * c).sum();
+        best_upper = best_upper.min(volume / tree_len);
+        let bottleneck = used.iter().map(|&a| cap[a]).fold(f64::INFINITY, f64::min);
+        for &a in &used {
+            load[a] += bottleneck;
+            length[a] *= 1.0 + eps * bottleneck / cap[a];
+        }
+        match trees.iter_mut().find(|t| t.parent == tree.parent) {
+            Some(t) => t.rate += bottleneck,
+            None => trees.push(PackedTree { rate: bottleneck, ..tree }),
+        }
+        let over = load.iter().zip(&cap).map(|(l, c)| l / c).fold(0.0, f64::max);
+        let lower = trees.iter().map(|t| t.rate).sum::<f64>() / over;
+        if lower >= (1.0 - tolerance) * best_upper {
+            break;
+        }
+        // Weights normalised now and then so they never overflow.
+        let max_len = length.iter().copied().fold(0.0, f64::max);
+        if max_len > 1e100 {
+            length.iter_mut().for_each(|l| *l /= max_len);
+        }
+    }
+    let over = load.iter().zip(&cap).map(|(l, c)| l / c).fold(0.0, f64::max).max(f64::MIN_POSITIVE);
+    for t in &mut trees {
+        t.rate /= over;
+    }
+    let lower = trees.iter().map(|t| t.rate).sum();
+    Packing { shape, trees, lower, upper: best_upper.max(lower), rounds }
+}
+
+/// For graphs too large for a converged packing: `count` trees, each the cheapest under
+/// lengths that double on every arc the previous trees used (so they spread over the links),
+/// all at the one equal rate the capacities allow.
+pub fn spread_trees(graph: &RankGraph, shape: PackingShape, count: usize) -> Vec<PackedTree> {
+    let cap: Vec<f64> = graph.arcs().iter().map(|a| a.bandwidth).collect();
+    let mut length: Vec<f64> = cap.iter().map(|c| 1.0 / c).collect();
+    let mut uses = vec![0u32; cap.len()];
+    let mut trees: Vec<PackedTree> = Vec::new();
+    for _ in 0..count {
+        let Some(tree) = cheapest_tree(graph, shape, &length) else { break };
+        for a in tree.arcs(graph, shape) {
+            uses[a] += 1;
+            length[a] *= 2.0;
+        }
+        trees.push(tree);
+    }
+    let rate =
+        uses.iter().zip(&cap).filter(|(u, _)| **u > 0).map(|(&u, &c)| c / f64::from(u)).fold(f64::INFINITY, f64::min);
+    for t in &mut trees {
+        t.rate = if rate.is_finite() { rate } else { 0.0 };
+    }
+    trees
+}
+
+/// The oracle: the cheapest tree of `shape` under arc lengths `length`.
+fn cheapest_tree(graph: &RankGraph, shape: PackingShape, length: &[f64]) -> Option<PackedTree> {
+    let n = graph.nranks();
+    match shape {
+        PackingShape::Bidirectional => {
+            let mut edges = Vec::new();
+            for (i, a) in graph.arcs().iter().enumerate() {
+                if a.from < a.to {
+                    if let Some(back) = graph.find(a.to, a.from) {
+                        edges.push((a.from as usize, a.to as usize, length[i] + length[back]));
+                    }
+                }
+            }
+            let chosen = min_spanning_tree(n, &edges)?;
+            let pairs: Vec<(usize, usize)> = chosen.iter().map(|&e| (edges[e].0, edges[e].1)).collect();
+            let root = center(n, &pairs);
+            Some(PackedTree { root, parent: orient(n, root, &pairs), rate: 0.0 })
+        }
+        PackingShape::Rooted { root, reversed } => {
+            let warcs: Vec<WeightedArc> = graph
+                .arcs()
+                .iter()
+                .zip(length)
+                .map(|(a, &l)| {
+                    let (from, to) = if reversed { (a.to, a.from) } else { (a.from, a.to) };
+                    WeightedArc { from: from as usize, to: to as usize, weight: l }
+                })
+                .collect();
+            let parent_arc = min_arborescence(n, root as usize, &warcs)?;
+            let parent = parent_arc.iter().map(|a| a.map(|i| warcs[i].from as Rank)).collect();
+            Some(PackedTree { root, parent, rate: 0.0 })
+        }
+    }
+}
+
+/// The vertex of a tree whose farthest vertex is nearest (shallowest root).
+fn center(n: usize, edges: &[(usize, usize)]) -> Rank {
+    let mut adj = vec![Vec::new(); n];
+    for &(a, b) in edges {
+        adj[a].push(b);
+        adj[b].push(a);
+    }
+    let depth_from = |s: usize| {
+        let mut dist = vec![usize::MAX; n];
+        dist[s] = 0;
+        let mut queue = std::collections::VecDeque::from([s]);
+        let mut far = 0;
+        while let Some(u) = queue.pop_front() {
+            far = far.max(dist[u]);
+            for &v in &adj[u] {
+                if dist[v] == usize::MAX {
+                    dist[v] = dist[u] + 1;
+                    queue.push_back(v);
+                }
+            }
+        }
+        far
+    };
+    (0..n).min_by_key(|&s| (depth_from(s), s)).unwrap_or(0) as Rank
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topology::logical::RankArc;
+    use crate::topology::resolve;
+
+    fn arc(from: Rank, to: Rank, bandwidth: f64) -> RankArc {
+        RankArc { from, to, bandwidth, latency: 1.0, direct: true }
+    }
+
+    #[test]
+    fn complete_graph_packs_n_over_two_trees() {
+        // K4 with unit links both ways: 6 edges, 3 edges per tree → 2 trees (Nash-Williams).
+        let arcs = (0..4).flat_map(|a| (0..4).filter(move |&b| b != a).map(move |b| arc(a, b, 1.0))).collect();
+        let g = RankGraph::from_arcs(4, arcs);
+        let p = pack_trees(&g, PackingShape::Bidirectional, 0.01);
+        assert!(p.lower >= 0.99 * 2.0 && p.upper <= 2.0 * 1.01 + 1e-9, "{} {}", p.lower, p.upper);
+        let b = pack_trees(&g, PackingShape::Rooted { root: 0, reversed: false }, 0.01);
+        // Edmonds: min cut out of the root is 3.
+        assert!(b.lower >= 0.99 * 3.0 && b.upper <= 3.0 * 1.01 + 1e-9, "{} {}", b.lower, b.upper);
+    }
+
+    #[test]
+    fn packings_respect_capacities() {
+        let g = RankGraph::of(&resolve("dgx1[0,1,2,4,5]").unwrap());
+        for shape in [PackingShape::Bidirectional, PackingShape::Rooted { root: 2, reversed: true }] {
+            let p = pack_trees(&g, shape, 0.05);
+            let mut load = vec![0.0; g.arcs().len()];
+            for t in &p.trees {
+                for a in t.arcs(&g, shape) {
+                    load[a] += t.rate;
+                }
+            }
+            for (a, l) in load.iter().enumerate() {
+                assert!(*l <= g.arc(a).bandwidth * (1.0 + 1e-9), "arc {a} over capacity");
+            }
+            assert!(p.lower >= 0.95 * p.upper, "{shape:?}: {} vs {}", p.lower, p.upper);
+        }
+    }
+}

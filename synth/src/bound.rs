@@ -1,0 +1,279 @@
+//! How fast a collective can possibly run on a topology, so that every schedule can be reported
+//! as a percentage of optimal.
+//!
+//! Bandwidth terms, computed on the physical graph (switches, CPUs and ranks all relay):
+//! - **all-gather / reduce-scatter**: the cut bound of ForestColl. If every rank's m = M/n bytes
+//!   leave at rate x, any node set S whose complement holds a rank must push |S ∩ ranks|·x out
+//!   through its outgoing links, so x* = min_S B⁺(S) / |S ∩ ranks|. By Edmonds' arborescence
+//!   theorem (a super source feeding each rank at x) x is achievable exactly when every rank can
+//!   receive n·x from the super source, so x* is found by binary search over max-flow tests.
+//!   Time ≥ (M/n) / x*. Reduce-scatter is the same on the reversed graph.
+//! - **broadcast / reduce**: Edmonds again: the root can feed every rank at min_v maxflow(root, v).
+//! - **all-reduce**: twice the all-gather bound is only the best *reduce-scatter + all-gather*;
+//!   on irregular graphs reduce-then-broadcast trees can be faster, so both shapes are bounded
+//!   and the better one is the bound: RS+AG at n·x*/2, trees at the certified upper end of the
+//!   fractional bidirectional tree packing ([`crate::blink::packing`]).
+//! - **all-to-all**: each rank sends and receives (n−1)/n² of the buffer through its own links.
+//!
+//! The latency term is the longest shortest-latency path a byte must take (from the farthest
+//! rank, or from the root). A schedule's time is bounded below by the larger of the two terms.
+
+use std::collections::BinaryHeap;
+
+use petgraph::visit::EdgeRef;
+
+use crate::blink::packing::{pack_trees, PackingShape};
+use crate::flow::FlowNetwork;
+use crate::schedule::{Collective, Rank};
+use crate::topology::logical::RankGraph;
+use crate::topology::routing::Entry;
+use crate::topology::Topology;
+
+/// Above this many (nodes × ranks) the exact cut bound is not computed; the single-rank cuts
+/// (a rank's own in/out bandwidth) give a valid but possibly weaker bound instead.
+const EXACT_LIMIT: usize = 1 << 22;
+/// Above this many ranks the tree shape of all-reduce is not bounded (the packing would take
+/// minutes); the bound is then the reduce-scatter + all-gather one.
+const TREE_BOUND_MAX_RANKS: usize = 64;
+/// Relative precision of the binary search.
+const PRECISION: f64 = 1e-6;
+
+/// A lower bound on a collective's time.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Bound {
+    pub collective: Collective,
+    /// Algorithm bandwidth (buffer bytes per second, GB/s) no schedule can exceed.
+    pub rate_gbps: f64,
+    /// µs no schedule can beat, however small the message.
+    pub latency_us: f64,
+    /// Which shape gives the bound (`cut`, `trees`, `rs+ag`, `edmonds`, `injection`).
+    pub shape: &'static str,
+    /// Whether the bandwidth term is the exact optimum (false: a valid but weaker bound).
+    pub exact: bool,
+    /// Every shape considered and its rate, for reports.
+    pub shapes: Vec<(&'static str, f64)>,
+}
+
+impl Bound {
+    /// The least time for a buffer of `bytes`, µs.
+    pub fn time_us(&self, bytes: u64) -> f64 {
+        self.latency_us.max(bytes as f64 / (self.rate_gbps * 1e3))
+    }
+
+    /// `time_us` as a fraction of the given time (1.0 = optimal).
+    pub fn efficiency(&self, bytes: u64, time_us: f64) -> f64 {
+        if time_us <= 0.0 {
+            return 1.0;
+        }
+        self.time_us(bytes) / time_us
+    }
+}
+
+/// The bound for `collective` on `topo`.
+pub fn bound(topo: &Topology, collective: Collective) -> Bound {
+    let n = topo.nranks();
+    let latency_us = latency_bound(topo, collective.root());
+    let b = |rate: f64, shape, exact, shapes| Bound { collective, rate_gbps: rate, latency_us, shape, exact, shapes };
+    if n <= 1 {
+        return b(f64::INFINITY, "local", true, Vec::new());
+    }
+    match collective {
+        Collective::AllGather | Collective::ReduceScatter => {
+            let reversed = collective == Collective::ReduceScatter;
+            let cut = gather_rate(topo, reversed);
+            let rate = cut.per_rank * n as f64;
+            b(rate, "cut", cut.exact, vec![("cut", rate)])
+        }
+        Collective::AllReduce => {
+            let cut = gather_rate(topo, false);
+            let rsag = cut.per_rank * n as f64 / 2.0;
+            // The converged packing is only affordable on small graphs (see `blink`).
+            let trees = if n <= TREE_BOUND_MAX_RANKS {
+                pack_trees(&RankGraph::of(topo), PackingShape::Bidirectional, 0.02).upper
+            } else {
+                0.0
+            };
+            let shapes = vec![("rs+ag", rsag), ("trees", trees)];
+            if trees > rsag {
+                b(trees, "trees", true, shapes)
+            } else {
+                b(rsag, "rs+ag", cut.exact, shapes)
+            }
+        }
+        Collective::Broadcast { root } => {
+            let rate = root_rate(topo, root, false);
+            b(rate, "edmonds", true, vec![("edmonds", rate)])
+        }
+        Collective::Reduce { root } => {
+            let rate = root_rate(topo, root, true);
+            b(rate, "edmonds", true, vec![("edmonds", rate)])
+        }
+        Collective::AllToAll => {
+            let worst = (0..n as Rank)
+                .map(|r| in_bandwidth(topo, r).min(topo.egress_bandwidth(r)))
+                .fold(f64::INFINITY, f64::min);
+            // Each rank moves (n−1)/n² of the buffer through its own links.
+            let rate = worst * (n * n) as f64 / (n - 1) as f64;
+            b(rate, "injection", false, vec![("injection", rate)])
+        }
+    }
+}
+
+/// The all-gather cut bound: each rank's share can leave at `per_rank` GB/s.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CutRate {
+    pub per_rank: f64,
+    pub exact: bool,
+}
+
+/// x* = min over cuts of B⁺(S)/|S ∩ ranks| (on the reversed graph when `reversed`).
+pub fn gather_rate(topo: &Topology, reversed: bool) -> CutRate {
+    let n = topo.nranks();
+    // Single-rank cuts: the complement of one rank, and one rank alone.
+    let hi = (0..n as Rank)
+        .map(|r| {
+            let (inb, outb) = (in_bandwidth(topo, r), topo.egress_bandwidth(r));
+            let (inb, outb) = if reversed { (outb, inb) } else { (inb, outb) };
+            (inb / (n - 1) as f64).min(outb)
+        })
+        .fold(f64::INFINITY, f64::min);
+    if topo.graph().node_count() * n > EXACT_LIMIT {
+        return CutRate { per_rank: hi, exact: false };
+    }
+    let (mut net, source, feeds) = network(topo, reversed, true);
+    let mut feasible = |x: f64| {
+        for &a in &feeds {
+            net.set_capacity(a, x);
+        }
+        (0..n as Rank).all(|v| {
+            net.reset();
+            let want = n as f64 * x;
+            net.max_flow(source, topo.rank_node(v).index(), want) >= want * (1.0 - 1e-9)
+        })
+    };
+    if feasible(hi) {
+        return CutRate { per_rank: hi, exact: true };
+    }
+    let (mut lo, mut up) = (0.0, hi);
+    while up - lo > PRECISION * hi {
+        let mid = 0.5 * (lo + up);
+        if feasible(mid) {
+            lo = mid;
+        } else {
+            up = mid;
+        }
+    }
+    CutRate { per_rank: lo, exact: true }
+}
+
+/// min over ranks v of the max flow root → v (v → root when `reversed`).
+pub fn root_rate(topo: &Topology, root: Rank, reversed: bool) -> f64 {
+    let (mut net, _, _) = network(topo, reversed, false);
+    let s = topo.rank_node(root).index();
+    (0..topo.nranks() as Rank)
+        .filter(|&v| v != root)
+        .map(|v| {
+            net.reset();
+            net.max_flow(s, topo.rank_node(v).index(), f64::INFINITY)
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// The physical graph as a flow network (optionally reversed), plus a super source with one
+/// arc to every rank when asked; returns (network, source, those arcs).
+fn network(topo: &Topology, reversed: bool, with_source: bool) -> (FlowNetwork, usize, Vec<usize>) {
+    let mut net = FlowNetwork::new(topo.graph().node_count());
+    for g in topo.link_groups() {
+        let (a, b) = if reversed { (g.to, g.from) } else { (g.from, g.to) };
+        net.add_arc(a.index(), b.index(), g.bandwidth);
+    }
+    if !with_source {
+        return (net, usize::MAX, Vec::new());
+    }
+    let source = net.add_node();
+    let feeds = (0..topo.nranks() as Rank).map(|r| net.add_arc(source, topo.rank_node(r).index(), 0.0)).collect();
+    (net, source, feeds)
+}
+
+fn in_bandwidth(topo: &Topology, r: Rank) -> f64 {
+    topo.graph().edges_directed(topo.rank_node(r), petgraph::Direction::Incoming).map(|e| e.weight().bandwidth).sum()
+}
+
+/// Ranks from which the latency term is measured exactly; above, a sample (which still gives a
+/// valid, possibly weaker, bound).
+const LATENCY_SOURCES: usize = 4096;
+
+/// The longest shortest-latency path from any rank (or from `root`) to any rank, µs.
+pub fn latency_bound(topo: &Topology, root: Option<Rank>) -> f64 {
+    let n = topo.nranks();
+    let sources: Vec<Rank> = match root {
+        Some(r) => vec![r],
+        None if n <= LATENCY_SOURCES => (0..n as Rank).collect(),
+        None => (0..n as Rank).step_by(n.div_ceil(LATENCY_SOURCES)).collect(),
+    };
+    let graph = topo.graph();
+    let mut adj = vec![Vec::new(); graph.node_count()];
+    for e in graph.edge_references() {
+        adj[e.source().index()].push((e.target().index(), e.weight().latency));
+    }
+    let mut worst: f64 = 0.0;
+    let mut dist = vec![f64::INFINITY; graph.node_count()];
+    for s in sources {
+        dist.iter_mut().for_each(|d| *d = f64::INFINITY);
+        let start = topo.rank_node(s).index();
+        dist[start] = 0.0;
+        let mut heap = BinaryHeap::from([Entry(0.0, start)]);
+        while let Some(Entry(d, u)) = heap.pop() {
+            if d > dist[u] {
+                continue;
+            }
+            for &(v, l) in &adj[u] {
+                if d + l < dist[v] {
+                    dist[v] = d + l;
+                    heap.push(Entry(d + l, v));
+                }
+            }
+        }
+        for r in 0..n as Rank {
+            let d = dist[topo.rank_node(r).index()];
+            if d.is_finite() {
+                worst = worst.max(d);
+            }
+        }
+    }
+    worst
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topology::resolve;
+
+    #[test]
+    fn uniform_ring_all_gather_bound_is_the_in_bandwidth_bound() {
+        let t = resolve("ring:8").unwrap();
+        let b = bound(&t, Collective::AllGather);
+        // Each rank takes in 2 links; 7 shares must arrive: x* = 2·bw/7, rate = 8·x*.
+        let bw = t.direct_bandwidth(0, 1);
+        assert!((b.rate_gbps - 8.0 * 2.0 * bw / 7.0).abs() < 1e-6 * b.rate_gbps, "{b:?}");
+        assert!(b.exact);
+    }
+
+    #[test]
+    fn a_bottleneck_cut_is_found_by_binary_search() {
+        // Two full-8 halves joined by a thin link: the half is the worst cut, not a single rank.
+        let t = resolve("cluster-2x4-slow").unwrap();
+        let b = gather_rate(&t, false);
+        // 4 ranks' shares must cross one 12.5 GB/s NIC: x* ≤ 12.5/4.
+        assert!(b.exact && b.per_rank <= 12.5 / 4.0 + 1e-6, "{b:?}");
+        assert!(b.per_rank > 12.5 / 4.0 * 0.99, "{b:?}");
+    }
+
+    #[test]
+    fn broadcast_bound_is_the_root_min_cut() {
+        let t = resolve("ring:6").unwrap();
+        let bw = t.direct_bandwidth(0, 1);
+        assert!((root_rate(&t, 0, false) - 2.0 * bw).abs() < 1e-9);
+        assert!(latency_bound(&t, Some(0)) > 0.0);
+    }
+}
