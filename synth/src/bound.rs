@@ -6,7 +6,8 @@
 //!   leave at rate x, any node set S whose complement holds a rank must push |S ∩ ranks|·x out
 //!   through its outgoing links, so x* = min_S B⁺(S) / |S ∩ ranks|. By Edmonds' arborescence
 //!   theorem (a super source feeding each rank at x) x is achievable exactly when every rank can
-//!   receive n·x from the super source, so x* is found by binary search over max-flow tests.
+//!   receive n·x from the super source, so x* is found by max-flow tests, each failing test's
+//!   min cut giving the next candidate (Dinkelbach).
 //!   Time ≥ (M/n) / x*. Reduce-scatter is the same on the reversed graph.
 //! - **broadcast / reduce**: Edmonds again: the root can feed every rank at min_v maxflow(root, v).
 //! - **all-reduce**: twice the all-gather bound is only the best *reduce-scatter + all-gather*;
@@ -35,8 +36,8 @@ const EXACT_LIMIT: usize = 1 << 22;
 /// Above this many ranks the tree shape of all-reduce is not bounded (the packing would take
 /// minutes); the bound is then the reduce-scatter + all-gather one.
 const TREE_BOUND_MAX_RANKS: usize = 64;
-/// Relative precision of the binary search.
-const PRECISION: f64 = 1e-6;
+/// Dinkelbach rounds before giving up (each finds a strictly better cut; a handful suffice).
+const MAX_CUT_ROUNDS: usize = 64;
 
 /// A lower bound on a collective's time.
 #[derive(Debug, Clone, PartialEq)]
@@ -87,13 +88,12 @@ pub fn bound(topo: &Topology, collective: Collective) -> Bound {
         Collective::AllReduce => {
             let cut = gather_rate(topo, false);
             let rsag = cut.per_rank * n as f64 / 2.0;
+            let mut shapes = vec![("rs+ag", rsag)];
             // The converged packing is only affordable on small graphs (see `blink`).
-            let trees = if n <= TREE_BOUND_MAX_RANKS {
-                pack_trees(&RankGraph::of(topo), PackingShape::Bidirectional, 0.02).upper
-            } else {
-                0.0
-            };
-            let shapes = vec![("rs+ag", rsag), ("trees", trees)];
+            if n <= TREE_BOUND_MAX_RANKS {
+                shapes.push(("trees", pack_trees(&RankGraph::of(topo), PackingShape::Bidirectional, 0.02).upper));
+            }
+            let trees = shapes.get(1).map_or(0.0, |s| s.1);
             if trees > rsag {
                 b(trees, "trees", true, shapes)
             } else {
@@ -141,29 +141,42 @@ pub fn gather_rate(topo: &Topology, reversed: bool) -> CutRate {
         return CutRate { per_rank: hi, exact: false };
     }
     let (mut net, source, feeds) = network(topo, reversed, true);
-    let mut feasible = |x: f64| {
+    // Dinkelbach's iteration: test x; if some rank cannot receive n·x, the min cut of that test
+    // is a node set S with B⁺(S)/|S ∩ ranks| < x, a real cut, so its ratio is the next x (never
+    // below x*). It ends, exactly, at the first x every rank passes — a few rounds instead of a
+    // binary search's twenty. The rank that failed last is tried first.
+    let mut order: Vec<Rank> = (0..n as Rank).collect();
+    let mut x = hi;
+    for _ in 0..MAX_CUT_ROUNDS {
         for &a in &feeds {
             net.set_capacity(a, x);
         }
-        (0..n as Rank).all(|v| {
+        let want = n as f64 * x;
+        let failed = order.iter().position(|&v| {
             net.reset();
-            let want = n as f64 * x;
-            net.max_flow(source, topo.rank_node(v).index(), want) >= want * (1.0 - 1e-9)
-        })
-    };
-    if feasible(hi) {
-        return CutRate { per_rank: hi, exact: true };
-    }
-    let (mut lo, mut up) = (0.0, hi);
-    while up - lo > PRECISION * hi {
-        let mid = 0.5 * (lo + up);
-        if feasible(mid) {
-            lo = mid;
-        } else {
-            up = mid;
+            net.max_flow(source, topo.rank_node(v).index(), want) < want * (1.0 - 1e-9)
+        });
+        let Some(i) = failed else {
+            return CutRate { per_rank: x, exact: true };
+        };
+        order.swap(0, i);
+        // The failed flow ran to its maximum: what the source still reaches is S.
+        let side = net.residual_reachable(source);
+        let ranks_inside = (0..n as Rank).filter(|&r| side[topo.rank_node(r).index()]).count();
+        let leaving: f64 = topo
+            .link_groups()
+            .iter()
+            .map(|g| if reversed { (g.to, g.from, g.bandwidth) } else { (g.from, g.to, g.bandwidth) })
+            .filter(|&(a, b, _)| side[a.index()] && !side[b.index()])
+            .map(|(_, _, bw)| bw)
+            .sum();
+        let ratio = leaving / ranks_inside.max(1) as f64;
+        if ratio >= x * (1.0 - 1e-12) {
+            break; // rounding: x is as good as the cut says
         }
+        x = ratio;
     }
-    CutRate { per_rank: lo, exact: true }
+    CutRate { per_rank: x, exact: true }
 }
 
 /// min over ranks v of the max flow root → v (v → root when `reversed`).

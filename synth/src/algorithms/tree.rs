@@ -1,7 +1,8 @@
 //! Double binary trees (NCCL 2.4): two binary trees over the ranks such that a rank that is an
 //! inner node in one is a leaf in the other, so every rank sends and receives about as much as
 //! in a ring while the depth is only log₂ n. Half the chunks go up and down each tree,
-//! pipelined chunk by chunk.
+//! pipelined chunk by chunk. [`TreeLanes`] emits a chunk over any rooted tree (Blink uses it
+//! too).
 //!
 //! Broadcast and reduce with a root R: tree 0 is laid out with R at its root; tree 1 is
 //! re-rooted by hanging its old root under R, so both trees start (or end) at R.
@@ -104,66 +105,105 @@ pub fn trees(order: &[Rank], root: Option<Rank>) -> [Tree; 2] {
     })
 }
 
-/// Reduces chunk(s) `inp` up `tree`: inner nodes accumulate in `acc(rank)`, the root ends with
-/// the result in `out`. Returns the root's last step.
-fn reduce_up(
-    b: &mut ScheduleBuilder,
-    tree: &Tree,
-    ch: u32,
-    inp: Slot,
-    acc: &dyn Fn(Rank) -> Slot,
-    out: Slot,
-) -> Option<StepRef> {
-    let mut root_last = None;
-    for x in 0..tree.parent.len() as Rank {
-        let kids = &tree.children[x as usize];
-        let parent = tree.parent[x as usize];
-        let target = if parent.is_some() { acc(x) } else { out };
-        let mut last = None;
-        if kids.is_empty() {
-            last = Some(match parent {
-                Some(p) => b.push(x, ch, Op::Send { to: p, src: inp }, 1),
-                None => b.push(x, ch, Op::Copy { src: inp, dst: out }, 1),
-            });
-        }
-        let mut cur = inp;
-        for (i, &kid) in kids.iter().enumerate() {
-            let op = match parent {
-                Some(p) if i + 1 == kids.len() => Op::RecvReduceSend { from: kid, to: p, src: cur },
-                _ => Op::RecvReduce { from: kid, src: cur, dst: target },
-            };
-            last = Some(b.push(x, ch, op, 1));
-            cur = target;
-        }
-        if parent.is_none() {
-            root_last = last;
-        }
-    }
-    root_last
+/// One tree's channels. Every tree edge has its own channel (the child's position among its
+/// siblings, offset by `base`; reduce edges another `width` further), so that a rank feeds all
+/// its children at once and takes all its children's partial sums at once — one channel per
+/// tree would serialise a fan-out of k children into k turns of the same link time.
+pub(crate) struct TreeLanes {
+    tree: Tree,
+    base: u32,
+    /// Most children of any rank in this tree.
+    width: u32,
+    /// The channel of the edge into each rank from its parent (before `base`).
+    lane: Vec<u32>,
 }
 
-/// Broadcasts down `tree`: the root sends `root_src` (after `root_deps`), others store in `out`.
-fn broadcast_down(b: &mut ScheduleBuilder, tree: &Tree, ch: u32, root_src: Slot, out: Slot, root_deps: &[StepRef]) {
-    for x in 0..tree.parent.len() as Rank {
-        let kids = &tree.children[x as usize];
-        match tree.parent[x as usize] {
-            None => {
-                for (i, &kid) in kids.iter().enumerate() {
-                    let deps = if i == 0 { root_deps } else { &[] };
-                    b.push_after(x, ch, Op::Send { to: kid, src: root_src }, 1, deps);
-                }
+impl TreeLanes {
+    pub(crate) fn new(tree: Tree, base: u32) -> TreeLanes {
+        let mut lane = vec![0; tree.parent.len()];
+        let mut width = 1;
+        for kids in &tree.children {
+            width = width.max(kids.len() as u32);
+            for (j, &k) in kids.iter().enumerate() {
+                lane[k as usize] = j as u32;
             }
-            Some(p) => match kids.split_first() {
-                None => {
-                    b.push(x, ch, Op::Recv { from: p, dst: out }, 1);
+        }
+        TreeLanes { tree, base, width, lane }
+    }
+
+    /// Channels this tree occupies from `base` on.
+    pub(crate) fn channels(&self) -> u32 {
+        2 * self.width
+    }
+
+    /// Emits chunk `c` of `coll` over this tree: all-reduce reduces up and broadcasts back
+    /// down, reduce accumulates in scratch on the way up, broadcast copies at the root and
+    /// sends down.
+    pub(crate) fn emit_chunk(&self, b: &mut ScheduleBuilder, coll: Collective, c: u32) -> Result<()> {
+        match coll {
+            Collective::AllReduce => {
+                let last = self.reduce(b, Slot::input(c), &|_| Slot::output(c), Slot::output(c));
+                self.broadcast(b, Slot::output(c), Slot::output(c), &last);
+            }
+            Collective::Reduce { .. } => {
+                self.reduce(b, Slot::input(c), &|_| Slot::scratch(c), Slot::output(c));
+            }
+            Collective::Broadcast { root } => {
+                let copy = b.push(root, self.base, Op::Copy { src: Slot::input(c), dst: Slot::output(c) }, 1);
+                self.broadcast(b, Slot::input(c), Slot::output(c), &[copy]);
+            }
+            other => return Err(super::unsupported("tree", other, "trees build all-reduce, broadcast and reduce")),
+        }
+        Ok(())
+    }
+
+    fn down(&self, r: Rank) -> u32 {
+        self.base + self.lane[r as usize]
+    }
+
+    fn up(&self, r: Rank) -> u32 {
+        self.base + self.width + self.lane[r as usize]
+    }
+
+    /// Reduces `inp` up the tree: partial sums accumulate in `acc(rank)` one child after
+    /// another, the root's total lands in `out`. Returns the root's last steps.
+    fn reduce(&self, b: &mut ScheduleBuilder, inp: Slot, acc: &dyn Fn(Rank) -> Slot, out: Slot) -> Vec<StepRef> {
+        let mut root_last = Vec::new();
+        for x in 0..self.tree.parent.len() as Rank {
+            let parent = self.tree.parent[x as usize];
+            let target = if parent.is_some() { acc(x) } else { out };
+            let mut prev: Option<StepRef> = None;
+            for &kid in &self.tree.children[x as usize] {
+                let src = if prev.is_some() { target } else { inp };
+                let deps: Vec<StepRef> = prev.into_iter().collect();
+                prev = Some(b.push_after(x, self.up(kid), Op::RecvReduce { from: kid, src, dst: target }, 1, &deps));
+            }
+            match parent {
+                Some(p) => {
+                    let src = if prev.is_some() { target } else { inp };
+                    let deps: Vec<StepRef> = prev.into_iter().collect();
+                    b.push_after(x, self.up(x), Op::Send { to: p, src }, 1, &deps);
                 }
-                Some((&first, rest)) => {
-                    b.push(x, ch, Op::RecvCopySend { from: p, to: first, dst: out }, 1);
-                    for &kid in rest {
-                        b.push(x, ch, Op::Send { to: kid, src: out }, 1);
-                    }
-                }
-            },
+                None => match prev {
+                    Some(last) => root_last.push(last),
+                    None => root_last.push(b.push(x, self.up(x), Op::Copy { src: inp, dst: out }, 1)),
+                },
+            }
+        }
+        root_last
+    }
+
+    /// Broadcasts down the tree: the root sends `root_src` (after `root_deps`), the others
+    /// store it in `out` and pass it on to all their children at once.
+    fn broadcast(&self, b: &mut ScheduleBuilder, root_src: Slot, out: Slot, root_deps: &[StepRef]) {
+        for x in 0..self.tree.parent.len() as Rank {
+            let (src, deps) = match self.tree.parent[x as usize] {
+                None => (root_src, root_deps.to_vec()),
+                Some(p) => (out, vec![b.push(x, self.down(x), Op::Recv { from: p, dst: out }, 1)]),
+            };
+            for &kid in &self.tree.children[x as usize] {
+                b.push_after(x, self.down(kid), Op::Send { to: kid, src }, 1, &deps);
+            }
         }
     }
 }
@@ -195,26 +235,19 @@ impl ScheduleGenerator for DoubleBinaryTree {
         if matches!(coll, Collective::Reduce { .. }) {
             b.reserve_scratch(chunks);
         }
-        for c in 0..chunks {
-            let t = (c % 2) as usize;
-            let p = (c / 2) % pairs;
-            let (up, down) = (4 * p + 2 * t as u32, 4 * p + 2 * t as u32 + 1);
-            let tree = &pair[t];
-            match coll {
-                Collective::AllReduce => {
-                    let last = reduce_up(&mut b, tree, up, Slot::input(c), &|_| Slot::output(c), Slot::output(c));
-                    let deps: Vec<StepRef> = last.into_iter().collect();
-                    broadcast_down(&mut b, tree, down, Slot::output(c), Slot::output(c), &deps);
-                }
-                Collective::Reduce { .. } => {
-                    reduce_up(&mut b, tree, up, Slot::input(c), &|_| Slot::scratch(c), Slot::output(c));
-                }
-                Collective::Broadcast { root } => {
-                    b.push(root, down, Op::Copy { src: Slot::input(c), dst: Slot::output(c) }, 1);
-                    broadcast_down(&mut b, tree, down, Slot::input(c), Slot::output(c), &[]);
-                }
-                _ => unreachable!("checked by supports()"),
+        // Chunk c goes over tree c % 2 of pair (c / 2) % pairs.
+        let mut base = 0;
+        let mut lanes = Vec::with_capacity(2 * pairs as usize);
+        for _ in 0..pairs {
+            for tree in &pair {
+                let l = TreeLanes::new(tree.clone(), base);
+                base += l.channels();
+                lanes.push(l);
             }
+        }
+        for c in 0..chunks {
+            let (t, p) = (c % 2, (c / 2) % pairs);
+            lanes[(2 * p + t) as usize].emit_chunk(&mut b, coll, c)?;
         }
         Ok(b.build())
     }

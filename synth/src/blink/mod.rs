@@ -11,17 +11,17 @@
 //!
 //! All-reduce reduces up each tree and broadcasts down it (both directions of each tree edge);
 //! broadcast and reduce use arborescences out of / into the root. Chunks of a tree are
-//! pipelined, one step per chunk.
+//! pipelined, one step per chunk, emitted by the same [`TreeLanes`] as the double binary tree.
 
 pub mod arborescence;
 pub mod exact;
 pub mod packing;
 pub mod select;
 
-use crate::algorithms::tree::Tree;
+use crate::algorithms::tree::{Tree, TreeLanes};
 use crate::algorithms::{unsupported, Request, ScheduleGenerator};
 use crate::error::Result;
-use crate::schedule::{Collective, Op, Rank, Schedule, ScheduleBuilder, Slot, StepRef};
+use crate::schedule::{Collective, Schedule, ScheduleBuilder};
 use crate::topology::logical::RankGraph;
 use crate::topology::Topology;
 use packing::{pack_trees, PackedTree, PackingShape};
@@ -46,8 +46,8 @@ pub struct TreePlan {
     pub rate: f64,
     /// No packing of this shape beats this, GB/s.
     pub upper: f64,
-    /// `mwu+ilp`, `edmonds` (exact integral) or `spread` (large graphs, not optimised; `upper`
-    /// is then NaN).
+    /// `mwu+ilp`, `edmonds` (exact integral), `spread` (large graphs, not optimised; `upper`
+    /// is then NaN) or `local` (one rank).
     pub method: &'static str,
 }
 
@@ -59,6 +59,11 @@ pub fn plan(topo: &Topology, collective: Collective) -> Result<TreePlan> {
         Collective::Reduce { root } => PackingShape::Rooted { root, reversed: true },
         other => return Err(unsupported("blink", other, "tree packing builds all-reduce, broadcast and reduce")),
     };
+    if topo.nranks() <= 1 {
+        // One rank: a one-node tree (the collective is a local copy).
+        let trees = vec![PackedTree { root: 0, parent: vec![None], rate: 1.0 }];
+        return Ok(TreePlan { shape, trees, rate: 1.0, upper: f64::INFINITY, method: "local" });
+    }
     let graph = RankGraph::of(topo);
     if topo.nranks() > PACKING_MAX_RANKS {
         let trees = packing::spread_trees(&graph, shape, LARGE_TREES);
@@ -69,7 +74,7 @@ pub fn plan(topo: &Topology, collective: Collective) -> Result<TreePlan> {
         return Ok(TreePlan { shape, trees, rate, upper: f64::NAN, method: "spread" });
     }
     let packing = pack_trees(&graph, shape, TOLERANCE);
-    if packing.trees.is_empty() && topo.nranks() > 1 {
+    if packing.trees.is_empty() {
         return Err(unsupported(
             "blink",
             collective,
@@ -87,10 +92,6 @@ pub fn plan(topo: &Topology, collective: Collective) -> Result<TreePlan> {
                 best = TreePlan { shape, trees, rate, upper: best.upper.max(rate), method: "edmonds" };
             }
         }
-    }
-    if topo.nranks() <= 1 {
-        best.trees = vec![PackedTree { root: 0, parent: vec![None], rate: 1.0 }];
-        best.rate = 1.0;
     }
     Ok(best)
 }
@@ -122,83 +123,6 @@ fn split_chunks(rates: &[f64], base: u32) -> Vec<u32> {
     best.1
 }
 
-/// One tree's channels. Every tree edge has its own channel (the child's position among its
-/// siblings, offset by `base`; reduce edges another `width` further), so that a rank feeds all
-/// its children at once and takes all its children's partial sums at once — one channel per
-/// tree would serialise a fan-out of k children into k turns of the same link time.
-struct TreeLanes {
-    tree: Tree,
-    base: u32,
-    /// Most children of any rank in this tree.
-    width: u32,
-    /// The channel of the edge into each rank from its parent (before `base`).
-    lane: Vec<u32>,
-}
-
-impl TreeLanes {
-    fn new(tree: Tree, base: u32) -> TreeLanes {
-        let mut lane = vec![0; tree.parent.len()];
-        let mut width = 1;
-        for kids in &tree.children {
-            width = width.max(kids.len() as u32);
-            for (j, &k) in kids.iter().enumerate() {
-                lane[k as usize] = j as u32;
-            }
-        }
-        TreeLanes { tree, base, width, lane }
-    }
-
-    fn down(&self, r: Rank) -> u32 {
-        self.base + self.lane[r as usize]
-    }
-
-    fn up(&self, r: Rank) -> u32 {
-        self.base + self.width + self.lane[r as usize]
-    }
-
-    /// Reduces `inp` up the tree: partial sums accumulate in `acc(rank)` one child after
-    /// another, the root's total lands in `out`. Returns the root's last steps.
-    fn reduce(&self, b: &mut ScheduleBuilder, inp: Slot, acc: &dyn Fn(Rank) -> Slot, out: Slot) -> Vec<StepRef> {
-        let mut root_last = Vec::new();
-        for x in 0..self.tree.parent.len() as Rank {
-            let parent = self.tree.parent[x as usize];
-            let target = if parent.is_some() { acc(x) } else { out };
-            let mut prev: Option<StepRef> = None;
-            for &kid in &self.tree.children[x as usize] {
-                let src = if prev.is_some() { target } else { inp };
-                let deps: Vec<StepRef> = prev.into_iter().collect();
-                prev = Some(b.push_after(x, self.up(kid), Op::RecvReduce { from: kid, src, dst: target }, 1, &deps));
-            }
-            match parent {
-                Some(p) => {
-                    let src = if prev.is_some() { target } else { inp };
-                    let deps: Vec<StepRef> = prev.into_iter().collect();
-                    b.push_after(x, self.up(x), Op::Send { to: p, src }, 1, &deps);
-                }
-                None => match prev {
-                    Some(last) => root_last.push(last),
-                    None => root_last.push(b.push(x, self.up(x), Op::Copy { src: inp, dst: out }, 1)),
-                },
-            }
-        }
-        root_last
-    }
-
-    /// Broadcasts down the tree: the root sends `root_src` (after `root_deps`), the others
-    /// store it in `out` and pass it on to all their children at once.
-    fn broadcast(&self, b: &mut ScheduleBuilder, root_src: Slot, out: Slot, root_deps: &[StepRef]) {
-        for x in 0..self.tree.parent.len() as Rank {
-            let (src, deps) = match self.tree.parent[x as usize] {
-                None => (root_src, root_deps.to_vec()),
-                Some(p) => (out, vec![b.push(x, self.down(x), Op::Recv { from: p, dst: out }, 1)]),
-            };
-            for &kid in &self.tree.children[x as usize] {
-                b.push_after(x, self.down(kid), Op::Send { to: kid, src }, 1, &deps);
-            }
-        }
-    }
-}
-
 pub struct Blink;
 
 impl ScheduleGenerator for Blink {
@@ -228,22 +152,9 @@ impl ScheduleGenerator for Blink {
         let mut c = 0;
         for (t, &count) in tree_plan.trees.iter().zip(&split) {
             let lanes = TreeLanes::new(Tree::from_parents(t.parent.clone()), base);
-            base += 2 * lanes.width;
+            base += lanes.channels();
             for _ in 0..count {
-                match coll {
-                    Collective::AllReduce => {
-                        let last = lanes.reduce(&mut b, Slot::input(c), &|_| Slot::output(c), Slot::output(c));
-                        lanes.broadcast(&mut b, Slot::output(c), Slot::output(c), &last);
-                    }
-                    Collective::Reduce { .. } => {
-                        lanes.reduce(&mut b, Slot::input(c), &|_| Slot::scratch(c), Slot::output(c));
-                    }
-                    Collective::Broadcast { root } => {
-                        let copy = b.push(root, lanes.base, Op::Copy { src: Slot::input(c), dst: Slot::output(c) }, 1);
-                        lanes.broadcast(&mut b, Slot::input(c), Slot::output(c), &[copy]);
-                    }
-                    _ => return Err(unsupported("blink", coll, "checked by supports()")),
-                }
+                lanes.emit_chunk(&mut b, coll, c)?;
                 c += 1;
             }
         }

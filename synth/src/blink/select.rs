@@ -39,6 +39,7 @@ pub fn select_trees(graph: &RankGraph, shape: PackingShape, mut trees: Vec<Packe
         })
         .collect();
     let floor = (1.0 - slack) * optimum;
+    let before = kept.len();
     if kept.len() > 1 && kept.len() <= ILP_MAX_TREES {
         let usage: Vec<Vec<usize>> = kept.iter().map(|(_, u)| u.clone()).collect();
         if let Some(rates) = best_rates(graph, &usage, Some(floor)) {
@@ -61,9 +62,10 @@ pub fn select_trees(graph: &RankGraph, shape: PackingShape, mut trees: Vec<Packe
             }
         }
     }
-    // The integer program only needed enough; give the survivors their best rates.
+    // Trees were dropped (and the integer program only needed enough): give the survivors
+    // their best rates.
     let usage: Vec<Vec<usize>> = kept.iter().map(|(_, u)| u.clone()).collect();
-    if let Some(rates) = best_rates(graph, &usage, None) {
+    if let Some(rates) = best_rates(graph, &usage, None).filter(|_| kept.len() < before) {
         for ((t, _), r) in kept.iter_mut().zip(rates) {
             t.rate = r;
         }
