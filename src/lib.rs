@@ -9,6 +9,7 @@ pub mod collbench;
 pub mod comm;
 pub mod error;
 mod exec;
+pub mod tuner;
 pub mod types;
 
 pub use comm::{AbortHandle, CollectiveCall, CollectiveKind, Communicator, Config, Group, TransportPolicy, UniqueId};

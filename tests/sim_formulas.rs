@@ -92,3 +92,23 @@ fn flows_sharing_a_link_share_its_bandwidth() {
         "fan-in: {t} µs, want ≈ {want} µs"
     );
 }
+
+#[test]
+fn a_rank_engine_posts_its_messages_one_at_a_time() {
+    // Rank 0 sends one small message to each of 3 peers on separate links at once: with a
+    // per-rank engine cost c the sends leave at c, 2c, 3c, so the last arrives at 3c + α.
+    use topoccl_synth::sim::{SimConfig, Simulator};
+    let topo = resolve(&format!("full:4,bw={BW},lat={ALPHA}")).unwrap();
+    let mut b = ScheduleBuilder::new("fan-out", Collective::Broadcast { root: 0 }, 4, 1);
+    for (c, to) in [1u32, 2, 3].into_iter().enumerate() {
+        b.push(0, c as u32, Op::Send { to, src: Slot::input(0) }, 1);
+        b.push(to, c as u32, Op::Recv { from: 0, dst: Slot::output(0) }, 1);
+    }
+    let s = b.build();
+    let parallel = simulate(&topo, &s, 8).unwrap().time_us;
+    close(parallel, ALPHA + xfer(8.0), "fan-out without an engine cost");
+    let cost = 5.0;
+    let config = SimConfig { rank_message_us: cost, ..SimConfig::default() };
+    let serial = Simulator::with_config(&topo, config).run(&s, 8).unwrap().time_us;
+    close(serial, 3.0 * cost + ALPHA + xfer(8.0), "fan-out with an engine cost");
+}

@@ -5,7 +5,7 @@
 use std::io::{IsTerminal, Write};
 use std::time::Instant;
 
-use topoccl_synth::algorithms::{Registry, Request};
+use topoccl_synth::algorithms::Registry;
 use topoccl_synth::sim::Simulator;
 use topoccl_synth::topology::Topology;
 
@@ -14,6 +14,7 @@ use super::plan::{Bench, Plan};
 use super::table::{Block, MeasuredReport, MeasuredRow, Predicted, RowId, Timing};
 use crate::comm::{CollectiveCall, CollectiveKind, Communicator, Config, UniqueId, UNIQUE_ID_BYTES};
 use crate::error::{Error, Result};
+use crate::tuner::Choice;
 use crate::types::{Dtype, ReduceOp};
 
 /// Where rank 0 writes.
@@ -248,10 +249,11 @@ fn measure(
     };
     let block_bytes = count * dtype.size();
     let (send_len, recv_len) = (block_bytes * in_blocks, block_bytes * out_blocks);
-    let algorithm = match op {
-        Op::Coll(c) => comm.algorithm_for(&c)?,
-        Op::SendRecv { .. } => "p2p".to_string(),
+    let choice = match op {
+        Op::Coll(c) => Some(comm.algorithm_for(&c)?),
+        Op::SendRecv { .. } => None,
     };
+    let algorithm = choice.as_ref().map_or_else(|| "p2p".to_string(), Choice::to_string);
     let mut variants = Vec::new();
     for in_place in [false, true] {
         if in_place && bench == Bench::SendRecv {
@@ -303,7 +305,10 @@ fn measure(
         variants.push(Some(Timing { time_us, algbw, busbw: algbw * bench.bus_factor(n), wrong }));
     }
     let predicted = match (topology, op) {
-        (Some(topo), Op::Coll(c)) => Some(predict(topo, &algorithm, c, bytes)?),
+        (Some(topo), Op::Coll(c)) => match &choice {
+            Some(choice) => Some(predict(topo, choice, c, bytes)?),
+            None => None,
+        },
         _ => None,
     };
     let out_of_place = variants[0].ok_or_else(|| Error::Internal("no out-of-place timing".into()))?;
@@ -339,9 +344,9 @@ fn aggregate(comm: &mut Communicator, mine: f64, average: u32) -> Result<f64> {
 
 /// The simulator's time for `algorithm` on `topo` (the schedule the runtime ran, rebuilt for
 /// the topology).
-fn predict(topo: &Topology, algorithm: &str, c: CollectiveCall, bytes: u64) -> Result<Predicted> {
+fn predict(topo: &Topology, choice: &Choice, c: CollectiveCall, bytes: u64) -> Result<Predicted> {
     let coll = c.kind.collective(c.root);
-    let schedule = Registry::builtin().generate(algorithm, &Request::new(topo, coll))?;
+    let schedule = Registry::builtin().generate(&choice.algorithm, &choice.request(topo, coll, bytes))?;
     let time_us = Simulator::new(topo).run(&schedule, bytes)?.time_us;
     let algbw = if time_us > 0.0 { bytes as f64 / time_us / 1e3 } else { 0.0 };
     Ok(Predicted { time_us, busbw: algbw * coll.bus_factor(topo.nranks() as u32) })

@@ -58,7 +58,8 @@ pub struct Args {
     #[arg(long)]
     pub compare_sim: bool,
     /// Topology: a built-in machine (dgx1, dgx-a100, …), a family (torus2d:8x8, cluster:64x8),
-    /// or a .toml file; append [0,1,3,6] for a subset of ranks. --simulate defaults to dgx1.
+    /// or a .toml file; append [0,1,3,6] for a subset of ranks. --simulate defaults to dgx1; on
+    /// real ranks it is the machine the tuner reasons about (as TOPOCCL_TOPOLOGY).
     #[arg(long)]
     pub topology: Option<String>,
     /// Algorithm(s), comma-separated: auto (topoccl's choice) or names; with --simulate also
@@ -102,6 +103,10 @@ pub struct Args {
     /// (--simulate) Per-message software overhead the simulator adds, µs.
     #[arg(long, default_value_t = 0.0)]
     pub sim_overhead_us: f64,
+    /// (--simulate) Time a rank's engine spends posting each message, µs (serialized per rank:
+    /// a CPU executor; 0 for GPUs, which post in parallel).
+    #[arg(long, default_value_t = 0.0)]
+    pub sim_message_us: f64,
     /// Write JSON to FILE (or, with no FILE, to standard output instead of the table).
     #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
     pub json: Option<String>,
@@ -128,6 +133,10 @@ pub fn run(args: &Args, out: &mut dyn Write) -> Result<i32> {
     let topo = args.topology.as_deref().map(topology::resolve).transpose()?;
     let mut config = Config::from_env()?;
     config.transport = plan.transports[0];
+    // The tuner reasons about the machine named (a rank i of the topology is rank i here).
+    if let Some(t) = &args.topology {
+        config.topology = Some(t.clone());
+    }
     match launch::role(args.nranks, &config)? {
         Role::Spawn(n) => {
             if plan.root >= n {

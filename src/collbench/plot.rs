@@ -30,9 +30,11 @@ fn escape(s: &str) -> String {
 }
 
 /// One labelled series of (size, busbw) points.
-struct Series {
-    label: String,
-    points: Vec<(f64, f64)>,
+pub struct Series {
+    pub label: String,
+    pub points: Vec<(f64, f64)>,
+    /// Drawn dashed, without markers (a bound, not a measurement).
+    pub dashed: bool,
 }
 
 /// Series per block and type/op, labelled by whatever differs between them.
@@ -73,15 +75,19 @@ fn series(report: &MeasuredReport) -> Vec<Series> {
                 .filter(|r| &r.id.dtype == dtype && &r.id.redop == redop && r.id.size > 0)
                 .map(|r| (r.id.size as f64, r.out_of_place.busbw))
                 .collect();
-            out.push(Series { label: parts.join(" / "), points });
+            out.push(Series { label: parts.join(" / "), points, dashed: false });
         }
     }
     out
 }
 
-/// The SVG document.
+/// The SVG document of a measured report.
 pub fn svg(report: &MeasuredReport, title: &str) -> String {
-    let all = series(report);
+    svg_of(&series(report), title)
+}
+
+/// The SVG document of any series (the simulated sweep draws its bound as a dashed one).
+pub fn svg_of(all: &[Series], title: &str) -> String {
     let pts = all.iter().flat_map(|s| s.points.iter());
     let (mut xmin, mut xmax, mut ymax) = (f64::MAX, 0f64, 0f64);
     for &(x, y) in pts {
@@ -146,15 +152,22 @@ pub fn svg(report: &MeasuredReport, title: &str) -> String {
     for (i, ser) in all.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
         let path: Vec<String> = ser.points.iter().map(|&(a, b)| format!("{:.1},{:.1}", x(a), y(b))).collect();
-        let _ = writeln!(s, r#"<polyline fill="none" stroke="{color}" stroke-width="2" points="{}"/>"#, path.join(" "));
-        for &(a, b) in &ser.points {
-            let _ = writeln!(s, r#"<circle cx="{:.1}" cy="{:.1}" r="2.5" fill="{color}"/>"#, x(a), y(b));
+        let (color, dash) = if ser.dashed { ("#000000", r#" stroke-dasharray="6 4""#) } else { (color, "") };
+        let _ = writeln!(
+            s,
+            r#"<polyline fill="none" stroke="{color}" stroke-width="2"{dash} points="{}"/>"#,
+            path.join(" ")
+        );
+        if !ser.dashed {
+            for &(a, b) in &ser.points {
+                let _ = writeln!(s, r#"<circle cx="{:.1}" cy="{:.1}" r="2.5" fill="{color}"/>"#, x(a), y(b));
+            }
         }
         let ly = TOP + 10.0 + 20.0 * i as f64;
         let lx = LEFT + pw + 15.0;
         let _ = writeln!(
             s,
-            r#"<line x1="{lx:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{color}" stroke-width="3"/>"#,
+            r#"<line x1="{lx:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{color}" stroke-width="3"{dash}/>"#,
             lx + 22.0
         );
         let _ = writeln!(s, r#"<text x="{:.1}" y="{:.1}">{}</text>"#, lx + 28.0, ly + 4.0, escape(&ser.label));

@@ -25,6 +25,9 @@ pub struct Row {
     pub busbw: f64,
     /// The optimality bound's time over this time (100 = optimal).
     pub pct_of_bound: f64,
+    /// What the tuner chose for this size (`auto` sweeps only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub choice: Option<String>,
 }
 
 /// One algorithm's sweep.
@@ -80,8 +83,17 @@ impl Report {
             let _ = writeln!(out, "#{}{:^36}", " ".repeat(53), "predicted");
             let _ = writeln!(
                 out,
-                "#{:>11}  {:>12}  {:>8}  {:>6}  {:>6}  {:>9}  {:>7}  {:>7}  {:>6}",
-                "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "bound"
+                "#{:>11}  {:>12}  {:>8}  {:>6}  {:>6}  {:>9}  {:>7}  {:>7}  {:>6}{}",
+                "size",
+                "count",
+                "type",
+                "redop",
+                "root",
+                "time",
+                "algbw",
+                "busbw",
+                "bound",
+                if sweep.rows.iter().any(|r| r.choice.is_some()) { "  chosen" } else { "" }
             );
             let _ = writeln!(
                 out,
@@ -91,7 +103,7 @@ impl Report {
             for r in &sweep.rows {
                 let _ = writeln!(
                     out,
-                    " {:>11}  {:>12}  {:>8}  {:>6}  {:>6}  {:>9}  {:>7.2}  {:>7.2}  {:>6.1}",
+                    " {:>11}  {:>12}  {:>8}  {:>6}  {:>6}  {:>9}  {:>7.2}  {:>7.2}  {:>6.1}{}",
                     r.id.size,
                     r.id.count,
                     r.id.dtype,
@@ -100,7 +112,8 @@ impl Report {
                     fmt_time(r.time_us),
                     r.algbw,
                     r.busbw,
-                    r.pct_of_bound
+                    r.pct_of_bound,
+                    r.choice.as_deref().map(|c| format!("  {c}")).unwrap_or_default()
                 );
             }
             let _ = writeln!(out, "# Avg bus bandwidth    : {:.4}", sweep.avg_busbw());

@@ -10,9 +10,12 @@ use topoccl_synth::sim::{SimConfig, Simulator};
 use topoccl_synth::topology;
 use topoccl_synth::{bound, verify};
 
+use super::plot;
 use super::report::{Report, Row, RowId, Sweep};
 use super::Args;
 use crate::error::{Error, Result};
+use crate::tuner::cache::DiskCache;
+use crate::tuner::{Selector, SelectorOptions};
 use crate::types::{Dtype, ReduceOp};
 
 /// The predicted sweep, written to `out`.
@@ -37,15 +40,18 @@ pub fn run(args: &Args, out: &mut dyn Write) -> Result<()> {
     let sizes = super::plan::sizes_of(args)?;
     let registry = Registry::builtin();
     let names: Vec<&str> = if args.algo == "all" {
-        registry.iter().filter(|g| g.supports(coll)).map(|g| g.name()).collect()
+        registry.iter().filter(|g| g.supports(coll)).map(|g| g.name()).chain(["auto"]).collect()
     } else {
-        // `auto` is the runtime's choice; the simulator prices what it runs for large sizes.
-        args.algo.split(',').map(str::trim).map(|a| if a == "auto" { "ring" } else { a }).collect()
+        args.algo.split(',').map(str::trim).collect()
     };
-    for name in &names {
+    for name in names.iter().filter(|&&a| a != "auto") {
         registry.get(name)?;
     }
-    let config = SimConfig { message_overhead_us: args.sim_overhead_us, ..SimConfig::default() };
+    let config = SimConfig {
+        message_overhead_us: args.sim_overhead_us,
+        rank_message_us: args.sim_message_us,
+        ..SimConfig::default()
+    };
     let mut sim = Simulator::with_config(&topo, config);
     let bound = bound::bound(&topo, coll);
     let mut report = Report {
@@ -57,8 +63,55 @@ pub fn run(args: &Args, out: &mut dyn Write) -> Result<()> {
         sweeps: Vec::new(),
     };
     let root = coll.root().map_or(-1, i64::from);
+    // nccl-tests' sizes: per-rank counts for the collectives whose buffer is n blocks.
+    let sized: Vec<(u64, u64)> = sizes
+        .iter()
+        .map(|&size| {
+            let per = dtype.size() as u64 * u64::from(coll.chunk_multiple(n));
+            let count_total = size / per * u64::from(coll.chunk_multiple(n));
+            (count_total * dtype.size() as u64, count_total / u64::from(coll.chunk_multiple(n)))
+        })
+        .collect();
+    let row = |bytes: u64, count: u64, t: f64, choice: Option<String>| {
+        let algbw = if t > 0.0 { bytes as f64 / t / 1e3 } else { 0.0 };
+        Row {
+            id: RowId {
+                size: bytes,
+                count,
+                dtype: dtype.name().into(),
+                redop: if coll.reduces() { op.name().into() } else { "none".into() },
+                root,
+            },
+            time_us: t,
+            algbw,
+            busbw: algbw * coll.bus_factor(n),
+            pct_of_bound: 100.0 * bound.efficiency(bytes, t),
+            choice,
+        }
+    };
     for name in names {
         let started = Instant::now();
+        if name == "auto" {
+            let options = SelectorOptions { forced: None, sim: config, cache: DiskCache::from_env() };
+            let mut tuner = Selector::new(topo.clone(), options)?;
+            let mut rows = Vec::with_capacity(sized.len());
+            for &(bytes, count) in &sized {
+                let choice = tuner.choose(coll, bytes)?;
+                let schedule = tuner.schedule(&choice, coll, bytes)?;
+                let t = sim.run(&schedule, bytes)?.time_us;
+                rows.push(row(bytes, count, t, Some(choice.to_string())));
+            }
+            report.sweeps.push(Sweep {
+                algorithm: "auto".into(),
+                schedule: format!(
+                    "the tuner's choice per size (every candidate priced in this simulator); {} sizes in {:.1} ms",
+                    sized.len(),
+                    started.elapsed().as_secs_f64() * 1e3
+                ),
+                rows,
+            });
+            continue;
+        }
         let request = Request::new(&topo, coll).pipeline(args.pipeline).channels(args.channels);
         let schedule = registry.generate(name, &request)?;
         let generated = started.elapsed();
@@ -71,28 +124,10 @@ pub fn run(args: &Args, out: &mut dyn Write) -> Result<()> {
             "not verified here (large)"
         };
         let sim_started = Instant::now();
-        let mut rows = Vec::with_capacity(sizes.len());
-        for &size in &sizes {
-            // nccl-tests: per-rank counts for the collectives whose buffer is n blocks.
-            let per = dtype.size() as u64 * u64::from(coll.chunk_multiple(n));
-            let count_total = size / per * u64::from(coll.chunk_multiple(n));
-            let bytes = count_total * dtype.size() as u64;
-            let count = count_total / u64::from(coll.chunk_multiple(n));
+        let mut rows = Vec::with_capacity(sized.len());
+        for &(bytes, count) in &sized {
             let t = sim.run(&schedule, bytes)?.time_us;
-            let algbw = if t > 0.0 { bytes as f64 / t / 1e3 } else { 0.0 };
-            rows.push(Row {
-                id: RowId {
-                    size: bytes,
-                    count,
-                    dtype: dtype.name().into(),
-                    redop: if coll.reduces() { op.name().into() } else { "none".into() },
-                    root,
-                },
-                time_us: t,
-                algbw,
-                busbw: algbw * coll.bus_factor(n),
-                pct_of_bound: 100.0 * bound.efficiency(bytes, t),
-            });
+            rows.push(row(bytes, count, t, None));
         }
         report.sweeps.push(Sweep {
             algorithm: name.to_string(),
@@ -103,11 +138,31 @@ pub fn run(args: &Args, out: &mut dyn Write) -> Result<()> {
                 stats.steps,
                 stats.sends,
                 generated.as_secs_f64() * 1e3,
-                sizes.len(),
+                sized.len(),
                 sim_started.elapsed().as_secs_f64() * 1e3
             ),
             rows,
         });
+    }
+    if let Some(path) = &args.plot {
+        let mut series: Vec<plot::Series> = report
+            .sweeps
+            .iter()
+            .map(|sw| plot::Series {
+                label: sw.algorithm.clone(),
+                points: sw.rows.iter().filter(|r| r.id.size > 0).map(|r| (r.id.size as f64, r.busbw)).collect(),
+                dashed: false,
+            })
+            .collect();
+        let bound_points = sized
+            .iter()
+            .filter(|&&(bytes, _)| bytes > 0)
+            .map(|&(bytes, _)| (bytes as f64, bytes as f64 / bound.time_us(bytes) / 1e3 * coll.bus_factor(n)))
+            .collect();
+        series.push(plot::Series { label: "bound".into(), points: bound_points, dashed: true });
+        let title = format!("{} on {} ({} ranks): predicted bus bandwidth", coll, topo.name(), n);
+        std::fs::write(path, plot::svg_of(&series, &title))
+            .map_err(|e| Error::Io { context: format!("writing {path}"), source: e })?;
     }
     let io = |e: std::io::Error| Error::Io { context: "writing the report".into(), source: e };
     match args.json.as_deref() {

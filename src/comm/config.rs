@@ -4,7 +4,10 @@
 //! |---|---|---|
 //! | `TOPOCCL_TIMEOUT` | seconds a call may go without any progress before it fails | 300 |
 //! | `TOPOCCL_TRANSPORT` | `auto` (shared memory within a host, TCP across), `tcp`, `shm` | auto |
-//! | `TOPOCCL_ALGO` | force an algorithm (`ring`, `tree`, `rhd`, `hier`, `pairwise`) | per collective |
+//! | `TOPOCCL_ALGO` | force an algorithm (`ring`, `tree`, `rhd`, `rd`, `hier`, `pairwise`, `blink`, `tacos`) | the tuner's choice |
+//! | `TOPOCCL_TOPOLOGY` | the machine the ranks run on (a library name, family or file; see `topoccl_synth::topology::resolve`), rank i on its rank i | all-to-all links (`host:N` on one host, `full:N` across hosts) |
+//! | `TOPOCCL_TUNER_MESSAGE_US` | time a rank's executor spends on each message, as the tuner's simulator prices it, µs | 4 |
+//! | `TOPOCCL_CACHE_DIR` | the tuner's disk cache (`off` disables) | `$XDG_CACHE_HOME/topoccl` or `~/.cache/topoccl` |
 //! | `TOPOCCL_NSOCKS` | TCP sockets per peer | 2 |
 //! | `TOPOCCL_SLICE_BYTES` | pipelining slice | 512 KiB |
 //! | `TOPOCCL_SHM_BYTES` | shared-memory ring per direction | 4 MiB |
@@ -56,6 +59,11 @@ pub struct Config {
     pub shm_ring_bytes: usize,
     /// A send waits while this many bytes are queued to its peer.
     pub max_backlog: usize,
+    /// The machine model the tuner reasons about (`None`: `full:N`).
+    pub topology: Option<String>,
+    /// Time a rank's executor spends on each message in the tuner's pricing, µs (messages of
+    /// one rank are handled one after another by its CPU thread).
+    pub tuner_message_us: f64,
 }
 
 impl Default for Config {
@@ -68,6 +76,8 @@ impl Default for Config {
             slice_bytes: 512 << 10,
             shm_ring_bytes: topoccl_transports::shm::DEFAULT_RING_BYTES,
             max_backlog: 4 << 20,
+            topology: None,
+            tuner_message_us: 4.0,
         }
     }
 }
@@ -101,6 +111,10 @@ impl Config {
             c.shm_ring_bytes = b as usize;
         }
         c.max_backlog = c.max_backlog.max(c.slice_bytes);
+        c.topology = var("TOPOCCL_TOPOLOGY");
+        if let Some(us) = number("TOPOCCL_TUNER_MESSAGE_US", 0.0, 1e6)? {
+            c.tuner_message_us = us;
+        }
         Ok(c)
     }
 }

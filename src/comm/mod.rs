@@ -36,8 +36,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use topoccl_synth::algorithms::{Registry, Request};
 use topoccl_synth::schedule::{Collective, Schedule};
+use topoccl_synth::sim::SimConfig;
 use topoccl_synth::topology::{self, Topology};
 use topoccl_transports::Connection;
 
@@ -51,6 +51,8 @@ pub use group::Group;
 use crate::error::{Error, Result};
 use crate::exec::program::Program;
 use crate::exec::wire::fnv1a;
+use crate::tuner::cache::DiskCache;
+use crate::tuner::{size_bucket, Choice, Selector, SelectorOptions};
 
 /// Stops a communicator's running call from another thread.
 #[derive(Clone, Debug)]
@@ -67,6 +69,7 @@ impl AbortHandle {
 /// A schedule chosen for a collective, with its identity on the wire.
 #[derive(Clone)]
 pub(crate) struct Chosen {
+    pub choice: Choice,
     pub schedule: Arc<Schedule>,
     pub hash: u32,
 }
@@ -84,9 +87,11 @@ pub struct Communicator {
     /// Point-to-point messages sent to / received from each peer.
     p2p_sent: Vec<u32>,
     p2p_received: Vec<u32>,
-    topology: Topology,
+    /// Chooses and builds schedules for this communicator's topology.
+    tuner: Selector,
     /// Small maps looked up on every call: hashed with Fx, not SipHash (no untrusted keys).
-    schedules: FxHashMap<(Collective, bool), Chosen>,
+    /// Keyed by the collective and the size bucket of its buffer.
+    schedules: FxHashMap<(Collective, u64), Chosen>,
     programs: FxHashMap<(Collective, u32, usize), Program>,
     scratch: Vec<u64>,
     /// The executor's per-slice scratch, kept between calls.
@@ -192,7 +197,25 @@ impl Communicator {
         let links = connect::connect_all(rank, &peers, listener, auth, &config, deadline)?;
         let local = peers.iter().filter(|p| p.host == peers[rank as usize].host).count();
         let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-        let spec = if nranks <= 64 { format!("full:{nranks}") } else { format!("ring:{nranks}") };
+        let spec = match &config.topology {
+            Some(t) => t.clone(),
+            None if local == nranks as usize => format!("host:{nranks}"),
+            None if nranks <= 64 => format!("full:{nranks}"),
+            None => format!("ring:{nranks}"),
+        };
+        let topology = topology::resolve(&spec)?;
+        if topology.nranks() != nranks as usize {
+            return Err(Error::InvalidArgument(format!(
+                "TOPOCCL_TOPOLOGY={spec} has {} ranks, the communicator {nranks}",
+                topology.nranks()
+            )));
+        }
+        let options = SelectorOptions {
+            forced: config.algo.clone(),
+            sim: SimConfig { rank_message_us: config.tuner_message_us, ..SimConfig::default() },
+            cache: DiskCache::from_env(),
+        };
+        let tuner = Selector::new(topology, options)?;
         Ok(Communicator {
             rank,
             nranks,
@@ -203,7 +226,7 @@ impl Communicator {
             seq: 0,
             p2p_sent: vec![0; nranks as usize],
             p2p_received: vec![0; nranks as usize],
-            topology: topology::resolve(&spec)?,
+            tuner,
             schedules: FxHashMap::default(),
             programs: FxHashMap::default(),
             scratch: Vec::new(),
@@ -316,76 +339,69 @@ impl Communicator {
         e
     }
 
-    /// Forces an algorithm for later calls (`None` or `auto`: the default choice), as
+    /// Forces an algorithm for later calls (`None` or `auto`: the tuner's choice), as
     /// `TOPOCCL_ALGO` does at start-up. Every rank must make the same choice before its next
     /// call (calls with different schedules are reported as mismatched). An algorithm that
-    /// cannot build a collective leaves that collective to the default choice.
+    /// cannot build a collective leaves that collective to the tuner.
     pub fn set_algorithm(&mut self, algo: Option<&str>) -> Result<()> {
-        let algo = algo.filter(|a| *a != "auto");
-        if let Some(a) = algo {
-            let registry = Registry::builtin();
-            if registry.get(a).is_err() {
-                return Err(Error::InvalidArgument(format!(
-                    "unknown algorithm `{a}` (auto, {})",
-                    registry.names().join(", ")
-                )));
-            }
-        }
-        self.config.algo = algo.map(str::to_string);
+        self.tuner.set_forced(algo)?;
+        self.config.algo = self.tuner.forced().map(str::to_string);
         self.schedules.clear();
         self.programs.clear();
         Ok(())
     }
 
-    /// The algorithm this communicator runs `call` with (the schedule's name).
-    pub fn algorithm_for(&mut self, call: &CollectiveCall) -> Result<String> {
-        let block_bytes = call.count.saturating_mul(call.dtype.size());
-        Ok(self.schedule(call.kind.collective(call.root), block_bytes)?.schedule.name.clone())
+    /// Adds a user tuner (see [`crate::tuner::Tuner`]); every rank must add the same one.
+    pub fn add_tuner(&mut self, tuner: Box<dyn crate::tuner::Tuner>) -> Result<()> {
+        self.tuner.add_tuner(tuner)?;
+        self.schedules.clear();
+        self.programs.clear();
+        Ok(())
     }
 
-    /// The schedule for `collective` with blocks of `block_bytes`: `TOPOCCL_ALGO` where it
-    /// applies, else recursive doubling for small all-reduces and rings (pairwise exchange for
-    /// all-to-all) otherwise. Every rank decides from the same inputs, so all pick alike. (The
-    /// tuner replaces this rule.)
+    /// The topology the tuner reasons about (`TOPOCCL_TOPOLOGY`, else `host:N` for ranks of
+    /// one host, `full:N` across hosts).
+    pub fn topology(&self) -> &Topology {
+        self.tuner.topology()
+    }
+
+    /// What this communicator runs `call` with: the algorithm and its knobs.
+    pub fn algorithm_for(&mut self, call: &CollectiveCall) -> Result<Choice> {
+        let block_bytes = call.count.saturating_mul(call.dtype.size());
+        Ok(self.schedule(call.kind.collective(call.root), block_bytes)?.choice)
+    }
+
+    /// The schedule for `collective` with blocks of `block_bytes`, as the tuner chooses it for
+    /// the buffer's size bucket (`TOPOCCL_ALGO` restricts the choice where it applies). Every
+    /// rank decides from the same inputs, so all pick alike.
     fn schedule(&mut self, collective: Collective, block_bytes: usize) -> Result<Chosen> {
-        let small = collective == Collective::AllReduce && block_bytes <= SMALL_ALL_REDUCE_BYTES;
-        if let Some(c) = self.schedules.get(&(collective, small)) {
+        let n = self.nranks;
+        let blocks = match collective {
+            Collective::ReduceScatter | Collective::AllGather | Collective::AllToAll => u64::from(n),
+            _ => 1,
+        };
+        let bytes = (block_bytes as u64).saturating_mul(blocks);
+        let bucket = size_bucket(bytes);
+        if let Some(c) = self.schedules.get(&(collective, bucket)) {
             return Ok(c.clone());
         }
-        let registry = Registry::builtin();
-        let default = match collective {
-            Collective::AllToAll => "pairwise",
-            Collective::AllReduce if small => "rd",
-            _ => "ring",
-        };
-        let name = match &self.config.algo {
-            Some(a) => {
-                let g = registry.get(a).map_err(|_| {
-                    Error::InvalidArgument(format!(
-                        "TOPOCCL_ALGO={a}: unknown algorithm ({})",
-                        registry.names().join(", ")
-                    ))
-                })?;
-                if g.supports(collective) {
-                    g.name()
-                } else {
-                    default
-                }
-            }
-            None => default,
-        };
-        let schedule = registry.generate(name, &Request::new(&self.topology, collective))?;
-        let identity = format!("{}/{}/{}/{}", schedule.name, schedule.collective, schedule.nranks, schedule.chunks);
-        let chosen = Chosen { hash: fnv1a(identity.as_bytes()), schedule: Arc::new(schedule) };
-        self.schedules.insert((collective, small), chosen.clone());
+        let choice = self.tuner.choose(collective, bytes)?;
+        let schedule = self.tuner.schedule(&choice, collective, bytes)?;
+        let identity =
+            format!("{}/{}/{}/{}/{choice}", schedule.name, schedule.collective, schedule.nranks, schedule.chunks);
+        let chosen = Chosen { choice, hash: fnv1a(identity.as_bytes()), schedule };
+        if self.schedules.len() >= PROGRAM_CACHE {
+            self.schedules.clear();
+        }
+        self.schedules.insert((collective, bucket), chosen.clone());
         Ok(chosen)
     }
 }
 
-const SPLIT_RECORD: usize = 40;
+/// Chosen schedules kept per communicator (by collective and size bucket).
+const PROGRAM_CACHE: usize = 256;
 
-/// All-reduces up to this size use recursive doubling by default.
-const SMALL_ALL_REDUCE_BYTES: usize = 64 << 10;
+const SPLIT_RECORD: usize = 40;
 
 impl Drop for Communicator {
     fn drop(&mut self) {

@@ -86,8 +86,13 @@ pub fn bound(topo: &Topology, collective: Collective) -> Bound {
             b(rate, "cut", cut.exact, vec![("cut", rate)])
         }
         Collective::AllReduce => {
+            // Reduce-scatter's rate is all-gather's on the reversed graph: the same on symmetric
+            // machines, not on ones with one-way fast links.
             let cut = gather_rate(topo, false);
-            let rsag = cut.per_rank * n as f64 / 2.0;
+            let rs_cut = if links_symmetric(topo) { cut } else { gather_rate(topo, true) };
+            let (ag, rs) = (cut.per_rank * n as f64, rs_cut.per_rank * n as f64);
+            let rsag = 1.0 / (1.0 / ag + 1.0 / rs);
+            let cut = CutRate { per_rank: rsag, exact: cut.exact && rs_cut.exact };
             let mut shapes = vec![("rs+ag", rsag)];
             // The converged packing is only affordable on small graphs (see `blink`).
             if n <= TREE_BOUND_MAX_RANKS {
@@ -117,6 +122,14 @@ pub fn bound(topo: &Topology, collective: Collective) -> Bound {
             b(rate, "injection", false, vec![("injection", rate)])
         }
     }
+}
+
+/// Whether every link group has a reverse group of the same bandwidth.
+fn links_symmetric(topo: &Topology) -> bool {
+    topo.link_groups().iter().all(|g| {
+        topo.group_between(g.to, g.from)
+            .is_some_and(|r| (topo.group(r).bandwidth - g.bandwidth).abs() <= 1e-9 * g.bandwidth)
+    })
 }
 
 /// The all-gather cut bound: each rank's share can leave at `per_rank` GB/s.

@@ -64,6 +64,11 @@ pub trait ScheduleGenerator: Send + Sync {
     fn describe(&self) -> &'static str;
     fn supports(&self, collective: Collective) -> bool;
     fn generate(&self, request: &Request) -> Result<Schedule>;
+    /// Whether the schedule depends on [`Request::bytes`] (synthesizers that price links with
+    /// the message size). Callers that cache schedules key them by size only when it does.
+    fn size_dependent(&self) -> bool {
+        false
+    }
 }
 
 /// Named generators.

@@ -36,6 +36,8 @@ const PACKING_MAX_RANKS: usize = 64;
 const LARGE_TREES: usize = 4;
 /// Chunks per tree when the request leaves pipelining to us.
 const DEFAULT_PIPELINE: u32 = 32;
+/// A tree is emitted as at most this many equal-rate lanes.
+const MAX_LANES_PER_TREE: usize = 8;
 
 /// The trees Blink uses for one collective and how they were found.
 #[derive(Debug, Clone, PartialEq)]
@@ -139,9 +141,18 @@ impl ScheduleGenerator for Blink {
     fn generate(&self, req: &Request) -> Result<Schedule> {
         let coll = req.collective;
         let tree_plan = plan(req.topology, coll)?;
-        let rates: Vec<f64> = tree_plan.trees.iter().map(|t| t.rate).collect();
+        // Trees sharing a link get equal shares of it per message stream (as the simulator and
+        // fair networks give them), not shares in proportion to their rates: a tree planned at
+        // twice another's rate is therefore emitted as two lanes of equal rate.
+        let unit = tree_plan.trees.iter().map(|t| t.rate).fold(f64::INFINITY, f64::min);
+        let mut lanes_of: Vec<(usize, f64)> = Vec::new();
+        for (i, t) in tree_plan.trees.iter().enumerate() {
+            let copies = ((t.rate / unit).round() as usize).clamp(1, MAX_LANES_PER_TREE);
+            lanes_of.extend(std::iter::repeat((i, t.rate / copies as f64)).take(copies));
+        }
+        let rates: Vec<f64> = lanes_of.iter().map(|l| l.1).collect();
         let per_tree = if req.pipeline <= 1 { DEFAULT_PIPELINE } else { req.pipeline };
-        let split = split_chunks(&rates, per_tree * rates.len() as u32);
+        let split = split_chunks(&rates, per_tree * lanes_of.len() as u32);
         let chunks: u32 = split.iter().sum();
         let mut b = ScheduleBuilder::new("blink", coll, req.nranks(), chunks);
         b.in_place(true);
@@ -150,8 +161,8 @@ impl ScheduleGenerator for Blink {
         }
         let mut base = 0;
         let mut c = 0;
-        for (t, &count) in tree_plan.trees.iter().zip(&split) {
-            let lanes = TreeLanes::new(Tree::from_parents(t.parent.clone()), base);
+        for (&(t, _), &count) in lanes_of.iter().zip(&split) {
+            let lanes = TreeLanes::new(Tree::from_parents(tree_plan.trees[t].parent.clone()), base);
             base += lanes.channels();
             for _ in 0..count {
                 lanes.emit_chunk(&mut b, coll, c)?;

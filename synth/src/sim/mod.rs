@@ -25,11 +25,16 @@ pub struct SimConfig {
     pub message_overhead_us: f64,
     /// Bandwidth of local copies and reductions, GB/s; `None` makes them free.
     pub local_gbps: Option<f64>,
+    /// Time a rank's engine is busy posting one message, µs. Unlike `message_overhead_us`,
+    /// which delays messages in parallel, this serializes a rank's sends: it models one CPU
+    /// thread (topoccl's executor without a GPU) that handles its messages one at a time, so a
+    /// schedule with many small messages per rank pays for each.
+    pub rank_message_us: f64,
 }
 
 impl Default for SimConfig {
     fn default() -> SimConfig {
-        SimConfig { message_overhead_us: 0.0, local_gbps: None }
+        SimConfig { message_overhead_us: 0.0, local_gbps: None, rank_message_us: 0.0 }
     }
 }
 
@@ -113,6 +118,8 @@ struct ChannelState {
     pc: u32,
     /// The current step's receive is consumed and its local work done.
     received: bool,
+    /// The current step's send has had its turn on the rank's engine (`rank_message_us`).
+    posted: bool,
     /// (peer, conn) of the last send and receive: rings use one peer throughout.
     last_send: (Rank, u32),
     last_recv: (Rank, u32),
@@ -133,6 +140,8 @@ struct Run<'a> {
     chunk_bytes: f64,
     now: f64,
     events: EventQueue,
+    /// When each rank's engine is next free (`rank_message_us`).
+    engine_free: Vec<f64>,
     channels: Vec<ChannelState>,
     /// Global channel id of (rank, 0).
     offset: Vec<u32>,
@@ -197,6 +206,7 @@ impl<'t> Simulator<'t> {
                     index: c as u32,
                     pc: 0,
                     received: false,
+                    posted: false,
                     last_send: (Rank::MAX, 0),
                     last_recv: (Rank::MAX, 0),
                     dep_waiters: Vec::new(),
@@ -209,6 +219,7 @@ impl<'t> Simulator<'t> {
             chunk_bytes: bytes as f64 / f64::from(sched.chunks),
             now: 0.0,
             events: EventQueue::default(),
+            engine_free: vec![0.0; sched.ranks.len()],
             channels,
             offset,
             conns: Vec::new(),
@@ -316,6 +327,16 @@ impl<'t> Simulator<'t> {
                 }
             }
             if let Some(to) = step.op.send_to() {
+                let cost = self.config.rank_message_us;
+                if cost > 0.0 && !run.channels[g as usize].posted {
+                    let free = &mut run.engine_free[rank as usize];
+                    *free = free.max(run.now) + cost;
+                    let delay = *free - run.now;
+                    run.channels[g as usize].posted = true;
+                    run.push(delay, EventKind::Continue { channel: g });
+                    return Ok(());
+                }
+                run.channels[g as usize].posted = false;
                 let conn = match run.channels[g as usize].last_send {
                     (p, c) if p == to => c,
                     _ => {

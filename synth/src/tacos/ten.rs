@@ -15,8 +15,7 @@
 //! arrival order per rank and the chunk sequence per link (4 bytes per transfer each); links
 //! are the rank graph's sparse arcs, never an n × n matrix.
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::BTreeMap;
 
 use crate::topology::logical::RankGraph;
 
@@ -53,6 +52,9 @@ pub struct TenOptions {
     pub window: usize,
 }
 
+/// One bit per (rank, chunk), rank-major: a destination's row is scanned over and over while
+/// its links are matched, and stays in cache (a chunk-major layout measured 1.5× slower at
+/// 4096 ranks).
 struct Bits {
     words: Vec<u64>,
     stride: usize,
@@ -102,32 +104,50 @@ pub fn all_gather(graph: &RankGraph, opt: TenOptions) -> TenSchedule {
     let mut moments = Vec::new();
     // Links waiting for their source to receive something new.
     let mut waiting: Vec<Vec<u32>> = vec![Vec::new(); n];
-    // (time bits, arc, chunk) of transfers in flight, earliest first.
-    let mut flights: BinaryHeap<Reverse<(u64, u32, ChunkId)>> = BinaryHeap::new();
-    let mut free: Vec<u32> = (0..arcs.len() as u32).collect();
+    // Transfers in flight by completion time (time bits → (arc, chunk)): completions come in
+    // few distinct times, so a map of batches beats a heap of single transfers.
+    let mut flights: BTreeMap<u64, Vec<(u32, ChunkId)>> = BTreeMap::new();
+    // Arcs to match at the next moment, and the destinations they lead to.
+    let mut ready: Vec<bool> = vec![true; arcs.len()];
+    let mut dirty: Vec<u32> = (0..n as u32).collect();
+    // When each arc's current transfer ends (≤ now when the arc is free).
+    let mut busy_until: Vec<f64> = vec![0.0; arcs.len()];
+    // The chunk each arc carries now (NONE when free), and whether link times differ at all
+    // (on uniform links no alternative is ever sooner, so the check is skipped).
+    let mut carrying: Vec<ChunkId> = vec![NONE; arcs.len()];
+    let mixed = duration.iter().any(|&t| (t - duration[0]).abs() > 1e-9 * duration[0]);
     let mut now = 0.0f64;
     let mut steps = 0u64;
     let mut by_dest: Vec<u32> = Vec::new();
+    let mut scratch = Scratch::default();
     loop {
         // Match the free links, destination by destination.
-        free.sort_unstable_by_key(|&a| (arcs[a as usize].to, a));
-        free.dedup();
+        dirty.sort_unstable();
+        dirty.dedup();
         let mut started = false;
-        let mut i = 0;
-        while i < free.len() {
-            let d = arcs[free[i] as usize].to as usize;
+        for &d in &dirty {
+            let d = d as usize;
+            let sources = graph.in_arcs(d as crate::schedule::Rank);
             by_dest.clear();
-            while i < free.len() && arcs[free[i] as usize].to as usize == d {
-                by_dest.push(free[i]);
-                i += 1;
-            }
-            if missing[d] == 0 {
+            by_dest.extend(sources.iter().map(|&a| a as u32).filter(|&a| ready[a as usize]));
+            if missing[d] == 0 || by_dest.is_empty() {
                 continue; // complete: these links are done for good
             }
-            let sources = graph.in_arcs(d as crate::schedule::Rank);
-            let matched =
-                match_links(&by_dest, arcs, &arrived, &coming, &held, sources, &spread, &mut cursor, d, opt.window);
-            for (&a, m) in by_dest.iter().zip(matched) {
+            let links = Links { graph, duration: &duration, busy_until: &busy_until, carrying: &carrying, mixed, now };
+            let matched = match_links(
+                &by_dest,
+                &links,
+                &arrived,
+                &coming,
+                &held,
+                &spread,
+                &mut cursor,
+                d,
+                opt.window,
+                &mut scratch,
+            );
+            for (&a, &m) in by_dest.iter().zip(matched) {
+                ready[a as usize] = false;
                 match m {
                     Some(c) => {
                         coming.set(d, c as usize);
@@ -138,7 +158,10 @@ pub fn all_gather(graph: &RankGraph, opt: TenOptions) -> TenSchedule {
                             order.push((a, c));
                         }
                         per_arc[a as usize].push(c);
-                        flights.push(Reverse(((now + duration[a as usize]).to_bits(), a, c)));
+                        let end = now + duration[a as usize];
+                        busy_until[a as usize] = end;
+                        carrying[a as usize] = c;
+                        flights.entry(end.to_bits()).or_default().push((a, c));
                         started = true;
                     }
                     None => waiting[arcs[a as usize].from as usize].push(a),
@@ -148,15 +171,13 @@ pub fn all_gather(graph: &RankGraph, opt: TenOptions) -> TenSchedule {
         if started {
             steps += 1;
         }
-        free.clear();
+        dirty.clear();
         // Advance to the next completions (all those at the same moment).
-        let Some(&Reverse((t, _, _))) = flights.peek() else { break };
+        let Some((t, mut landed)) = flights.pop_first() else { break };
         now = f64::from_bits(t);
-        while let Some(&Reverse((t2, a, c))) = flights.peek() {
-            if t2 != t {
-                break;
-            }
-            flights.pop();
+        landed.sort_unstable();
+        for (a, c) in landed {
+            carrying[a as usize] = NONE;
             let d = arcs[a as usize].to as usize;
             arrived[d].push(c);
             held.set(d, c as usize);
@@ -165,14 +186,51 @@ pub fn all_gather(graph: &RankGraph, opt: TenOptions) -> TenSchedule {
             if missing[d] == 0 {
                 incomplete -= 1;
             }
-            free.push(a);
-            free.append(&mut waiting[d]);
+            ready[a as usize] = true;
+            dirty.push(d as u32);
+            for w in waiting[d].drain(..) {
+                ready[w as usize] = true;
+                dirty.push(arcs[w as usize].to);
+            }
         }
         if incomplete == 0 {
             break;
         }
     }
     TenSchedule { nranks: n, per_rank: k as u32, per_arc, order, moments, time_us: now, steps }
+}
+
+/// The arcs with their timing, as the matcher sees them at one moment.
+struct Links<'a> {
+    graph: &'a RankGraph,
+    duration: &'a [f64],
+    busy_until: &'a [f64],
+    carrying: &'a [ChunkId],
+    mixed: bool,
+    now: f64,
+}
+
+const NONE: ChunkId = ChunkId::MAX;
+
+/// How far past its cursor a link looks for candidates, in multiples of the candidates wanted.
+const SCAN_FACTOR: usize = 16;
+
+impl Links<'_> {
+    /// When `arc` could deliver chunk `c` to its head if it took it next: after its current
+    /// transfer and after its tail holds `c` (now, or when an in-flight transfer brings it);
+    /// `None` when the tail neither holds `c` nor has it on the way.
+    fn delivery(&self, arc: usize, c: ChunkId, held: &Bits, coming: &Bits) -> Option<f64> {
+        let s = self.graph.arc(arc).from as usize;
+        let has = if held.get(s, c as usize) {
+            self.now
+        } else if coming.get(s, c as usize) {
+            let j = self.graph.in_arcs(s as crate::schedule::Rank).iter().find(|&&j| self.carrying[j] == c)?;
+            self.busy_until[*j]
+        } else {
+            return None;
+        };
+        Some(has.max(self.busy_until[arc]).max(self.now) + self.duration[arc])
+    }
 }
 
 /// Assigns distinct chunks destination `d` lacks to the free links `links` into it. Each link's
@@ -182,22 +240,31 @@ pub fn all_gather(graph: &RankGraph, opt: TenOptions) -> TenSchedule {
 /// when few of `d`'s in-neighbours hold them (widely held ones can still come over any link
 /// later, which keeps every link busy to the end), and the links are matched to
 /// distinct chunks by Kuhn's augmenting paths in that preference order.
+///
+/// On mixed-speed machines a free slow link must not take a chunk that another in-link of `d`
+/// (from a rank already holding it) delivers sooner even after finishing its current transfer:
+/// a chunk stuck on a 5 GB/s link while a 50 GB/s one is free a moment later is how greedy
+/// matching loses most of the bandwidth. Such candidates are skipped; on uniform links no
+/// alternative is ever sooner, so nothing changes there.
 #[allow(clippy::too_many_arguments)]
-fn match_links(
+fn match_links<'s>(
     links: &[u32],
-    arcs: &[crate::topology::logical::RankArc],
+    timing: &Links<'_>,
     arrived: &[Vec<ChunkId>],
     coming: &Bits,
     held: &Bits,
-    sources: &[usize],
     spread: &[u32],
     cursor: &mut [usize],
     d: usize,
     window: usize,
-) -> Vec<Option<ChunkId>> {
+    scratch: &'s mut Scratch,
+) -> &'s [Option<ChunkId>] {
+    let arcs = timing.graph.arcs();
+    let sources = timing.graph.in_arcs(d as crate::schedule::Rank);
     let want = links.len();
     let limit = want * window.max(1);
-    let mut cands: Vec<Vec<ChunkId>> = Vec::with_capacity(want);
+    let Scratch { cands, mine, chosen, by_choice, seen } = scratch;
+    cands.clear();
     for &a in links {
         let s = arcs[a as usize].from as usize;
         let list = &arrived[s];
@@ -205,28 +272,53 @@ fn match_links(
         while *cur < list.len() && coming.get(d, list[*cur] as usize) {
             *cur += 1;
         }
-        let mut mine: Vec<(u32, u32, ChunkId)> = Vec::with_capacity(limit);
+        mine.clear();
         let mut j = *cur;
-        while j < list.len() && mine.len() < limit {
+        // Past the cursor, chunks already on their way to `d` are skipped again at every
+        // moment: the look-ahead is capped so a link costs O(1) per moment, not O(n).
+        let end = list.len().min(*cur + limit * SCAN_FACTOR);
+        while j < end && mine.len() < limit {
             let c = list[j];
             if !coming.get(d, c as usize) {
-                let holders = sources.iter().filter(|&&i| held.get(arcs[i].from as usize, c as usize)).count();
-                mine.push((spread[c as usize], holders as u32, c));
+                let here = timing.now + timing.duration[a as usize];
+                let mut holders = 0u32;
+                let mut sooner = false;
+                for &i in sources {
+                    holders += u32::from(held.get(arcs[i].from as usize, c as usize));
+                    if timing.mixed && i != a as usize {
+                        sooner |= timing.delivery(i, c, held, coming).is_some_and(|t| t < here * (1.0 - 1e-9));
+                    }
+                }
+                if !sooner {
+                    mine.push((spread[c as usize], holders, c));
+                }
             }
             j += 1;
         }
         mine.sort_unstable();
-        cands.push(mine.into_iter().map(|(_, _, c)| c).collect());
+        cands.push(mine.iter().map(|&(_, _, c)| c).collect());
     }
     // Links with the fewest choices pick first.
-    let mut by_choice: Vec<usize> = (0..want).collect();
+    by_choice.clear();
+    by_choice.extend(0..want);
     by_choice.sort_by_key(|&l| cands[l].len());
-    let mut chosen: Vec<Option<ChunkId>> = vec![None; want];
-    for l in by_choice {
-        let mut seen: Vec<ChunkId> = Vec::new();
-        augment(l, &cands, &mut chosen, &mut seen);
+    chosen.clear();
+    chosen.resize(want, None);
+    for &l in by_choice.iter() {
+        seen.clear();
+        augment(l, cands, chosen, seen);
     }
     chosen
+}
+
+/// Buffers [`match_links`] reuses from call to call.
+#[derive(Default)]
+struct Scratch {
+    cands: Vec<Vec<ChunkId>>,
+    mine: Vec<(u32, u32, ChunkId)>,
+    chosen: Vec<Option<ChunkId>>,
+    by_choice: Vec<usize>,
+    seen: Vec<ChunkId>,
 }
 
 fn augment(l: usize, cands: &[Vec<ChunkId>], chosen: &mut [Option<ChunkId>], seen: &mut Vec<ChunkId>) -> bool {

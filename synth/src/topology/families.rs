@@ -12,7 +12,7 @@ use super::{Link, LinkKind, Node, NodeKind, Rank, Topology};
 use crate::error::{Error, Result};
 
 /// The family names [`generate`] understands.
-pub const FAMILIES: &[&str] = &["ring", "full", "mesh2d", "torus2d", "torus3d", "hypercube", "cluster"];
+pub const FAMILIES: &[&str] = &["ring", "full", "mesh2d", "torus2d", "torus3d", "hypercube", "cluster", "host"];
 
 /// Parsed `key=value` options with defaults and unknown-key detection.
 struct Options<'a> {
@@ -149,6 +149,12 @@ pub fn generate(spec: &str) -> Result<Topology> {
             want(2)?;
             cluster(spec, dims[0], dims[1], opts)
         }
+        "host" => {
+            want(1)?;
+            let o = Options::parse(spec, opts, &["bw", "lat"])?;
+            let port = Link { bandwidth: o.f64("bw", 4.0)?, latency: o.f64("lat", 2.0)?, kind: LinkKind::Other };
+            host(spec, dims[0], port)
+        }
         _ => Err(bad(spec, format!("unknown family `{kind}` (known: {})", FAMILIES.join(", ")))),
     }
 }
@@ -165,6 +171,25 @@ fn direct_network(spec: &str, n: usize, edges: &[(usize, usize)], link: Link) ->
         })
         .collect();
     let links = edges.iter().flat_map(|&(a, b)| [(a, b, link), (b, a, link)]).collect();
+    Topology::new(spec, nodes, links)
+}
+
+/// Processes of one machine: every rank reaches the others through the host's memory, one port
+/// per rank (the rate at which one process copies), so a rank's traffic to all peers together
+/// is bounded by its port — the runtime's default model of local ranks (`full:N` would let a
+/// process copy to all peers at once at full speed each, which one CPU thread cannot).
+fn host(spec: &str, n: usize, port: Link) -> Result<Topology> {
+    let mut nodes: Vec<Node> = (0..n)
+        .map(|i| Node {
+            name: format!("p{i}"),
+            kind: NodeKind::Gpu,
+            rank: Some(i as Rank),
+            host: "host".into(),
+            forwards: false,
+        })
+        .collect();
+    nodes.push(Node { name: "memory".into(), kind: NodeKind::Switch, rank: None, host: "host".into(), forwards: true });
+    let links = (0..n).flat_map(|i| [(i, n, port), (n, i, port)]).collect();
     Topology::new(spec, nodes, links)
 }
 

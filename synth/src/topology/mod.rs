@@ -257,6 +257,31 @@ impl Topology {
         self
     }
 
+    /// A hash of everything that affects synthesis and pricing (nodes' kinds, ranks, hosts and
+    /// forwarding, links' ends, bandwidths and latencies; not the name), stable across runs
+    /// and machines: the tuner's disk cache is keyed by it, and ranks compare it to make sure
+    /// they reason about the same machine.
+    pub fn fingerprint(&self) -> u64 {
+        let mut h = Fnv64::new();
+        h.bytes(&(self.graph.node_count() as u64).to_le_bytes());
+        for idx in self.graph.node_indices() {
+            let n = &self.graph[idx];
+            h.bytes(&[n.kind as u8, u8::from(n.forwards)]);
+            h.bytes(&n.rank.map_or(u64::MAX, u64::from).to_le_bytes());
+            h.bytes(n.host.as_bytes());
+            h.bytes(&[0xff]);
+        }
+        for e in self.graph.edge_indices() {
+            if let (Some((a, b)), Some(l)) = (self.graph.edge_endpoints(e), self.graph.edge_weight(e)) {
+                h.bytes(&(a.index() as u64).to_le_bytes());
+                h.bytes(&(b.index() as u64).to_le_bytes());
+                h.bytes(&l.bandwidth.to_bits().to_le_bytes());
+                h.bytes(&l.latency.to_bits().to_le_bytes());
+            }
+        }
+        h.0
+    }
+
     pub fn nranks(&self) -> usize {
         self.ranks.len()
     }
@@ -373,6 +398,20 @@ pub(crate) fn check_link(link: &Link) -> std::result::Result<(), String> {
     Ok(())
 }
 
+/// 64-bit FNV-1a, for [`Topology::fingerprint`] (no dependency, same value everywhere).
+struct Fnv64(u64);
+
+impl Fnv64 {
+    fn new() -> Fnv64 {
+        Fnv64(0xcbf2_9ce4_8422_2325)
+    }
+    fn bytes(&mut self, data: &[u8]) {
+        for &b in data {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -419,5 +458,16 @@ mod tests {
         assert!(Topology::new("t", nodes.clone(), chain).is_err());
         let star = (0..3).flat_map(|i| [(i, 3, link(1.0)), (3, i, link(1.0))]).collect();
         assert_eq!(Topology::new("t", nodes, star).unwrap().nranks(), 3);
+    }
+
+    #[test]
+    fn fingerprint_ignores_the_name_but_not_a_bandwidth() {
+        let mk = |name: &str, bw: f64| {
+            Topology::new(name, vec![gpu("a", 0), gpu("b", 1)], vec![(0, 1, link(bw)), (1, 0, link(bw))]).unwrap()
+        };
+        assert_eq!(mk("x", 25.0).fingerprint(), mk("y", 25.0).fingerprint());
+        assert_ne!(mk("x", 25.0).fingerprint(), mk("x", 50.0).fingerprint());
+        let dgx = crate::topology::resolve("dgx1").unwrap();
+        assert_eq!(dgx.fingerprint(), crate::topology::resolve("dgx1").unwrap().fingerprint());
     }
 }

@@ -1,0 +1,168 @@
+//! The tuner: for a (topology, collective, message size) it chooses the algorithm, the pipeline
+//! depth (chunks per block) and the channel count, by pricing every candidate the registry can
+//! build in the simulator and keeping the fastest.
+//!
+//! Every rank of a communicator must run the same schedule (NCCL hangs when hosts pick
+//! differently). The choice is therefore a pure function of inputs all ranks share — the
+//! topology, the collective, the size bucket, the forced algorithm and the tuner's settings —
+//! priced by the deterministic simulator, with candidates tried in a fixed order and ties
+//! going to the first. A rank that still disagrees (a different topology file, say) is caught
+//! by the schedule hash every call carries on the wire and fails with a mismatch, not a hang.
+//!
+//! Decisions are made per power-of-two size bucket, synthesized schedules are built on first use,
+//! and both are cached on disk by [`cache`], keyed by the topology's
+//! [`fingerprint`](topoccl_synth::topology::Topology::fingerprint).
+//!
+//! Users bring their own policy through [`Tuner`], shaped like NCCL's tuner plugin: it sees the
+//! priced candidates (NCCL's cost table) and may pick another one.
+
+pub mod cache;
+mod select;
+
+pub use select::{Selector, SelectorOptions};
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use topoccl_synth::algorithms::{Registry, Request};
+use topoccl_synth::schedule::Collective;
+use topoccl_synth::topology::Topology;
+
+/// Version of the [`Tuner`] interface; bumped on incompatible changes. A tuner reporting another
+/// version is refused when it is added.
+pub const TUNER_API_VERSION: u32 = 1;
+
+/// One way to run a collective: which generator, and the knobs it is built with.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Choice {
+    pub algorithm: String,
+    /// Chunks per block (`Request::pipeline`; ≤ 1 means the generator's default).
+    pub pipeline: u32,
+    /// Channels (`Request::channels`; 0 means the generator's default).
+    pub channels: u32,
+}
+
+impl Choice {
+    pub fn new(algorithm: &str, pipeline: u32, channels: u32) -> Choice {
+        Choice { algorithm: algorithm.to_string(), pipeline, channels }
+    }
+
+    /// The generator request this choice stands for.
+    pub fn request<'a>(&self, topology: &'a Topology, collective: Collective, bytes: u64) -> Request<'a> {
+        Request::new(topology, collective).pipeline(self.pipeline).channels(self.channels).bytes(bytes)
+    }
+}
+
+impl fmt::Display for Choice {
+    /// `ring`, `ring p4`, `ring p4 c2`: the knobs shown only where not the default.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.algorithm)?;
+        if self.pipeline > 1 {
+            write!(f, " p{}", self.pipeline)?;
+        }
+        if self.channels > 0 {
+            write!(f, " c{}", self.channels)?;
+        }
+        Ok(())
+    }
+}
+
+/// A candidate with the simulator's time for it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Priced {
+    pub choice: Choice,
+    /// Predicted time at the bucket's size, µs.
+    pub time_us: f64,
+}
+
+/// What a tuner is asked.
+#[derive(Debug, Clone, Copy)]
+pub struct TuneRequest<'a> {
+    pub topology: &'a Topology,
+    pub collective: Collective,
+    /// The collective's buffer in bytes (nccl-tests' size column), rounded up to its bucket.
+    pub bytes: u64,
+    /// Every candidate, priced, in the fixed candidate order.
+    pub priced: &'a [Priced],
+}
+
+/// A user tuner, like NCCL's tuner plugin: sees the priced candidates and may choose one.
+///
+/// It must decide from the request alone (every rank asks its own copy, and all must agree).
+pub trait Tuner: Send {
+    fn name(&self) -> &str;
+    /// The interface version the tuner was written for ([`TUNER_API_VERSION`]).
+    fn api_version(&self) -> u32 {
+        TUNER_API_VERSION
+    }
+    /// The index into `request.priced` to run, or `None` to keep the simulator's choice.
+    fn choose(&mut self, request: &TuneRequest<'_>) -> Option<usize>;
+}
+
+/// Pipeline depths priced for each algorithm (deduplicated where a generator maps several to
+/// one schedule), and extra channel counts priced for rings.
+const PIPELINES: [u32; 5] = [1, 2, 8, 32, 128];
+const RING_CHANNELS: [u32; 2] = [2, 4];
+/// Above this many ranks only each generator's defaults are priced (pricing is per candidate).
+const FULL_SEARCH_MAX_RANKS: usize = 64;
+
+/// The candidates for `collective` on `topology`, in the fixed order ties are broken by:
+/// registry order, then pipeline, then channels. `only` restricts them to one algorithm.
+pub fn candidates(registry: &Registry, topology: &Topology, collective: Collective, only: Option<&str>) -> Vec<Choice> {
+    let full = topology.nranks() <= FULL_SEARCH_MAX_RANKS;
+    let mut out = Vec::new();
+    for g in registry.iter().filter(|g| g.supports(collective)) {
+        if only.is_some_and(|o| o != g.name()) {
+            continue;
+        }
+        if !full {
+            out.push(Choice::new(g.name(), 1, 0));
+            continue;
+        }
+        for p in PIPELINES {
+            out.push(Choice::new(g.name(), p, 0));
+        }
+        if g.name() == "ring" {
+            for c in RING_CHANNELS {
+                out.push(Choice::new(g.name(), 1, c));
+                out.push(Choice::new(g.name(), 8, c));
+            }
+        }
+    }
+    out
+}
+
+/// The bucket a size falls in: the next power of two (sizes in one bucket share a decision).
+pub fn size_bucket(bytes: u64) -> u64 {
+    bytes.max(1).checked_next_power_of_two().unwrap_or(1 << 63)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn choices_print_their_knobs_only_when_set() {
+        assert_eq!(Choice::new("ring", 1, 0).to_string(), "ring");
+        assert_eq!(Choice::new("ring", 4, 2).to_string(), "ring p4 c2");
+    }
+
+    #[test]
+    fn buckets_are_powers_of_two() {
+        assert_eq!(size_bucket(0), 1);
+        assert_eq!(size_bucket(1000), 1024);
+        assert_eq!(size_bucket(1024), 1024);
+        assert_eq!(size_bucket(u64::MAX), 1 << 63);
+    }
+
+    #[test]
+    fn candidates_respect_support_and_restriction() {
+        let t = topoccl_synth::topology::resolve("dgx1").unwrap();
+        let reg = Registry::builtin();
+        let all = candidates(&reg, &t, Collective::AllToAll, None);
+        assert!(all.iter().all(|c| reg.get(&c.algorithm).unwrap().supports(Collective::AllToAll)));
+        let rings = candidates(&reg, &t, Collective::AllReduce, Some("ring"));
+        assert!(!rings.is_empty() && rings.iter().all(|c| c.algorithm == "ring"));
+        assert!(candidates(&reg, &t, Collective::AllToAll, Some("blink")).is_empty());
+    }
+}

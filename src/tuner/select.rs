@@ -1,0 +1,305 @@
+//! [`Selector`]: the tuner as the communicator and collbench use it — candidates priced in the
+//! simulator, user tuners consulted, decisions and schedules cached in memory and on disk.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use rustc_hash::FxHashMap;
+use topoccl_synth::algorithms::Registry;
+use topoccl_synth::schedule::{Collective, Schedule};
+use topoccl_synth::sim::{SimConfig, Simulator};
+use topoccl_synth::topology::Topology;
+
+use super::cache::DiskCache;
+use super::{candidates, size_bucket, Choice, Priced, TuneRequest, Tuner, TUNER_API_VERSION};
+use crate::error::{Error, Result};
+
+/// Settings every rank must share (they enter the decision).
+#[derive(Debug, Clone, Default)]
+pub struct SelectorOptions {
+    /// Only this algorithm is considered where it builds the collective (`TOPOCCL_ALGO`).
+    pub forced: Option<String>,
+    /// The simulator's cost model while pricing (per-message costs, local copy speed).
+    pub sim: SimConfig,
+    pub cache: DiskCache,
+}
+
+/// Schedules that took at least this long to build are also kept on disk.
+const DISK_SCHEDULE_MIN_SECS: f64 = 0.2;
+/// Schedules kept in memory before the map is emptied (size-dependent synthesizers add one per
+/// size bucket).
+const MEMORY_SCHEDULES: usize = 512;
+
+/// Chooses and builds schedules for one topology. See the module documentation of
+/// [`crate::tuner`].
+pub struct Selector {
+    topology: Topology,
+    fingerprint: u64,
+    registry: Registry,
+    options: SelectorOptions,
+    plugins: Vec<Box<dyn Tuner>>,
+    decisions: FxHashMap<String, Choice>,
+    schedules: FxHashMap<String, Arc<Schedule>>,
+}
+
+impl std::fmt::Debug for Selector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Selector")
+            .field("topology", &self.topology.name())
+            .field("fingerprint", &format_args!("{:016x}", self.fingerprint))
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Selector {
+    pub fn new(topology: Topology, options: SelectorOptions) -> Result<Selector> {
+        let registry = Registry::builtin();
+        check_algorithm(&registry, options.forced.as_deref())?;
+        let fingerprint = topology.fingerprint();
+        let decisions = options.cache.decisions(fingerprint).into_iter().collect();
+        Ok(Selector {
+            topology,
+            fingerprint,
+            registry,
+            options,
+            plugins: Vec::new(),
+            decisions,
+            schedules: FxHashMap::default(),
+        })
+    }
+
+    pub fn topology(&self) -> &Topology {
+        &self.topology
+    }
+
+    pub fn forced(&self) -> Option<&str> {
+        self.options.forced.as_deref()
+    }
+
+    /// Forces an algorithm (`None` or `auto`: the tuner's choice).
+    pub fn set_forced(&mut self, algo: Option<&str>) -> Result<()> {
+        let algo = algo.filter(|a| *a != "auto");
+        check_algorithm(&self.registry, algo)?;
+        self.options.forced = algo.map(str::to_string);
+        Ok(())
+    }
+
+    /// Adds a user tuner, consulted (in the order added) after the candidates are priced.
+    pub fn add_tuner(&mut self, tuner: Box<dyn Tuner>) -> Result<()> {
+        if tuner.api_version() != TUNER_API_VERSION {
+            return Err(Error::InvalidArgument(format!(
+                "tuner `{}` implements tuner API v{}, topoccl speaks v{TUNER_API_VERSION}",
+                tuner.name(),
+                tuner.api_version()
+            )));
+        }
+        self.plugins.push(tuner);
+        Ok(())
+    }
+
+    /// What runs `collective` on a buffer of `bytes` (nccl-tests' size): the fastest priced
+    /// candidate of its size bucket, unless a user tuner picks another.
+    pub fn choose(&mut self, collective: Collective, bytes: u64) -> Result<Choice> {
+        let bucket = size_bucket(bytes);
+        let sim = self.options.sim;
+        let key = format!(
+            "{}/{collective}/{bucket}/{}/{}/{:?}",
+            self.options.forced.as_deref().unwrap_or("auto"),
+            sim.message_overhead_us,
+            sim.rank_message_us,
+            sim.local_gbps
+        );
+        if self.plugins.is_empty() {
+            if let Some(c) = self.decisions.get(&key) {
+                return Ok(c.clone());
+            }
+        }
+        let priced = self.price(collective, bytes)?;
+        let mut best = 0;
+        for (i, p) in priced.iter().enumerate() {
+            if p.time_us < priced[best].time_us {
+                best = i;
+            }
+        }
+        let request = TuneRequest { topology: &self.topology, collective, bytes: bucket, priced: &priced };
+        for plugin in &mut self.plugins {
+            if let Some(i) = plugin.choose(&request).filter(|&i| i < priced.len()) {
+                best = i;
+                break;
+            }
+        }
+        let choice = priced[best].choice.clone();
+        if self.plugins.is_empty() {
+            self.options.cache.store_decision(self.fingerprint, &key, &choice);
+            self.decisions.insert(key, choice.clone());
+        }
+        Ok(choice)
+    }
+
+    /// Every candidate for `collective` priced at the size bucket of `bytes`, in candidate
+    /// order. Candidates whose generator cannot build this topology are left out, as are
+    /// duplicates (two knob settings a generator maps to one schedule).
+    pub fn price(&mut self, collective: Collective, bytes: u64) -> Result<Vec<Priced>> {
+        let bucket = size_bucket(bytes);
+        let only =
+            self.options.forced.as_deref().filter(|a| self.registry.get(a).is_ok_and(|g| g.supports(collective)));
+        let list = candidates(&self.registry, &self.topology, collective, only);
+        let config = self.options.sim;
+        let mut priced: Vec<Priced> = Vec::with_capacity(list.len());
+        let mut seen: Vec<(String, u32, u32, u64)> = Vec::new();
+        let mut failures = Vec::new();
+        for choice in list {
+            let schedule = match self.schedule(&choice, collective, bucket) {
+                Ok(s) => s,
+                Err(e) => {
+                    failures.push(format!("{choice}: {e}"));
+                    continue;
+                }
+            };
+            let stats = schedule.stats();
+            let identity = (schedule.name.clone(), schedule.chunks, stats.max_channels, stats.sends);
+            if seen.contains(&identity) {
+                continue;
+            }
+            seen.push(identity);
+            let time_us = Simulator::with_config(&self.topology, config).run(&schedule, bucket)?.time_us;
+            priced.push(Priced { choice, time_us });
+        }
+        if priced.is_empty() {
+            return Err(Error::InvalidArgument(format!(
+                "no algorithm builds {collective} on topology {}{}",
+                self.topology.name(),
+                if failures.is_empty() { String::new() } else { format!(": {}", failures.join("; ")) }
+            )));
+        }
+        Ok(priced)
+    }
+
+    /// The schedule `choice` stands for (built on first use, then kept).
+    pub fn schedule(&mut self, choice: &Choice, collective: Collective, bytes: u64) -> Result<Arc<Schedule>> {
+        let generator = self.registry.get(&choice.algorithm)?;
+        let sized = if generator.size_dependent() { size_bucket(bytes) } else { 0 };
+        let key = format!("{}/{collective}/p{}/c{}/{sized}", choice.algorithm, choice.pipeline, choice.channels);
+        if let Some(s) = self.schedules.get(&key) {
+            return Ok(s.clone());
+        }
+        let schedule = match self.options.cache.schedule(self.fingerprint, &key) {
+            Some(s) => s,
+            None => {
+                let started = Instant::now();
+                let s =
+                    self.registry.generate(&choice.algorithm, &choice.request(&self.topology, collective, sized))?;
+                if started.elapsed().as_secs_f64() >= DISK_SCHEDULE_MIN_SECS {
+                    self.options.cache.store_schedule(self.fingerprint, &key, &s);
+                }
+                s
+            }
+        };
+        if self.schedules.len() >= MEMORY_SCHEDULES {
+            self.schedules.clear();
+        }
+        let schedule = Arc::new(schedule);
+        self.schedules.insert(key, schedule.clone());
+        Ok(schedule)
+    }
+}
+
+fn check_algorithm(registry: &Registry, algo: Option<&str>) -> Result<()> {
+    match algo {
+        Some(a) if registry.get(a).is_err() => {
+            Err(Error::InvalidArgument(format!("unknown algorithm `{a}` (auto, {})", registry.names().join(", "))))
+        }
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use topoccl_synth::topology::resolve;
+
+    fn selector(topo: &str) -> Selector {
+        Selector::new(
+            resolve(topo).unwrap(),
+            SelectorOptions {
+                sim: SimConfig { message_overhead_us: 1.0, ..SimConfig::default() },
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn the_choice_is_the_cheapest_priced_candidate() {
+        let mut s = selector("dgx1");
+        for bytes in [1u64 << 10, 1 << 28] {
+            let priced = s.price(Collective::AllReduce, bytes).unwrap();
+            let choice = s.choose(Collective::AllReduce, bytes).unwrap();
+            let best = priced.iter().map(|p| p.time_us).fold(f64::INFINITY, f64::min);
+            let chosen = priced.iter().find(|p| p.choice == choice).unwrap();
+            assert_eq!(chosen.time_us, best, "{bytes}: {priced:?}");
+        }
+    }
+
+    #[test]
+    fn two_selectors_agree_and_forcing_restricts() {
+        let (mut a, mut b) = (selector("dgx1[0,1,2,4,5]"), selector("dgx1[0,1,2,4,5]"));
+        for shift in [3, 12, 20, 27] {
+            let bytes = 1u64 << shift;
+            assert_eq!(
+                a.choose(Collective::AllGather, bytes).unwrap(),
+                b.choose(Collective::AllGather, bytes).unwrap()
+            );
+        }
+        a.set_forced(Some("tree")).unwrap();
+        assert_eq!(a.choose(Collective::AllReduce, 1 << 20).unwrap().algorithm, "tree");
+        // An algorithm that does not build the collective leaves it to the tuner.
+        assert_ne!(a.choose(Collective::AllToAll, 1 << 20).unwrap().algorithm, "tree");
+        assert!(a.set_forced(Some("nope")).is_err());
+    }
+
+    struct AlwaysLast;
+    impl Tuner for AlwaysLast {
+        fn name(&self) -> &str {
+            "always-last"
+        }
+        fn choose(&mut self, r: &TuneRequest<'_>) -> Option<usize> {
+            Some(r.priced.len() - 1)
+        }
+    }
+
+    struct FromTheFuture;
+    impl Tuner for FromTheFuture {
+        fn name(&self) -> &str {
+            "future"
+        }
+        fn api_version(&self) -> u32 {
+            TUNER_API_VERSION + 1
+        }
+        fn choose(&mut self, _: &TuneRequest<'_>) -> Option<usize> {
+            None
+        }
+    }
+
+    #[test]
+    fn user_tuners_override_and_versions_are_checked() {
+        let mut s = selector("ring:4");
+        let last = s.price(Collective::AllReduce, 4096).unwrap().pop().unwrap().choice;
+        s.add_tuner(Box::new(AlwaysLast)).unwrap();
+        assert_eq!(s.choose(Collective::AllReduce, 4096).unwrap(), last);
+        assert!(s.add_tuner(Box::new(FromTheFuture)).unwrap_err().to_string().contains("v2"));
+    }
+
+    #[test]
+    fn decisions_survive_in_the_disk_cache() {
+        let dir = std::env::temp_dir().join(format!("topoccl-selector-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let opts = || SelectorOptions { cache: DiskCache::at(&dir), ..Default::default() };
+        let mut a = Selector::new(resolve("dgx1").unwrap(), opts()).unwrap();
+        let c = a.choose(Collective::AllReduce, 1 << 24).unwrap();
+        let b = Selector::new(resolve("dgx1").unwrap(), opts()).unwrap();
+        assert_eq!(b.decisions.values().next(), Some(&c));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,98 @@
+//! Blink against rings on every allocation of 3–8 GPUs of a DGX-1 (or another machine):
+//! all-reduce busbw at one size in the simulator, as % of the optimality bound, and the
+//! speed-up over the ring. `cargo run --release -p topoccl-synth --example blink_fragments --
+//! [machine] [bytes] [--all]` (without `--all`: the summary per GPU count, with: every subset).
+use topoccl_synth::algorithms::{Registry, Request};
+use topoccl_synth::blink;
+use topoccl_synth::bound::bound;
+use topoccl_synth::schedule::Collective;
+use topoccl_synth::sim::simulate;
+use topoccl_synth::topology::resolve;
+
+struct Row {
+    ranks: Vec<u32>,
+    ring: f64,
+    blink: f64,
+    pct: f64,
+    plan_pct: f64,
+}
+
+fn main() -> Result<(), topoccl_synth::Error> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let every = args.iter().any(|a| a == "--all");
+    let mut positional = args.iter().filter(|a| !a.starts_with("--"));
+    let machine = positional.next().map_or("dgx1", String::as_str);
+    let bytes: u64 = positional.next().and_then(|b| b.parse().ok()).unwrap_or(256 << 20);
+    let whole = resolve(machine)?;
+    let n = whole.nranks() as u32;
+    let reg = Registry::builtin();
+    let coll = Collective::AllReduce;
+    let mut rows: Vec<Row> = Vec::new();
+    for mask in 1u32..(1 << n) {
+        let k = mask.count_ones();
+        if k < 3 {
+            continue;
+        }
+        let ranks: Vec<u32> = (0..n).filter(|r| mask >> r & 1 == 1).collect();
+        let list: Vec<String> = ranks.iter().map(u32::to_string).collect();
+        let topo = resolve(&format!("{machine}[{}]", list.join(",")))?;
+        let b = bound(&topo, coll);
+        let busbw = |algo: &str| -> Result<f64, topoccl_synth::Error> {
+            let s = reg.generate(algo, &Request::new(&topo, coll))?;
+            let t = simulate(&topo, &s, bytes)?.time_us;
+            Ok(bytes as f64 / t / 1e3 * coll.bus_factor(k))
+        };
+        let (ring, blink_bw) = (busbw("ring")?, busbw("blink")?);
+        let plan = blink::plan(&topo, coll)?;
+        let algbw_bound = b.rate_gbps;
+        rows.push(Row {
+            ranks,
+            ring,
+            blink: blink_bw,
+            pct: 100.0 * blink_bw / coll.bus_factor(k) / algbw_bound.min(bytes as f64 / b.latency_us / 1e3),
+            plan_pct: 100.0 * plan.rate / algbw_bound,
+        });
+    }
+    println!("# {machine}: all-reduce {bytes} B, busbw GB/s (simulated); bound = topoccl_synth::bound");
+    if every {
+        println!("{:<20} {:>8} {:>8} {:>8} {:>9} {:>7}", "gpus", "ring", "blink", "speedup", "% bound", "plan %");
+        for r in &rows {
+            println!(
+                "{:<20} {:>8.1} {:>8.1} {:>7.2}x {:>8.1}% {:>6.1}%",
+                format!("{:?}", r.ranks),
+                r.ring,
+                r.blink,
+                r.blink / r.ring,
+                r.pct,
+                r.plan_pct
+            );
+        }
+    }
+    println!(
+        "{:>5} {:>7} {:>16} {:>16} {:>17} {:>14}",
+        "gpus", "subsets", "% bound min/mean", "speedup min/max", "speedup geo-mean", "≥95 % bound"
+    );
+    for k in 3..=n as usize {
+        let sel: Vec<&Row> = rows.iter().filter(|r| r.ranks.len() == k).collect();
+        if sel.is_empty() {
+            continue;
+        }
+        let pct_min = sel.iter().map(|r| r.pct).fold(f64::INFINITY, f64::min);
+        let pct_mean = sel.iter().map(|r| r.pct).sum::<f64>() / sel.len() as f64;
+        let sp: Vec<f64> = sel.iter().map(|r| r.blink / r.ring).collect();
+        let geo = (sp.iter().map(|s| s.ln()).sum::<f64>() / sp.len() as f64).exp();
+        let ok = sel.iter().filter(|r| r.pct >= 95.0).count();
+        println!(
+            "{k:>5} {:>7} {:>7.1} / {:>5.1} {:>7.2} / {:>5.2}x {:>16.2}x {:>9}/{}",
+            sel.len(),
+            pct_min,
+            pct_mean,
+            sp.iter().copied().fold(f64::INFINITY, f64::min),
+            sp.iter().copied().fold(0.0, f64::max),
+            geo,
+            ok,
+            sel.len()
+        );
+    }
+    Ok(())
+}
