@@ -80,6 +80,9 @@ impl Report {
         let _ = writeln!(out, "# bound: {}", self.bound);
         for sweep in &self.sweeps {
             let _ = writeln!(out, "#\n# algorithm {}: {}", sweep.algorithm, sweep.schedule);
+            if sweep.rows.is_empty() {
+                continue;
+            }
             let _ = writeln!(out, "#{}{:^36}", " ".repeat(53), "predicted");
             let _ = writeln!(
                 out,

@@ -89,7 +89,7 @@ pub fn run(args: &Args, out: &mut dyn Write) -> Result<()> {
             choice,
         }
     };
-    for name in names {
+    for &name in &names {
         let started = Instant::now();
         if name == "auto" {
             let options = SelectorOptions { forced: None, sim: config, cache: DiskCache::from_env() };
@@ -109,6 +109,16 @@ pub fn run(args: &Args, out: &mut dyn Write) -> Result<()> {
                     started.elapsed().as_secs_f64() * 1e3
                 ),
                 rows,
+            });
+            continue;
+        }
+        // In a list, an algorithm that does not build this collective is skipped (as measured
+        // sweeps do); asked for alone, it is an error.
+        if names.len() > 1 && !registry.get(name)?.supports(coll) {
+            report.sweeps.push(Sweep {
+                algorithm: name.to_string(),
+                schedule: format!("does not build {coll}, skipped"),
+                rows: Vec::new(),
             });
             continue;
         }

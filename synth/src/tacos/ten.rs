@@ -116,6 +116,8 @@ pub fn all_gather(graph: &RankGraph, opt: TenOptions) -> TenSchedule {
     // (on uniform links no alternative is ever sooner, so the check is skipped).
     let mut carrying: Vec<ChunkId> = vec![NONE; arcs.len()];
     let mixed = duration.iter().any(|&t| (t - duration[0]).abs() > 1e-9 * duration[0]);
+    let local_scarcity = n <= LOCAL_SCARCITY_MAX_RANKS;
+    let window = if local_scarcity { opt.window } else { 1 };
     let mut now = 0.0f64;
     let mut steps = 0u64;
     let mut by_dest: Vec<u32> = Vec::new();
@@ -133,19 +135,17 @@ pub fn all_gather(graph: &RankGraph, opt: TenOptions) -> TenSchedule {
             if missing[d] == 0 || by_dest.is_empty() {
                 continue; // complete: these links are done for good
             }
-            let links = Links { graph, duration: &duration, busy_until: &busy_until, carrying: &carrying, mixed, now };
-            let matched = match_links(
-                &by_dest,
-                &links,
-                &arrived,
-                &coming,
-                &held,
-                &spread,
-                &mut cursor,
-                d,
-                opt.window,
-                &mut scratch,
-            );
+            let links = Links {
+                graph,
+                duration: &duration,
+                busy_until: &busy_until,
+                carrying: &carrying,
+                mixed,
+                local_scarcity,
+                now,
+            };
+            let matched =
+                match_links(&by_dest, &links, &arrived, &coming, &held, &spread, &mut cursor, d, window, &mut scratch);
             for (&a, &m) in by_dest.iter().zip(matched) {
                 ready[a as usize] = false;
                 match m {
@@ -207,12 +207,20 @@ struct Links<'a> {
     busy_until: &'a [f64],
     carrying: &'a [ChunkId],
     mixed: bool,
+    local_scarcity: bool,
     now: f64,
 }
 
 const NONE: ChunkId = ChunkId::MAX;
 
-/// How far past its cursor a link looks for candidates, in multiples of the candidates wanted.
+/// Up to this many ranks candidates are also ranked by how few of the destination's
+/// in-neighbours hold them. That costs one random read of a rank × chunk bitset per candidate
+/// and in-neighbour, which stays in cache at a thousand ranks but not at tens of thousands,
+/// where it changed no step count we measured (tori, meshes, hypercubes of 1024–8000 ranks);
+/// above, the look-ahead window also shrinks to one candidate per free link.
+const LOCAL_SCARCITY_MAX_RANKS: usize = 1024;
+/// How far past its cursor a link looks for candidates, in multiples of the candidates wanted
+/// (the 8×8 torus needs 16 to reach its 16 steps; 4 saved no time at 8000 ranks).
 const SCAN_FACTOR: usize = 16;
 
 impl Links<'_> {
@@ -284,7 +292,9 @@ fn match_links<'s>(
                 let mut holders = 0u32;
                 let mut sooner = false;
                 for &i in sources {
-                    holders += u32::from(held.get(arcs[i].from as usize, c as usize));
+                    if timing.local_scarcity {
+                        holders += u32::from(held.get(arcs[i].from as usize, c as usize));
+                    }
                     if timing.mixed && i != a as usize {
                         sooner |= timing.delivery(i, c, held, coming).is_some_and(|t| t < here * (1.0 - 1e-9));
                     }
