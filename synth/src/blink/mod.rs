@@ -27,9 +27,9 @@ use crate::topology::Topology;
 use packing::{pack_trees, PackedTree, PackingShape};
 
 /// MWU stops when its rate is this close to its certificate (the LP then closes most of the gap).
-const TOLERANCE: f64 = 0.05;
+const TOLERANCE: f64 = 0.02;
 /// The ILP may give up this much rate to use fewer trees.
-const SLACK: f64 = 0.02;
+const SLACK: f64 = 0.01;
 /// Above this many ranks the packing is not run to convergence (minutes on a 512-rank
 /// cluster): a few spread-out trees are used instead, and the method says so.
 const PACKING_MAX_RANKS: usize = 64;

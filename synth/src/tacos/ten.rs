@@ -293,7 +293,7 @@ fn match_links<'s>(
                 let mut sooner = false;
                 for &i in sources {
                     if timing.local_scarcity {
-                        holders += u32::from(held.get(arcs[i].from as usize, c as usize));
+                        holders += u32::from(coming.get(arcs[i].from as usize, c as usize));
                     }
                     if timing.mixed && i != a as usize {
                         sooner |= timing.delivery(i, c, held, coming).is_some_and(|t| t < here * (1.0 - 1e-9));
