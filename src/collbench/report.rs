@@ -84,19 +84,11 @@ impl Report {
                 continue;
             }
             let _ = writeln!(out, "#{}{:^36}", " ".repeat(53), "predicted");
+            let chosen = if sweep.rows.iter().any(|r| r.choice.is_some()) { "  chosen" } else { "" };
             let _ = writeln!(
                 out,
-                "#{:>11}  {:>12}  {:>8}  {:>6}  {:>6}  {:>9}  {:>7}  {:>7}  {:>6}{}",
-                "size",
-                "count",
-                "type",
-                "redop",
-                "root",
-                "time",
-                "algbw",
-                "busbw",
-                "bound",
-                if sweep.rows.iter().any(|r| r.choice.is_some()) { "  chosen" } else { "" }
+                "#{:>11}  {:>12}  {:>8}  {:>6}  {:>6}  {:>9}  {:>7}  {:>7}  {:>6}{chosen}",
+                "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "bound"
             );
             let _ = writeln!(
                 out,

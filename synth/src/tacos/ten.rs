@@ -9,7 +9,10 @@
 //!   arrival, as the reference does, lets a fast link forward data a slow link has not finished
 //!   delivering);
 //! - deterministic: candidates are taken in the order the source received them, so every rank
-//!   synthesizes the same schedule.
+//!   synthesizes the same schedule;
+//! - on mixed-speed links, a chunk is not put on a slow link when another in-link delivers it
+//!   sooner, and a destination prefers chunks its in-neighbours neither hold nor are getting
+//!   (so the GPUs of one node pull different chunks over a shared slow NIC, not the same one).
 //!
 //! Memory stays linear in what is produced: a bitset of held chunks per rank (n² bits), the
 //! arrival order per rank and the chunk sequence per link (4 bytes per transfer each); links
@@ -245,12 +248,14 @@ impl Links<'_> {
 /// candidates are the first `window` × (free links) chunks its source received that `d` lacks
 /// (from a per-link cursor that skips what `d` already has); candidates are preferred when few
 /// ranks hold them (a rare chunk is far from most ranks: its spread is the critical path), then
-/// when few of `d`'s in-neighbours hold them (widely held ones can still come over any link
-/// later, which keeps every link busy to the end), and the links are matched to
+/// when few of `d`'s in-neighbours hold them or have them on the way (widely held ones can
+/// still come over any link later, which keeps every link busy to the end; one an in-neighbour
+/// is already getting will reach `d` through it), and the links are matched to
 /// distinct chunks by Kuhn's augmenting paths in that preference order.
 ///
 /// On mixed-speed machines a free slow link must not take a chunk that another in-link of `d`
-/// (from a rank already holding it) delivers sooner even after finishing its current transfer:
+/// (from a rank holding it or getting it) delivers sooner even after finishing its current
+/// transfer:
 /// a chunk stuck on a 5 GB/s link while a 50 GB/s one is free a moment later is how greedy
 /// matching loses most of the bandwidth. Such candidates are skipped; on uniform links no
 /// alternative is ever sooner, so nothing changes there.
