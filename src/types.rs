@@ -142,6 +142,33 @@ impl FromStr for ReduceOp {
     }
 }
 
+/// Multiplies every element of `data` by `scalar` (one element of `dtype`, as bytes): the
+/// first half of NCCL's PreMulSum, whose sum then runs as an ordinary [`ReduceOp::Sum`].
+pub fn premultiply(dtype: Dtype, data: &mut [u8], scalar: &[u8]) -> Result<(), Error> {
+    let size = dtype.size();
+    if scalar.len() != size || data.len() % size != 0 {
+        return Err(Error::InvalidArgument(format!(
+            "premultiply: {} bytes of data and a {}-byte scalar are not {} elements",
+            data.len(),
+            scalar.len(),
+            dtype.name()
+        )));
+    }
+    // The scalar repeated over a small tile, so the reduction kernels run unchanged.
+    let mut tile = Vec::with_capacity(PREMULTIPLY_TILE);
+    while tile.len() + size <= PREMULTIPLY_TILE {
+        tile.extend_from_slice(scalar);
+    }
+    for part in data.chunks_mut(tile.len()) {
+        let n = part.len();
+        crate::exec::reduce::reduce_in_place(dtype, ReduceOp::Prod, part, &tile[..n]);
+    }
+    Ok(())
+}
+
+/// Bytes of the repeated scalar [`premultiply`] works with (a multiple of every element size).
+const PREMULTIPLY_TILE: usize = 4096;
+
 /// A Rust element type the typed API accepts; `DTYPE` names it on the wire and in the C ABI.
 ///
 /// Implemented for `i8`, `u8`, `i32`, `u32`, `i64`, `u64`, `half::f16`, `f32`, `f64` and
@@ -178,5 +205,16 @@ mod tests {
         assert_eq!(Dtype::from_raw(10), None);
         assert_eq!(ReduceOp::from_raw(4), Some(ReduceOp::Avg));
         assert_eq!(ReduceOp::from_raw(-1), None);
+    }
+
+    #[test]
+    fn premultiply_scales_every_element() {
+        let mut v: Vec<f32> = (0..3000).map(|i| i as f32).collect();
+        premultiply(Dtype::Float32, bytemuck::cast_slice_mut(&mut v), &0.5f32.to_ne_bytes()).unwrap();
+        assert!(v.iter().enumerate().all(|(i, x)| *x == i as f32 * 0.5));
+        let mut w: Vec<i64> = vec![3; 1001];
+        premultiply(Dtype::Int64, bytemuck::cast_slice_mut(&mut w), &(-2i64).to_ne_bytes()).unwrap();
+        assert!(w.iter().all(|x| *x == -6));
+        assert!(premultiply(Dtype::Float64, &mut [0u8; 16], &[0u8; 4]).is_err());
     }
 }

@@ -1,0 +1,296 @@
+//! Creating, splitting, querying and ending communicators.
+
+use std::ffi::c_int;
+use std::sync::Arc;
+
+use topoccl::{Communicator, UniqueId};
+
+use super::{export, guard};
+use crate::abi::*;
+use crate::error::{invalid, usage, Error, Result};
+use crate::group::{self, Work};
+use crate::handle::{self, Handle};
+use crate::log::{self, Subsys};
+use crate::raw;
+use crate::settings;
+
+fn unique_id(out: *mut ncclUniqueId) -> ncclResult_t {
+    guard("ncclGetUniqueId", || {
+        log::init();
+        let id = UniqueId::new()?;
+        let mut c = ncclUniqueId { internal: [0; topoccl::comm::UNIQUE_ID_BYTES] };
+        for (d, s) in c.internal.iter_mut().zip(id.to_bytes()) {
+            *d = s as std::ffi::c_char;
+        }
+        raw::put(out, c, "uniqueId")?;
+        log::info(Subsys::Bootstrap, None, format_args!("unique id: rendezvous at {}", id.root_addr()));
+        Ok(NCCL_SUCCESS)
+    })
+}
+
+fn log_ready(h: &Handle, ptr: ncclComm_t) {
+    if log::info_enabled(Subsys::Init) {
+        let described = h.with_comm(|c| {
+            let transports: Vec<&str> = c.transports().into_iter().flatten().collect();
+            Ok(format!("topology {} transports {}", c.topology().name(), transports.join(",")))
+        });
+        if let (Ok(what), Ok((rank, n))) = (described, h.identity()) {
+            log::info(
+                Subsys::Init,
+                Some(rank),
+                format_args!("comm {ptr:p} rank {rank} nranks {n} {what} - Init COMPLETE"),
+            );
+        }
+    }
+}
+
+fn init_rank(
+    comm: *mut ncclComm_t,
+    nranks: c_int,
+    id: ncclUniqueId,
+    rank: c_int,
+    config: *mut ncclConfig_t,
+) -> ncclResult_t {
+    guard("ncclCommInitRank", || {
+        log::init();
+        raw::put(comm, std::ptr::null_mut(), "comm")?;
+        if nranks < 1 || rank < 0 || rank >= nranks {
+            return Err(invalid(format!("rank {rank} of {nranks} ranks: need 0 <= rank < nranks")));
+        }
+        let requested = settings::requested(raw::get(config))?;
+        let core = settings::core_config()?;
+        let bytes: Vec<u8> = id.internal.iter().map(|&b| b as u8).collect();
+        let id = UniqueId::from_bytes(&bytes)?;
+        let (rank, nranks) = (rank as u32, nranks as u32);
+        let h = Handle::starting(rank, nranks);
+        let ptr = h.clone().publish();
+        raw::put(comm, ptr, "comm")?;
+        log::info(Subsys::Init, Some(rank), format_args!("comm {ptr:p} rank {rank} nranks {nranks} - Init START"));
+        if group::active() {
+            group::push(Work::Init { handle: h, id, rank, nranks, config: Box::new(core) });
+            return Ok(NCCL_SUCCESS);
+        }
+        if !requested.blocking {
+            let worker = h.clone();
+            let address = ptr as usize;
+            std::thread::Builder::new()
+                .name("topoccl-init".into())
+                .spawn(move || {
+                    worker.finish_start(Communicator::init_with(&id, rank, nranks, core).map_err(Error::from));
+                    log_ready(&worker, address as ncclComm_t);
+                })
+                .map_err(|e| Error::System(format!("starting the init thread: {e}")))?;
+            return Ok(NCCL_IN_PROGRESS);
+        }
+        match Communicator::init_with(&id, rank, nranks, core) {
+            Ok(c) => {
+                h.finish_start(Ok(c));
+                log_ready(&h, ptr);
+                Ok(NCCL_SUCCESS)
+            }
+            Err(e) => {
+                let e = Error::from(e);
+                h.finish_start(Err(e.duplicate()));
+                let _ = handle::release(ptr);
+                raw::put(comm, std::ptr::null_mut(), "comm")?;
+                Err(e)
+            }
+        }
+    })
+}
+
+fn init_rank_plain(comm: *mut ncclComm_t, nranks: c_int, id: ncclUniqueId, rank: c_int) -> ncclResult_t {
+    init_rank(comm, nranks, id, rank, std::ptr::null_mut())
+}
+
+fn init_all(comms: *mut ncclComm_t, ndev: c_int, devlist: *const c_int) -> ncclResult_t {
+    guard("ncclCommInitAll", || {
+        log::init();
+        if comms.is_null() {
+            return Err(invalid("comm is NULL"));
+        }
+        if ndev < 1 {
+            return Err(invalid(format!("ndev = {ndev}: need at least one")));
+        }
+        if !devlist.is_null() {
+            let devs = raw::ints(devlist, ndev as usize, "devlist")?;
+            for (i, d) in devs.iter().enumerate() {
+                if *d < 0 || devs[..i].contains(d) {
+                    return Err(invalid(format!("devlist[{i}] = {d}: devices must be distinct and >= 0")));
+                }
+            }
+        }
+        let config = settings::core_config()?;
+        let id = UniqueId::new()?;
+        let n = ndev as u32;
+        let made: Vec<topoccl::Result<Communicator>> = std::thread::scope(|s| {
+            let running: Vec<_> = (0..n)
+                .map(|r| {
+                    let (id, config) = (&id, config.clone());
+                    s.spawn(move || Communicator::init_with(id, r, n, config))
+                })
+                .collect();
+            running
+                .into_iter()
+                .map(|t| t.join().unwrap_or_else(|_| Err(topoccl::Error::Internal("init thread panicked".into()))))
+                .collect()
+        });
+        let mut comms_made = Vec::with_capacity(made.len());
+        for m in made {
+            comms_made.push(m?);
+        }
+        for (i, c) in comms_made.into_iter().enumerate() {
+            let h = Handle::starting(i as u32, n);
+            h.finish_start(Ok(c));
+            let ptr = h.clone().publish();
+            // SAFETY: `comms` is non-NULL and, by the API's contract, an array of `ndev` handles.
+            raw::put(unsafe { comms.add(i) }, ptr, "comm")?;
+            log_ready(&h, ptr);
+        }
+        Ok(NCCL_SUCCESS)
+    })
+}
+
+fn split(
+    comm: ncclComm_t,
+    color: c_int,
+    key: c_int,
+    newcomm: *mut ncclComm_t,
+    config: *mut ncclConfig_t,
+) -> ncclResult_t {
+    guard("ncclCommSplit", || {
+        let parent = handle::lookup(comm)?;
+        raw::put(newcomm, std::ptr::null_mut(), "newcomm")?;
+        if color < 0 && color != SPLIT_NOCOLOR {
+            return Err(invalid(format!("color {color}: need >= 0 or NCCL_SPLIT_NOCOLOR")));
+        }
+        settings::requested(raw::get(config))?;
+        let color = (color >= 0).then_some(color as u32);
+        let child = color.map(|_| Handle::starting(u32::MAX, 0));
+        if let Some(h) = &child {
+            raw::put(newcomm, h.clone().publish(), "newcomm")?;
+        }
+        if group::active() {
+            group::push(Work::Split { parent, child, color, key });
+            return Ok(NCCL_SUCCESS);
+        }
+        let result = group::split(&parent, child.clone(), color, key);
+        if result.is_err() {
+            if let Some(h) = child {
+                let _ = handle::release(Arc::as_ptr(&h) as ncclComm_t);
+                raw::put(newcomm, std::ptr::null_mut(), "newcomm")?;
+            }
+        }
+        result.map(|_| NCCL_SUCCESS)
+    })
+}
+
+fn finalize(comm: ncclComm_t) -> ncclResult_t {
+    guard("ncclCommFinalize", || {
+        handle::lookup(comm)?.finalize()?;
+        Ok(NCCL_SUCCESS)
+    })
+}
+
+fn destroy(comm: ncclComm_t) -> ncclResult_t {
+    guard("ncclCommDestroy", || {
+        let h = handle::release(comm)?;
+        log::info(Subsys::Init, Some(h.rank_hint()), format_args!("comm {comm:p} - Destroy COMPLETE"));
+        h.close(false)?;
+        Ok(NCCL_SUCCESS)
+    })
+}
+
+fn abort(comm: ncclComm_t) -> ncclResult_t {
+    guard("ncclCommAbort", || {
+        let h = handle::release(comm)?;
+        h.close(true)?;
+        log::info(Subsys::Init, Some(h.rank_hint()), format_args!("comm {comm:p} - Abort COMPLETE"));
+        Ok(NCCL_SUCCESS)
+    })
+}
+
+fn async_error(comm: ncclComm_t, out: *mut ncclResult_t) -> ncclResult_t {
+    guard("ncclCommGetAsyncError", || {
+        let h = handle::lookup(comm)?;
+        raw::put(out, h.async_error(), "asyncError")?;
+        Ok(NCCL_SUCCESS)
+    })
+}
+
+fn count(comm: ncclComm_t, out: *mut c_int) -> ncclResult_t {
+    guard("ncclCommCount", || {
+        let (_, n) = handle::lookup(comm)?.identity()?;
+        raw::put(out, n as c_int, "count")?;
+        Ok(NCCL_SUCCESS)
+    })
+}
+
+fn user_rank(comm: ncclComm_t, out: *mut c_int) -> ncclResult_t {
+    guard("ncclCommUserRank", || {
+        let (r, _) = handle::lookup(comm)?.identity()?;
+        raw::put(out, r as c_int, "rank")?;
+        Ok(NCCL_SUCCESS)
+    })
+}
+
+fn cu_device(comm: ncclComm_t, out: *mut c_int) -> ncclResult_t {
+    guard("ncclCommCuDevice", || -> Result<ncclResult_t> {
+        handle::lookup(comm)?;
+        if out.is_null() {
+            return Err(invalid("device is NULL"));
+        }
+        Err(usage(
+            "this communicator has no CUDA device: topoccl was built without the `cuda` feature, so buffers are host memory",
+        ))
+    })
+}
+
+export! {
+    /// Makes the id every rank passes to `ncclCommInitRank` (starts its rendezvous service).
+    ncclGetUniqueId / pncclGetUniqueId (out: *mut ncclUniqueId) -> ncclResult_t = unique_id
+}
+export! {
+    /// Joins a communicator with settings (`blocking = 0`: returns `ncclInProgress` at once).
+    ncclCommInitRankConfig / pncclCommInitRankConfig (comm: *mut ncclComm_t, nranks: c_int, id: ncclUniqueId, rank: c_int, config: *mut ncclConfig_t) -> ncclResult_t = init_rank
+}
+export! {
+    /// Joins a communicator as `rank` of `nranks`.
+    ncclCommInitRank / pncclCommInitRank (comm: *mut ncclComm_t, nranks: c_int, id: ncclUniqueId, rank: c_int) -> ncclResult_t = init_rank_plain
+}
+export! {
+    /// Creates `ndev` communicators in this process, one thread each while they connect.
+    ncclCommInitAll / pncclCommInitAll (comms: *mut ncclComm_t, ndev: c_int, devlist: *const c_int) -> ncclResult_t = init_all
+}
+export! {
+    /// Splits a communicator by color, ordered by key.
+    ncclCommSplit / pncclCommSplit (comm: ncclComm_t, color: c_int, key: c_int, newcomm: *mut ncclComm_t, config: *mut ncclConfig_t) -> ncclResult_t = split
+}
+export! {
+    /// Completes the communicator's work; only destroy may follow.
+    ncclCommFinalize / pncclCommFinalize (comm: ncclComm_t) -> ncclResult_t = finalize
+}
+export! {
+    /// Frees a communicator.
+    ncclCommDestroy / pncclCommDestroy (comm: ncclComm_t) -> ncclResult_t = destroy
+}
+export! {
+    /// Frees a communicator at once, stopping a call running in another thread.
+    ncclCommAbort / pncclCommAbort (comm: ncclComm_t) -> ncclResult_t = abort
+}
+export! {
+    /// The communicator's asynchronous state (never waits on a running call).
+    ncclCommGetAsyncError / pncclCommGetAsyncError (comm: ncclComm_t, out: *mut ncclResult_t) -> ncclResult_t = async_error
+}
+export! {
+    /// The number of ranks.
+    ncclCommCount / pncclCommCount (comm: ncclComm_t, out: *mut c_int) -> ncclResult_t = count
+}
+export! {
+    /// The CUDA device: `ncclInvalidUsage` without CUDA.
+    ncclCommCuDevice / pncclCommCuDevice (comm: ncclComm_t, out: *mut c_int) -> ncclResult_t = cu_device
+}
+export! {
+    /// This rank.
+    ncclCommUserRank / pncclCommUserRank (comm: ncclComm_t, out: *mut c_int) -> ncclResult_t = user_rank
+}

@@ -1,0 +1,208 @@
+//! The version, error strings, memory, buffer registration and PreMulSum operators.
+
+use std::alloc::Layout;
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_void};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+use topoccl::Dtype;
+
+use super::{export, guard};
+use crate::abi::*;
+use crate::error::{describe, invalid, Error};
+use crate::handle::{self, PreMulSum, Scalar};
+use crate::log::{self, Subsys};
+use crate::raw;
+
+fn version(out: *mut c_int) -> ncclResult_t {
+    guard("ncclGetVersion", || {
+        log::init();
+        raw::put(out, VERSION_CODE, "version")?;
+        Ok(NCCL_SUCCESS)
+    })
+}
+
+fn error_string(code: ncclResult_t) -> *const c_char {
+    raw::c_str(describe(code))
+}
+
+fn last_error(comm: ncclComm_t) -> *const c_char {
+    // NCCL keeps one last-error text (the comm argument is not used); ours is per thread, so
+    // concurrent threads do not overwrite each other's.
+    let _ = comm;
+    super::last_error()
+}
+
+/// Allocation granularity of `ncclMemAlloc` (a page, as NCCL's is at least).
+const ALIGN: usize = 4096;
+
+fn allocations() -> MutexGuard<'static, HashMap<usize, usize>> {
+    static ALLOCS: OnceLock<Mutex<HashMap<usize, usize>>> = OnceLock::new();
+    ALLOCS.get_or_init(|| Mutex::new(HashMap::new())).lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn mem_alloc(out: *mut *mut c_void, size: usize) -> ncclResult_t {
+    guard("ncclMemAlloc", || {
+        if out.is_null() {
+            return Err(invalid("ptr is NULL"));
+        }
+        if size == 0 {
+            return Err(invalid("size is 0"));
+        }
+        let layout = Layout::from_size_align(size, ALIGN).map_err(|e| invalid(format!("size {size}: {e}")))?;
+        // SAFETY: the layout's size is non-zero (checked above).
+        let p = unsafe { std::alloc::alloc_zeroed(layout) };
+        if p.is_null() {
+            return Err(Error::System(format!("out of memory allocating {size} bytes")));
+        }
+        allocations().insert(p as usize, size);
+        raw::put(out, p.cast::<c_void>(), "ptr")?;
+        log::info(Subsys::Alloc, None, format_args!("ncclMemAlloc: {size} bytes of host memory at {p:p}"));
+        Ok(NCCL_SUCCESS)
+    })
+}
+
+fn mem_free(ptr: *mut c_void) -> ncclResult_t {
+    guard("ncclMemFree", || {
+        if ptr.is_null() {
+            return Ok(NCCL_SUCCESS);
+        }
+        let size = allocations()
+            .remove(&(ptr as usize))
+            .ok_or_else(|| invalid(format!("{ptr:p} was not allocated by ncclMemAlloc (or was freed already)")))?;
+        let layout = Layout::from_size_align(size, ALIGN).map_err(|e| invalid(e.to_string()))?;
+        // SAFETY: `ptr` was returned by `alloc_zeroed` with this layout (it was in the table,
+        // which holds exactly those) and is removed from the table, so freed once.
+        unsafe { std::alloc::dealloc(ptr.cast::<u8>(), layout) };
+        Ok(NCCL_SUCCESS)
+    })
+}
+
+fn register(comm: ncclComm_t, buff: *mut c_void, size: usize, out: *mut *mut c_void) -> ncclResult_t {
+    guard("ncclCommRegister", || {
+        let h = handle::lookup(comm)?;
+        if buff.is_null() || size == 0 {
+            return Err(invalid("buff is NULL or size is 0"));
+        }
+        if out.is_null() {
+            return Err(invalid("handle is NULL"));
+        }
+        let mut regs = h.registrations.lock().unwrap_or_else(|p| p.into_inner());
+        regs.push(Some((buff as usize, size)));
+        // Handles are 1-based indices, so none is NULL.
+        raw::put(out, regs.len() as *mut c_void, "handle")?;
+        log::info(
+            Subsys::Reg,
+            Some(h.rank_hint()),
+            format_args!(
+                "ncclCommRegister: {size} bytes at {buff:p}; host memory needs no registration, recorded only"
+            ),
+        );
+        Ok(NCCL_SUCCESS)
+    })
+}
+
+fn deregister(comm: ncclComm_t, reg: *mut c_void) -> ncclResult_t {
+    guard("ncclCommDeregister", || {
+        let h = handle::lookup(comm)?;
+        let mut regs = h.registrations.lock().unwrap_or_else(|p| p.into_inner());
+        let slot = (reg as usize).checked_sub(1).and_then(|i| regs.get_mut(i)).filter(|s| s.is_some());
+        match slot {
+            Some(s) => *s = None,
+            None => return Err(invalid(format!("{reg:p} is not a registration of this communicator"))),
+        }
+        Ok(NCCL_SUCCESS)
+    })
+}
+
+fn create_premulsum(
+    op: *mut ncclRedOp_t,
+    scalar: *mut c_void,
+    datatype: ncclDataType_t,
+    residence: c_int,
+    comm: ncclComm_t,
+) -> ncclResult_t {
+    guard("ncclRedOpCreatePreMulSum", || {
+        let h = handle::lookup(comm)?;
+        let dtype = Dtype::from_raw(i64::from(datatype))
+            .ok_or_else(|| invalid(format!("datatype {datatype} is not an ncclDataType_t (0..9)")))?;
+        if op.is_null() || scalar.is_null() {
+            return Err(invalid("op or scalar is NULL"));
+        }
+        let scalar = match residence {
+            SCALAR_HOST_IMMEDIATE => {
+                let mut v = [0u8; 8];
+                v[..dtype.size()].copy_from_slice(&raw::read_bytes(scalar as usize, dtype.size())?);
+                Scalar::Value(v)
+            }
+            SCALAR_DEVICE => Scalar::At(scalar as usize),
+            other => return Err(invalid(format!("residence {other} is not an ncclScalarResidence_t"))),
+        };
+        let mut ops = h.ops.lock().unwrap_or_else(|p| p.into_inner());
+        let index = match ops.iter().position(Option::is_none) {
+            Some(i) => i,
+            None => {
+                ops.push(None);
+                ops.len() - 1
+            }
+        };
+        let id = c_int::try_from(index).ok().and_then(|i| i.checked_add(BUILTIN_OPS)).filter(|i| *i <= 127);
+        let Some(id) = id else { return Err(invalid("too many PreMulSum operators on this communicator")) };
+        ops[index] = Some(PreMulSum { dtype, scalar });
+        raw::put(op, id, "op")?;
+        Ok(NCCL_SUCCESS)
+    })
+}
+
+fn destroy_op(op: ncclRedOp_t, comm: ncclComm_t) -> ncclResult_t {
+    guard("ncclRedOpDestroy", || {
+        let h = handle::lookup(comm)?;
+        if (0..BUILTIN_OPS).contains(&op) {
+            return Err(invalid(format!("op {op} is built in and cannot be destroyed")));
+        }
+        let mut ops = h.ops.lock().unwrap_or_else(|p| p.into_inner());
+        let slot = usize::try_from(op - BUILTIN_OPS).ok().and_then(|i| ops.get_mut(i)).filter(|s| s.is_some());
+        match slot {
+            Some(s) => *s = None,
+            None => return Err(invalid(format!("op {op} is not an operator of this communicator"))),
+        }
+        Ok(NCCL_SUCCESS)
+    })
+}
+
+export! {
+    /// `NCCL_VERSION_CODE` of the API this library implements (2.21.5).
+    ncclGetVersion / pncclGetVersion (out: *mut c_int) -> ncclResult_t = version
+}
+export! {
+    /// A result code in NCCL's words.
+    ncclGetErrorString / pncclGetErrorString (result: ncclResult_t) -> *const c_char = error_string
+}
+export! {
+    /// Why this thread's last failing call failed ("" if none did).
+    ncclGetLastError / pncclGetLastError (comm: ncclComm_t) -> *const c_char = last_error
+}
+export! {
+    /// Page-aligned, zeroed host memory (without CUDA every buffer is host memory).
+    ncclMemAlloc / pncclMemAlloc (ptr: *mut *mut c_void, size: usize) -> ncclResult_t = mem_alloc
+}
+export! {
+    /// Frees memory from `ncclMemAlloc`.
+    ncclMemFree / pncclMemFree (ptr: *mut c_void) -> ncclResult_t = mem_free
+}
+export! {
+    /// Records a buffer registration (host buffers need none; the range is kept and checked).
+    ncclCommRegister / pncclCommRegister (comm: ncclComm_t, buff: *mut c_void, size: usize, out: *mut *mut c_void) -> ncclResult_t = register
+}
+export! {
+    /// Ends a registration.
+    ncclCommDeregister / pncclCommDeregister (comm: ncclComm_t, handle: *mut c_void) -> ncclResult_t = deregister
+}
+export! {
+    /// An operator that multiplies inputs by `scalar` before summing.
+    ncclRedOpCreatePreMulSum / pncclRedOpCreatePreMulSum (op: *mut ncclRedOp_t, scalar: *mut c_void, datatype: ncclDataType_t, residence: c_int, comm: ncclComm_t) -> ncclResult_t = create_premulsum
+}
+export! {
+    /// Frees a PreMulSum operator.
+    ncclRedOpDestroy / pncclRedOpDestroy (op: ncclRedOp_t, comm: ncclComm_t) -> ncclResult_t = destroy_op
+}

@@ -1,0 +1,80 @@
+//! The exported functions: each `nccl*` and its `pnccl*` twin (the name profilers interpose
+//! on) call one implementation through [`guard`], which turns errors and panics into an
+//! `ncclResult_t` and remembers the message for `ncclGetLastError`.
+
+use std::cell::RefCell;
+use std::ffi::{c_char, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use crate::abi::ncclResult_t;
+use crate::error::{Error, Result};
+use crate::log;
+
+mod coll;
+mod comm;
+mod misc;
+
+pub use coll::*;
+pub use comm::*;
+pub use misc::*;
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+/// Remembers `msg` as this thread's last error.
+pub(crate) fn set_last_error(msg: &str) {
+    let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
+    LAST_ERROR.with(|l| *l.borrow_mut() = c);
+}
+
+/// This thread's last error (valid until its next failing call).
+pub(crate) fn last_error() -> *const c_char {
+    LAST_ERROR.with(|l| l.borrow().as_ptr())
+}
+
+/// Runs one entry point: its result code, or the code of its error (logged at WARN and kept
+/// for `ncclGetLastError`), or `ncclInternalError` if it panicked.
+pub(crate) fn guard(name: &str, f: impl FnOnce() -> Result<ncclResult_t>) -> ncclResult_t {
+    let error = match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(code)) => return code,
+        Ok(Err(e)) => e,
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".into());
+            Error::Panic(what)
+        }
+    };
+    let msg = format!("{name}: {error}");
+    log::warn(None, format_args!("{msg}"));
+    set_last_error(&msg);
+    crate::group::poison(&msg);
+    error.code()
+}
+
+/// Defines an exported function and its `pnccl` twin over one implementation.
+macro_rules! export {
+    ($(#[doc = $doc:literal])* $name:ident / $pname:ident ($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty = $imp:path) => {
+        $(#[doc = $doc])*
+        ///
+        /// # Safety
+        /// Pointer arguments must be valid as NCCL's documentation of this function requires.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+            $imp($($arg),*)
+        }
+
+        #[doc = concat!("`", stringify!($name), "` under its profiling name.")]
+        ///
+        /// # Safety
+        /// As for the function it is the twin of.
+        #[no_mangle]
+        pub unsafe extern "C" fn $pname($($arg: $ty),*) -> $ret {
+            $imp($($arg),*)
+        }
+    };
+}
+pub(crate) use export;

@@ -1,0 +1,118 @@
+//! The C ABI's one error type, and its one-to-one mapping onto `ncclResult_t`.
+
+use std::ffi::{c_int, CStr};
+
+use crate::abi::*;
+
+/// Why a C entry point failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// From the core library (a collective, the bootstrap, a transport, …).
+    #[error(transparent)]
+    Core(#[from] topoccl::Error),
+    /// A NULL pointer, an unknown enum value, a count or rank out of range.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// A call in the wrong state, or one whose meaning needs hardware this build lacks.
+    #[error("{0}")]
+    InvalidUsage(String),
+    /// A remote rank failed while this one waited on it (a split or an init it takes part in).
+    #[error("{0}")]
+    Remote(String),
+    /// The operating system or the network failed (a socket, a thread, memory).
+    #[error("{0}")]
+    System(String),
+    /// A panic caught at the boundary: a topoccl bug, reported instead of unwinding into C.
+    #[error("internal error: {0}")]
+    Panic(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// The `ncclResult_t` a C caller sees.
+    pub fn code(&self) -> ncclResult_t {
+        match self {
+            Error::Core(e) => core_code(e),
+            Error::InvalidArgument(_) => NCCL_INVALID_ARGUMENT,
+            Error::InvalidUsage(_) => NCCL_INVALID_USAGE,
+            Error::Remote(_) => NCCL_REMOTE_ERROR,
+            Error::System(_) => NCCL_SYSTEM_ERROR,
+            Error::Panic(_) => NCCL_INTERNAL_ERROR,
+        }
+    }
+
+    /// An error with this code and `message` (to report one failure in two places).
+    pub fn with_code(code: ncclResult_t, message: String) -> Error {
+        match code {
+            NCCL_INVALID_ARGUMENT => Error::InvalidArgument(message),
+            NCCL_REMOTE_ERROR => Error::Remote(message),
+            NCCL_SYSTEM_ERROR => Error::System(message),
+            NCCL_INTERNAL_ERROR => Error::Panic(message),
+            _ => Error::InvalidUsage(message),
+        }
+    }
+
+    /// The same code and message.
+    pub fn duplicate(&self) -> Error {
+        Error::with_code(self.code(), self.to_string())
+    }
+}
+
+pub fn invalid(msg: impl Into<String>) -> Error {
+    Error::InvalidArgument(msg.into())
+}
+
+pub fn usage(msg: impl Into<String>) -> Error {
+    Error::InvalidUsage(msg.into())
+}
+
+/// Each core error variant's code (no wildcard: a new variant must be mapped here).
+fn core_code(e: &topoccl::Error) -> ncclResult_t {
+    use topoccl::Error as E;
+    match e {
+        // A topology or schedule the settings named cannot be built or run.
+        E::Synth(_) => NCCL_INVALID_USAGE,
+        E::InvalidArgument(_) => NCCL_INVALID_ARGUMENT,
+        E::Io { .. } => NCCL_SYSTEM_ERROR,
+        E::Bootstrap(_) => NCCL_SYSTEM_ERROR,
+        E::Transport { .. } => NCCL_SYSTEM_ERROR,
+        E::PeerFailed { .. } => NCCL_REMOTE_ERROR,
+        E::Timeout { .. } => NCCL_REMOTE_ERROR,
+        E::Mismatch { .. } => NCCL_INVALID_USAGE,
+        E::Aborted => NCCL_INVALID_USAGE,
+        E::Broken(_) => NCCL_INVALID_USAGE,
+        E::Internal(_) => NCCL_INTERNAL_ERROR,
+    }
+}
+
+/// `ncclGetErrorString`: NCCL's wording.
+pub fn describe(code: c_int) -> &'static CStr {
+    match code {
+        NCCL_SUCCESS => c"no error",
+        NCCL_UNHANDLED_CUDA_ERROR => c"unhandled cuda error (run with NCCL_DEBUG=INFO for details)",
+        NCCL_SYSTEM_ERROR => c"unhandled system error (run with NCCL_DEBUG=INFO for details)",
+        NCCL_INTERNAL_ERROR => c"internal error - please report this issue to the topoccl developers",
+        NCCL_INVALID_ARGUMENT => c"invalid argument (run with NCCL_DEBUG=WARN for details)",
+        NCCL_INVALID_USAGE => c"invalid usage (run with NCCL_DEBUG=WARN for details)",
+        NCCL_REMOTE_ERROR => c"remote process exited or there was a network error",
+        NCCL_IN_PROGRESS => c"NCCL operation in progress",
+        _ => c"unknown result code",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_code_has_its_own_words() {
+        let words: Vec<_> = (0..8).map(describe).collect();
+        for (i, w) in words.iter().enumerate() {
+            assert!(!words[i + 1..].contains(w), "{w:?}");
+        }
+        assert_eq!(describe(99), c"unknown result code");
+        assert_eq!(Error::Core(topoccl::Error::Aborted).code(), NCCL_INVALID_USAGE);
+        assert_eq!(invalid("x").code(), NCCL_INVALID_ARGUMENT);
+    }
+}

@@ -1,0 +1,208 @@
+//! `ncclGroupStart` / `ncclGroupEnd`: calls made in between (per thread, nestable) wait, and
+//! run together when the outermost group ends — the only way one thread can drive several
+//! communicators (one per device, as `ncclCommInitAll` users do) or exchange in both
+//! directions without deadlock.
+//!
+//! At the end, the work is split by communicator; each communicator's share runs on its own
+//! thread (inline when there is one): inits and splits first, then every send and receive as
+//! one batch, then the collectives in call order. Any order that is the same on every rank is
+//! correct, because NCCL's group semantics is that the calls run concurrently.
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use topoccl::{Communicator, Config, UniqueId};
+
+use crate::call::{self, Collective, Transfer};
+use crate::error::{usage, Error, Result};
+use crate::handle::Handle;
+
+/// Work waiting for the group's end.
+pub enum Work {
+    Init {
+        handle: Arc<Handle>,
+        id: UniqueId,
+        rank: u32,
+        nranks: u32,
+        config: Box<Config>,
+    },
+    /// `child` is `None` for `NCCL_SPLIT_NOCOLOR`.
+    Split {
+        parent: Arc<Handle>,
+        child: Option<Arc<Handle>>,
+        color: Option<u32>,
+        key: i32,
+    },
+    Collective {
+        handle: Arc<Handle>,
+        call: Collective,
+    },
+    Transfer {
+        handle: Arc<Handle>,
+        transfer: Transfer,
+    },
+}
+
+impl Work {
+    /// The communicator whose thread runs this.
+    fn lane(&self) -> usize {
+        match self {
+            Work::Init { handle, .. } | Work::Collective { handle, .. } | Work::Transfer { handle, .. } => {
+                Arc::as_ptr(handle) as usize
+            }
+            Work::Split { parent, .. } => Arc::as_ptr(parent) as usize,
+        }
+    }
+
+    /// Settles handles still waiting on this work (the group failed before it ran).
+    fn cancel(self, why: &str) {
+        match self {
+            Work::Init { handle, .. } | Work::Split { child: Some(handle), .. } => {
+                handle.finish_start(Err(usage(format!("not created: {why}"))))
+            }
+            _ => {}
+        }
+    }
+}
+
+#[derive(Default)]
+struct Pending {
+    depth: usize,
+    work: Vec<Work>,
+    /// The first call of the group that failed when it was made.
+    failed: Option<String>,
+}
+
+thread_local! {
+    static GROUP: RefCell<Pending> = RefCell::new(Pending::default());
+}
+
+/// Whether calls on this thread are being grouped.
+pub fn active() -> bool {
+    GROUP.with(|g| g.borrow().depth > 0)
+}
+
+pub fn start() {
+    GROUP.with(|g| g.borrow_mut().depth += 1);
+}
+
+/// Queues work for the group's end.
+pub fn push(work: Work) {
+    GROUP.with(|g| g.borrow_mut().work.push(work));
+}
+
+/// Remembers that a call of the open group failed: the group's end reports it and runs nothing.
+pub fn poison(why: &str) {
+    GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.depth > 0 && g.failed.is_none() {
+            g.failed = Some(why.to_string());
+        }
+    });
+}
+
+/// Ends a group level; the outermost runs everything queued.
+pub fn end() -> Result<()> {
+    let (work, failed) = GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.depth == 0 {
+            return Err(usage("ncclGroupEnd without a matching ncclGroupStart"));
+        }
+        g.depth -= 1;
+        if g.depth > 0 {
+            return Ok((Vec::new(), None));
+        }
+        Ok((std::mem::take(&mut g.work), g.failed.take()))
+    })?;
+    if let Some(why) = failed {
+        let msg = format!("a call in the group failed, so nothing in it ran ({why})");
+        work.into_iter().for_each(|w| w.cancel(&msg));
+        return Err(usage(msg));
+    }
+    run(work)
+}
+
+fn run(work: Vec<Work>) -> Result<()> {
+    let mut lanes: Vec<(usize, Vec<Work>)> = Vec::new();
+    for w in work {
+        let lane = w.lane();
+        match lanes.iter_mut().find(|(l, _)| *l == lane) {
+            Some((_, list)) => list.push(w),
+            None => lanes.push((lane, vec![w])),
+        }
+    }
+    let results: Vec<Result<()>> = if lanes.len() <= 1 {
+        lanes.into_iter().map(|(_, w)| run_lane(w)).collect()
+    } else {
+        std::thread::scope(|s| {
+            let running: Vec<_> = lanes.into_iter().map(|(_, w)| s.spawn(move || run_lane(w))).collect();
+            running
+                .into_iter()
+                .map(|t| t.join().unwrap_or_else(|_| Err(Error::Panic("a group's thread panicked".into()))))
+                .collect()
+        })
+    };
+    results.into_iter().collect()
+}
+
+/// One communicator's share of a group, in the order the module documentation gives.
+fn run_lane(work: Vec<Work>) -> Result<()> {
+    let mut first_error: Option<Error> = None;
+    let mut note = |r: Result<()>| {
+        if let Err(e) = r {
+            first_error.get_or_insert(e);
+        }
+    };
+    let mut transfers: Vec<Transfer> = Vec::new();
+    let mut transfer_handle: Option<Arc<Handle>> = None;
+    let mut collectives = Vec::new();
+    for w in work {
+        match w {
+            Work::Init { handle, id, rank, nranks, config } => {
+                match Communicator::init_with(&id, rank, nranks, *config).map_err(Error::from) {
+                    Ok(comm) => handle.finish_start(Ok(comm)),
+                    Err(e) => {
+                        handle.finish_start(Err(e.duplicate()));
+                        note(Err(e));
+                    }
+                }
+            }
+            Work::Split { parent, child, color, key } => note(split(&parent, child, color, key)),
+            Work::Transfer { handle, transfer } => {
+                transfers.push(transfer);
+                transfer_handle = Some(handle);
+            }
+            Work::Collective { handle, call } => collectives.push((handle, call)),
+        }
+    }
+    if let Some(h) = transfer_handle {
+        note(call::run_transfers(&h, &transfers));
+    }
+    for (h, c) in collectives {
+        note(call::run_collective(&h, &c));
+    }
+    first_error.map_or(Ok(()), Err)
+}
+
+/// Runs a split on `parent`; the new communicator settles `child`.
+pub fn split(parent: &Handle, child: Option<Arc<Handle>>, color: Option<u32>, key: i32) -> Result<()> {
+    let made = parent.with_comm(|c| c.split(color, key).map_err(Error::from));
+    match (made, child) {
+        (Ok(Some(comm)), Some(h)) => {
+            h.finish_start(Ok(comm));
+            Ok(())
+        }
+        (Ok(_), None) => Ok(()),
+        (Ok(None), Some(h)) => {
+            let e = usage("the split gave this rank no communicator");
+            h.finish_start(Err(e.duplicate()));
+            Err(e)
+        }
+        (Err(e), child) => {
+            if let Some(h) = child {
+                h.finish_start(Err(Error::with_code(e.code(), format!("the split failed: {e}"))));
+            }
+            Err(e)
+        }
+    }
+}
