@@ -24,6 +24,9 @@ pub struct SelectorOptions {
     pub cache: DiskCache,
 }
 
+/// Generators whose schedules are searched for, not constructed by a proven rule.
+const SYNTHESIZERS: [&str; 2] = ["blink", "tacos"];
+
 /// Schedules that took at least this long to build are also kept on disk.
 const DISK_SCHEDULE_MIN_SECS: f64 = 0.2;
 /// Schedules kept in memory before the map is emptied (size-dependent synthesizers add one per
@@ -190,6 +193,11 @@ impl Selector {
                 let started = Instant::now();
                 let s =
                     self.registry.generate(&choice.algorithm, &choice.request(&self.topology, collective, sized))?;
+                // Synthesized schedules are proven before they can touch data: a synthesizer
+                // bug then costs a candidate (the tuner prices the others), never a wrong result.
+                if SYNTHESIZERS.contains(&choice.algorithm.as_str()) {
+                    topoccl_synth::verify::verify(&s)?;
+                }
                 if started.elapsed().as_secs_f64() >= DISK_SCHEDULE_MIN_SECS {
                     self.options.cache.store_schedule(self.fingerprint, &key, &s);
                 }
