@@ -1,7 +1,7 @@
 //! Raw C pointers into Rust references: every `unsafe` conversion of the C ABI is here, each
 //! checked for NULL first, so the entry points see slices and `Result`s only.
 
-use std::ffi::{c_char, c_void};
+use std::ffi::c_void;
 
 use crate::error::{invalid, Result};
 
@@ -93,11 +93,6 @@ pub fn read_bytes(addr: usize, n: usize) -> Result<Vec<u8>> {
     // SAFETY: the address was given for `ncclScalarDevice` residence, which by NCCL's contract
     // stays valid, holding one element, for as long as the operator is used.
     Ok(unsafe { std::slice::from_raw_parts(addr as *const u8, n) }.to_vec())
-}
-
-/// Points a `const char*` result at static or thread-owned text.
-pub fn c_str(s: &std::ffi::CStr) -> *const c_char {
-    s.as_ptr()
 }
 
 #[cfg(test)]

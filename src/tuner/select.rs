@@ -24,9 +24,6 @@ pub struct SelectorOptions {
     pub cache: DiskCache,
 }
 
-/// Generators whose schedules are searched for, not constructed by a proven rule.
-const SYNTHESIZERS: [&str; 2] = ["blink", "tacos"];
-
 /// Schedules that took at least this long to build are also kept on disk.
 const DISK_SCHEDULE_MIN_SECS: f64 = 0.2;
 /// Schedules kept in memory before the map is emptied (size-dependent synthesizers add one per
@@ -195,7 +192,7 @@ impl Selector {
                     self.registry.generate(&choice.algorithm, &choice.request(&self.topology, collective, sized))?;
                 // Synthesized schedules are proven before they can touch data: a synthesizer
                 // bug then costs a candidate (the tuner prices the others), never a wrong result.
-                if SYNTHESIZERS.contains(&choice.algorithm.as_str()) {
+                if generator.searched() {
                     topoccl_synth::verify::verify(&s)?;
                 }
                 if started.elapsed().as_secs_f64() >= DISK_SCHEDULE_MIN_SECS {

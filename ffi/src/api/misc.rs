@@ -23,7 +23,7 @@ fn version(out: *mut c_int) -> ncclResult_t {
 }
 
 fn error_string(code: ncclResult_t) -> *const c_char {
-    raw::c_str(describe(code))
+    describe(code).as_ptr()
 }
 
 fn last_error(comm: ncclComm_t) -> *const c_char {

@@ -69,6 +69,11 @@ pub trait ScheduleGenerator: Send + Sync {
     fn size_dependent(&self) -> bool {
         false
     }
+    /// Whether schedules are found by a search (Blink, TACOS) rather than built by a proven
+    /// construction; callers verify those before running them on data.
+    fn searched(&self) -> bool {
+        false
+    }
 }
 
 /// Named generators.

@@ -135,6 +135,9 @@ impl ScheduleGenerator for Blink {
     fn describe(&self) -> &'static str {
         "Blink spanning-tree packing (MWU + ILP; exact Edmonds packing for whole-link capacities)"
     }
+    fn searched(&self) -> bool {
+        true
+    }
     fn supports(&self, c: Collective) -> bool {
         matches!(c, Collective::AllReduce | Collective::Broadcast { .. } | Collective::Reduce { .. })
     }

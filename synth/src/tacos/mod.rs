@@ -199,6 +199,9 @@ impl ScheduleGenerator for Tacos {
         matches!(c, Collective::AllGather | Collective::ReduceScatter | Collective::AllReduce)
     }
 
+    fn searched(&self) -> bool {
+        true
+    }
     fn size_dependent(&self) -> bool {
         true
     }
