@@ -3,8 +3,10 @@
 //! unique id through pipes, and check every collective, grouped send/recv, split, abort and
 //! the error codes. Also: the library exports exactly the header's functions.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Mutex;
 
 /// The crate's `libnccl.so`, built by cargo next to this test's executable.
 fn built_library() -> Option<PathBuf> {
@@ -15,6 +17,25 @@ fn built_library() -> Option<PathBuf> {
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
+}
+
+/// The tests run in parallel and share one directory, so the library is installed and each
+/// program compiled exactly once: rewriting a file that a running test program has mapped
+/// would crash that program.
+static BUILT: Mutex<Option<Built>> = Mutex::new(None);
+
+struct Built {
+    dir: Option<PathBuf>,
+    programs: HashMap<String, PathBuf>,
+}
+
+/// The installed library's directory and `program` compiled against it; `None` (after saying
+/// why) where this machine cannot build C.
+fn program(name: &str) -> Option<PathBuf> {
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    let built = built.get_or_insert_with(|| Built { dir: install(), programs: HashMap::new() });
+    let dir = built.dir.clone()?;
+    Some(built.programs.entry(name.to_string()).or_insert_with(|| compile(&dir, name)).clone())
 }
 
 /// A directory holding the library as NCCL installs it: `libnccl.so.2`, and `libnccl.so`
@@ -86,8 +107,7 @@ fn run(program: &Path, args: &[&str]) -> String {
 
 #[test]
 fn c_programs_run_every_collective_type_and_op() {
-    let Some(dir) = install() else { return };
-    let prog = compile(&dir, "collectives");
+    let Some(prog) = program("collectives") else { return };
     for n in ["2", "3"] {
         let out = run(&prog, &[n]);
         assert!(out.contains(&format!("collectives: {n} ranks")), "{out}");
@@ -96,16 +116,14 @@ fn c_programs_run_every_collective_type_and_op() {
 
 #[test]
 fn c_programs_split_abort_and_init_every_way() {
-    let Some(dir) = install() else { return };
-    let prog = compile(&dir, "communicators");
+    let Some(prog) = program("communicators") else { return };
     let out = run(&prog, &["4"]);
     assert!(out.contains("peer abort") && out.contains("second thread") && out.contains("InitAll"), "{out}");
 }
 
 #[test]
 fn nccl_debug_and_algo_variables_are_honoured() {
-    let Some(dir) = install() else { return };
-    let prog = compile(&dir, "collectives");
+    let Some(prog) = program("collectives") else { return };
     let debug = [("NCCL_DEBUG", "INFO"), ("NCCL_DEBUG_SUBSYS", "INIT,COLL,TUNING"), ("NCCL_ALGO", "Tree")];
     let (out, err, ok) = run_with(&prog, &["2"], &debug);
     assert!(ok, "{err}");
