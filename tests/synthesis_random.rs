@@ -169,12 +169,13 @@ proptest! {
     }
 }
 
-/// Found by a random run (CI, 2026-11-23): TACOS all-reduce on this 11-rank machine leaves rank
-/// 0 with a partial sum of chunk 35 (contributions of ranks 0, 2–5 only). Open bug of the
-/// TACOS all-reduce emitter; the tuner verifies synthesized schedules, so at run time this
-/// candidate is dropped instead of returning wrong data.
+/// Found by a random run (CI, 2026-11-23): rank 0 ended with a partial sum of chunk 35. The
+/// matcher had stalled: rank 7 held the chunk, its only useful out-link had declined it (another
+/// in-link of the destination was sooner, for other chunks) and was parked until rank 7 received
+/// something new, which never came as rank 7 was complete; the all-gather ended with nine ranks
+/// lacking the chunk. Links that decline are now woken when their destination changes, and a
+/// stall forces a round without restraint (or reports a disconnected graph).
 #[test]
-#[ignore = "known TACOS all-reduce bug (issue 5): run with --ignored while fixing it"]
 fn tacos_all_reduce_on_an_irregular_11_rank_machine() {
     let s = |a, b, l| (a, b, l);
     let m = Machine {

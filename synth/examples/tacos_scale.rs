@@ -14,7 +14,7 @@ fn main() -> Result<(), topoccl_synth::Error> {
             .map(|r| g.in_arcs(r).iter().map(|&a| g.arc(a).bandwidth).sum::<f64>())
             .fold(f64::INFINITY, f64::min);
         let opt = TenOptions { per_rank: 1, chunk_bytes: bytes / n as f64, keep_order: false, window: WINDOW };
-        let s = all_gather(&g, opt);
+        let s = all_gather(&g, opt)?;
         let bound = (n as f64 - 1.0) / n as f64 * bytes / (min_in * 1e3);
         println!(
             "{spec}: {n} ranks, {} steps, {:.1} us vs bound {:.1} us = {:.1} %, synthesized in {:.2} s",

@@ -229,13 +229,13 @@ impl ScheduleGenerator for Tacos {
                 let copies: Vec<StepRef> = (0..n as Rank)
                     .map(|r| b.push(r, 0, Op::Copy { src: Slot::input(0), dst: Slot::output(r * k) }, k))
                     .collect();
-                let ten = all_gather(&g, opt);
+                let ten = all_gather(&g, opt)?;
                 em.all_gather(&mut b, &ten, &|_, c| Slot::output(c), &|r, _| vec![copies[r as usize]], &none);
             }
             Collective::ReduceScatter => {
                 b.reserve_scratch(total as u32);
                 let (rg, back) = reversed(&g);
-                let ten = all_gather(&rg, opt);
+                let ten = all_gather(&rg, opt)?;
                 let owner_acc = |r: Rank, c: u32| if c / k == r { Slot::output(c % k) } else { Slot::scratch(c) };
                 em.reduce_scatter(&mut b, &rg, &back, &ten, &owner_acc);
                 if n == 1 {
@@ -244,12 +244,12 @@ impl ScheduleGenerator for Tacos {
             }
             Collective::AllReduce => {
                 let (rg, back) = reversed(&g);
-                let rs = all_gather(&rg, opt);
+                let rs = all_gather(&rg, opt)?;
                 let (reduced, sent) = em.reduce_scatter(&mut b, &rg, &back, &rs, &|_, c| Slot::output(c));
                 if n == 1 {
                     b.push(0, 0, Op::Copy { src: Slot::input(0), dst: Slot::output(0) }, total as u32);
                 }
-                let ag = if g.is_symmetric() { rs } else { all_gather(&g, opt) };
+                let ag = if g.is_symmetric() { rs } else { all_gather(&g, opt)? };
                 let owner_deps = |r: Rank, c: u32| reduced.get(&(r, c)).cloned().unwrap_or_default();
                 let recv_deps = |r: Rank, c: u32| sent.get(&(r, c)).copied().into_iter().collect();
                 em.all_gather(&mut b, &ag, &|_, c| Slot::output(c), &owner_deps, &recv_deps);

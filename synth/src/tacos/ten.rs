@@ -20,6 +20,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::error::{Error, Result};
 use crate::topology::logical::RankGraph;
 
 /// Chunk `c` starts at rank `c / per_rank`.
@@ -78,8 +79,9 @@ impl Bits {
     }
 }
 
-/// Synthesizes an all-gather on `graph`: every rank ends with every chunk.
-pub fn all_gather(graph: &RankGraph, opt: TenOptions) -> TenSchedule {
+/// Synthesizes an all-gather on `graph`: every rank ends with every chunk. Fails only when some
+/// rank cannot be reached from another over `graph`'s arcs.
+pub fn all_gather(graph: &RankGraph, opt: TenOptions) -> Result<TenSchedule> {
     let n = graph.nranks();
     let k = opt.per_rank.max(1) as usize;
     let total = n * k;
@@ -115,8 +117,9 @@ pub fn all_gather(graph: &RankGraph, opt: TenOptions) -> TenSchedule {
         arcs.iter().map(|a| Vec::with_capacity((total - k) / graph.in_arcs(a.to).len().max(1) + 1)).collect();
     let mut order = Vec::new();
     let mut moments = Vec::new();
-    // Links waiting for their source to receive something new.
+    // Links waiting for their source to receive something new, and whether a link is listed.
     let mut waiting: Vec<Vec<u32>> = vec![Vec::new(); n];
+    let mut parked: Vec<bool> = vec![false; arcs.len()];
     // Transfers in flight by completion time (time bits → (arc, chunk)): completions come in
     // few distinct times, so a map of batches beats a heap of single transfers.
     let mut flights: BTreeMap<u64, Vec<(u32, ChunkId)>> = BTreeMap::new();
@@ -135,6 +138,8 @@ pub fn all_gather(graph: &RankGraph, opt: TenOptions) -> TenSchedule {
     let mut steps = 0u64;
     let mut by_dest: Vec<u32> = Vec::new();
     let mut scratch = Scratch::default();
+    // Set for one round after a stall: every link looks at everything its source holds.
+    let mut forced = false;
     loop {
         // Match the free links, destination by destination.
         dirty.sort_unstable();
@@ -156,6 +161,7 @@ pub fn all_gather(graph: &RankGraph, opt: TenOptions) -> TenSchedule {
                 mixed,
                 local_scarcity,
                 now,
+                forced,
             };
             let matched =
                 match_links(&by_dest, &links, &arrived, &coming, &held, &spread, &mut cursor, d, window, &mut scratch);
@@ -177,7 +183,11 @@ pub fn all_gather(graph: &RankGraph, opt: TenOptions) -> TenSchedule {
                         flights.entry(end.to_bits()).or_default().push((a, c));
                         started = true;
                     }
-                    None => waiting[arcs[a as usize].from as usize].push(a),
+                    None if !parked[a as usize] => {
+                        parked[a as usize] = true;
+                        waiting[arcs[a as usize].from as usize].push(a);
+                    }
+                    None => {}
                 }
             }
         }
@@ -186,7 +196,32 @@ pub fn all_gather(graph: &RankGraph, opt: TenOptions) -> TenSchedule {
         }
         dirty.clear();
         // Advance to the next completions (all those at the same moment).
-        let Some((t, mut landed)) = flights.pop_first() else { break };
+        let Some((t, mut landed)) = flights.pop_first() else {
+            if incomplete == 0 {
+                break;
+            }
+            // Nothing in flight, yet ranks lack chunks: every free link declined (a sooner
+            // link that then took other chunks, or a look-ahead that ended short). Once, match
+            // again with every link and no such restraint; if even that starts nothing, the
+            // ranks are not all connected.
+            if forced {
+                return Err(Error::InvalidTopology {
+                    name: format!("{n}-rank graph"),
+                    message: format!("{incomplete} ranks cannot receive every chunk over its links"),
+                });
+            }
+            forced = true;
+            for w in &mut waiting {
+                w.clear();
+            }
+            parked.fill(false);
+            for (a, arc) in arcs.iter().enumerate() {
+                ready[a] = true;
+                dirty.push(arc.to);
+            }
+            continue;
+        };
+        forced = false;
         now = f64::from_bits(t);
         landed.sort_unstable();
         for (a, c) in landed {
@@ -202,15 +237,28 @@ pub fn all_gather(graph: &RankGraph, opt: TenOptions) -> TenSchedule {
             ready[a as usize] = true;
             dirty.push(d as u32);
             for w in waiting[d].drain(..) {
-                ready[w as usize] = true;
-                dirty.push(arcs[w as usize].to);
+                parked[w as usize] = false;
+                // A link woken below, now busy again, becomes ready when that transfer lands.
+                if carrying[w as usize] == NONE {
+                    ready[w as usize] = true;
+                    dirty.push(arcs[w as usize].to);
+                }
+            }
+            // On mixed speeds a free link into `d` may have declined because another in-link
+            // was sooner; what `d` lacks has changed, so it gets another look.
+            if mixed {
+                for &i in graph.in_arcs(d as crate::schedule::Rank) {
+                    if carrying[i] == NONE {
+                        ready[i] = true;
+                    }
+                }
             }
         }
         if incomplete == 0 {
             break;
         }
     }
-    TenSchedule { nranks: n, per_rank: k as u32, per_arc, order, moments, time_us: now, steps }
+    Ok(TenSchedule { nranks: n, per_rank: k as u32, per_arc, order, moments, time_us: now, steps })
 }
 
 /// The arcs with their timing, as the matcher sees them at one moment.
@@ -222,6 +270,8 @@ struct Links<'a> {
     mixed: bool,
     local_scarcity: bool,
     now: f64,
+    /// After a stall: no look-ahead cap and no deferring to sooner links.
+    forced: bool,
 }
 
 const NONE: ChunkId = ChunkId::MAX;
@@ -299,7 +349,7 @@ fn match_links<'s>(
         let mut j = *cur;
         // Past the cursor, chunks already on their way to `d` are skipped again at every
         // moment: the look-ahead is capped so a link costs O(1) per moment, not O(n).
-        let end = list.len().min(*cur + limit * SCAN_FACTOR);
+        let end = if timing.forced { list.len() } else { list.len().min(*cur + limit * SCAN_FACTOR) };
         while j < end && mine.len() < limit {
             let c = list[j];
             if !coming.get(d, c as usize) {
@@ -310,7 +360,7 @@ fn match_links<'s>(
                     if timing.local_scarcity {
                         holders += u32::from(coming.get(arcs[i].from as usize, c as usize));
                     }
-                    if timing.mixed && i != a as usize {
+                    if timing.mixed && !timing.forced && i != a as usize {
                         sooner |= timing.delivery(i, c, held, coming).is_some_and(|t| t < here * (1.0 - 1e-9));
                     }
                 }
@@ -382,7 +432,7 @@ mod tests {
         // 4x4 torus, degree 4: 15 chunks to receive, 4 per step → 4 steps at best; the matcher
         // takes one more (the antipode's chunk must move on every step without a pause).
         let g = RankGraph::of(&resolve("torus2d:4x4").unwrap());
-        let s = all_gather(&g, opts());
+        let s = all_gather(&g, opts()).unwrap();
         assert!(s.steps <= 5, "{s:?}");
         let moved: usize = s.per_arc.iter().map(Vec::len).sum();
         assert_eq!(moved, 16 * 15);
@@ -391,7 +441,7 @@ mod tests {
     #[test]
     fn hypercube_is_within_a_step_of_the_per_step_bound() {
         let g = RankGraph::of(&resolve("hypercube:16").unwrap());
-        let s = all_gather(&g, opts());
+        let s = all_gather(&g, opts()).unwrap();
         // Degree 4, 15 chunks: ⌈15/4⌉ = 4 steps at best.
         assert!(s.steps <= 5);
     }
