@@ -445,4 +445,14 @@ mod tests {
         // Degree 4, 15 chunks: ⌈15/4⌉ = 4 steps at best.
         assert!(s.steps <= 5);
     }
+
+    #[test]
+    fn a_rank_nobody_sends_to_is_an_error_not_a_partial_schedule() {
+        use crate::topology::logical::RankArc;
+        let arc = |from, to| RankArc { from, to, bandwidth: 10.0, latency: 1.0, direct: true };
+        // 0 → 1 → 2 only: rank 0 can never receive.
+        let g = RankGraph::from_arcs(3, vec![arc(0, 1), arc(1, 2)]);
+        let e = all_gather(&g, opts()).unwrap_err();
+        assert!(e.to_string().contains("cannot receive every chunk"), "{e}");
+    }
 }
