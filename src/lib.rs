@@ -7,6 +7,7 @@
 
 pub mod collbench;
 pub mod comm;
+pub mod emu;
 pub mod error;
 mod exec;
 pub mod tuner;

@@ -6,6 +6,7 @@
 
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::comm::env::{launcher_world_size, var};
@@ -62,7 +63,11 @@ pub fn role(nranks: u32, config: &Config) -> Result<Role> {
     match launcher_world_size() {
         Some(size) if size > 1 => {
             let comm = Communicator::from_env_with(config.clone())?;
-            Ok(Role::Rank(Box::new(comm), format!("{size} ranks started by a launcher"), false))
+            let how = match var(super::emulate::EMULATED_VAR) {
+                Some(network) => format!("{size} ranks on the {network}"),
+                None => format!("{size} ranks started by a launcher"),
+            };
+            Ok(Role::Rank(Box::new(comm), how, false))
         }
         _ => Ok(Role::Spawn(nranks)),
     }
@@ -107,10 +112,10 @@ pub fn spawn(n: u32) -> Result<i32> {
             }
         }
     }
-    supervise(children)
+    supervise(children, None)
 }
 
-fn kill_all(children: &mut [Option<Child>]) {
+pub(crate) fn kill_all(children: &mut [Option<Child>]) {
     for c in children.iter_mut().flatten() {
         let _ = c.kill();
         let _ = c.wait();
@@ -119,8 +124,9 @@ fn kill_all(children: &mut [Option<Child>]) {
 
 /// Waits for every rank. The culprit of a failure is the rank that died of a signal, if one
 /// did (the others exit with an error naming a peer that went away), else the first rank seen
-/// failing; survivors get [`GRACE`] to notice and end, then are killed.
-fn supervise(mut children: Vec<Option<Child>>) -> Result<i32> {
+/// failing; survivors get [`GRACE`] to notice and end, then are killed. When `stop` is set (a
+/// signal arrived), every rank is killed at once and the run ends with status 130.
+pub(crate) fn supervise(mut children: Vec<Option<Child>>, stop: Option<&AtomicBool>) -> Result<i32> {
     let mut failures: Vec<(u32, ExitStatus)> = Vec::new();
     let mut failed_at: Option<Instant> = None;
     let mut wrong = false;
@@ -144,6 +150,11 @@ fn supervise(mut children: Vec<Option<Child>>) -> Result<i32> {
         }
         if running == 0 {
             break;
+        }
+        if stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
+            kill_all(&mut children);
+            eprintln!("collbench: interrupted; the ranks were stopped");
+            return Ok(130);
         }
         if failed_at.is_some_and(|t| t.elapsed() > GRACE) {
             kill_all(&mut children);

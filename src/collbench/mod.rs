@@ -7,6 +7,7 @@
 //! instead of running ([`simulate`]); `--compare-sim` prints both side by side.
 
 pub mod check;
+pub mod emulate;
 pub mod launch;
 pub mod measure;
 pub mod plan;
@@ -62,6 +63,15 @@ pub struct Args {
     /// real ranks it is the machine the tuner reasons about (as TOPOCCL_TOPOLOGY).
     #[arg(long)]
     pub topology: Option<String>,
+    /// Run the ranks on TOPOLOGY built as a real network on this machine (root: one network
+    /// namespace per node, a veth pair per link shaped with tc, routed as the simulator routes);
+    /// torn down when the run ends. -n is the topology's rank count.
+    #[arg(long, value_name = "TOPOLOGY")]
+    pub emulate: Option<String>,
+    /// (--emulate) Emulated Mbit/s per GB/s of modelled bandwidth (default: the fastest link
+    /// at 400 Mbit/s).
+    #[arg(long, value_name = "MBIT_PER_GBPS")]
+    pub emulate_scale: Option<f64>,
     /// Algorithm(s), comma-separated: auto (topoccl's choice) or names; with --simulate also
     /// `all`.
     #[arg(long, default_value = "auto")]
@@ -130,6 +140,11 @@ pub fn run(args: &Args, out: &mut dyn Write) -> Result<i32> {
         return Ok(0);
     }
     let plan = Plan::parse(args)?;
+    if let Some(spec) = &args.emulate {
+        if !emulate::is_emulated_rank() {
+            return emulate::run(args, spec, out);
+        }
+    }
     let topo = args.topology.as_deref().map(topology::resolve).transpose()?;
     let mut config = Config::from_env()?;
     config.transport = plan.transports[0];

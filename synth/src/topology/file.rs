@@ -156,6 +156,61 @@ pub fn parse(text: &str, origin: &Path, default_name: &str) -> Result<Topology> 
     })
 }
 
+/// Writes `topo` as a topology document that [`parse`] reads back into the same machine: every
+/// node with its rank, host and forwarding, every directed link on its own (`duplex = false`).
+/// Fails for a GPU that holds no rank (the unselected GPUs of a subset), which the format
+/// cannot say.
+pub fn to_toml(topo: &Topology) -> Result<String> {
+    let q = |s: &str| toml::Value::String(s.to_string()).to_string();
+    let kind = |k: NodeKind| match k {
+        NodeKind::Gpu => "gpu",
+        NodeKind::Cpu => "cpu",
+        NodeKind::Nic => "nic",
+        NodeKind::Switch => "switch",
+    };
+    let link_kind = |k: LinkKind| match k {
+        LinkKind::NvLink => "nvlink",
+        LinkKind::Pcie => "pcie",
+        LinkKind::Smp => "smp",
+        LinkKind::Net => "net",
+        LinkKind::Other => "other",
+    };
+    let graph = topo.graph();
+    let mut out = format!("name = {}\n\nnode = [\n", q(topo.name()));
+    for node in graph.node_weights() {
+        let rank = match (node.rank, node.kind) {
+            (Some(r), _) => format!(", rank = {r}"),
+            (None, NodeKind::Gpu) => {
+                return Err(Error::InvalidTopology {
+                    name: topo.name().to_string(),
+                    message: format!("GPU `{}` holds no rank, which a topology file cannot express", node.name),
+                })
+            }
+            (None, _) => String::new(),
+        };
+        out += &format!(
+            "  {{ name = {}, kind = \"{}\"{rank}, host = {}, forwards = {} }},\n",
+            q(&node.name),
+            kind(node.kind),
+            q(&node.host),
+            node.forwards
+        );
+    }
+    out += "]\n\nlink = [\n";
+    for (_, a, b, l) in topo.edges() {
+        out += &format!(
+            "  {{ a = {}, b = {}, bandwidth = {:?}, latency = {:?}, duplex = false, kind = \"{}\" }},\n",
+            q(&graph[a].name),
+            q(&graph[b].name),
+            l.bandwidth,
+            l.latency,
+            link_kind(l.kind)
+        );
+    }
+    out += "]\n";
+    Ok(out)
+}
+
 fn line_of(text: &str, offset: usize) -> usize {
     if offset == 0 {
         return 1;
@@ -169,6 +224,17 @@ mod tests {
 
     fn parse_str(text: &str) -> Result<Topology> {
         parse(text, Path::new("test.toml"), "test")
+    }
+
+    #[test]
+    fn written_topologies_read_back_the_same() {
+        for spec in ["dgx1", "dgx1[0,1,2,3,7]", "cluster-2x4-slow", "torus2d:4x4", "cluster:2x4,nic=gpu"] {
+            let t = crate::topology::resolve(spec).unwrap();
+            let back = parse_str(&to_toml(&t).unwrap()).unwrap();
+            assert_eq!(back.nranks(), t.nranks(), "{spec}");
+            assert_eq!(back.fingerprint(), t.fingerprint(), "{spec}");
+            assert_eq!(back.hosts(), t.hosts(), "{spec}");
+        }
     }
 
     #[test]

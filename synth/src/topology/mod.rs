@@ -13,7 +13,7 @@ pub mod routing;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
-use petgraph::graph::{DiGraph, EdgeIndex, NodeIndex};
+use petgraph::graph::{DiGraph, EdgeIndex};
 use petgraph::visit::EdgeRef;
 use petgraph::Direction;
 use serde::{Deserialize, Serialize};
@@ -21,6 +21,8 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 
 pub use library::{builtin_names, resolve};
+/// A node of a topology's graph.
+pub use petgraph::graph::NodeIndex;
 pub use routing::Route;
 
 /// A rank number, 0-based, dense.

@@ -1,0 +1,92 @@
+//! Emulated topologies (needs root, `ip` and `tc`; skipped with the reason otherwise — CI runs
+//! as root): `collbench --emulate` builds a small shaped network, runs checked all-reduces on
+//! it, and leaves no namespace behind, also when it is interrupted or a previous run was
+//! killed.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use topoccl::emu::netns;
+
+fn skip() -> bool {
+    match netns::unavailable() {
+        Some(why) => {
+            eprintln!("skipped: {why}");
+            true
+        }
+        None => false,
+    }
+}
+
+fn namespaces_of(pid: u32) -> Vec<String> {
+    let prefix = format!("topoccl-{pid}-");
+    netns::list().unwrap().into_iter().filter(|n| n.starts_with(&prefix)).collect()
+}
+
+/// A pid no process has now.
+fn dead_pid() -> u32 {
+    (4_000_000..).find(|p| !std::path::Path::new(&format!("/proc/{p}")).exists()).unwrap()
+}
+
+#[test]
+fn a_checked_all_reduce_runs_on_an_emulated_line_and_nothing_is_left() {
+    if skip() {
+        return;
+    }
+    // What a run killed with SIGKILL would leave: reaped by the next run.
+    let stale = format!("topoccl-{}-0", dead_pid());
+    netns::run("ip", &["netns", "add", &stale]).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_collbench"))
+        .args(["--emulate", "ring:3", "-b", "64K", "-e", "256K", "-f", "4", "-N", "2", "--algo", "ring,tacos"])
+        .args(["--compare-sim"])
+        .env("TOPOCCL_TIMEOUT", "60")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(stdout.contains("# emulated ring:3 (3 namespaces, 3 shaped links"), "{stdout}");
+    assert!(stdout.contains("latency not emulated"), "{stdout}");
+    assert!(stdout.contains("Out of bounds values : 0 OK"), "{stdout}");
+    // Two sizes per algorithm, each with a prediction beside it.
+    let rows: Vec<&str> = stdout.lines().filter(|l| l.starts_with(' ') && l.contains(" float ")).collect();
+    assert_eq!(rows.len(), 4, "{stdout}");
+    assert!(namespaces_of(pid).is_empty(), "left behind: {:?}", namespaces_of(pid));
+    assert!(!netns::list().unwrap().contains(&stale), "the stale namespace {stale} was not reaped");
+}
+
+#[test]
+fn an_interrupted_run_tears_the_network_down() {
+    if skip() {
+        return;
+    }
+    let mut child = Command::new(env!("CARGO_BIN_EXE_collbench"))
+        .args(["--emulate", "ring:3", "-b", "256M", "-e", "256M", "-N", "50", "--emulate-scale", "1"])
+        .env("TOPOCCL_TIMEOUT", "60")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let started = Instant::now();
+    while namespaces_of(pid).len() < 3 {
+        assert!(started.elapsed() < Duration::from_secs(30), "the network never came up");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Let the ranks start moving data, then Ctrl-C.
+    std::thread::sleep(Duration::from_millis(1500));
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGINT).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "collbench did not end after SIGINT");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(130));
+    assert!(namespaces_of(pid).is_empty(), "left behind: {:?}", namespaces_of(pid));
+}
