@@ -6,6 +6,7 @@ use std::io::{IsTerminal, Write};
 use std::time::Instant;
 
 use topoccl_synth::algorithms::Registry;
+use topoccl_synth::sim::SimConfig;
 use topoccl_synth::sim::Simulator;
 use topoccl_synth::topology::Topology;
 
@@ -22,8 +23,8 @@ pub struct Output<'a> {
     pub out: &'a mut dyn Write,
     /// A transient progress line before each row (stdout is a terminal).
     pub progress: bool,
-    /// Predict each row on this topology (`--compare-sim`).
-    pub topology: Option<Topology>,
+    /// Predict each row on this topology (`--compare-sim`), with the cost model the tuner uses.
+    pub topology: Option<(Topology, SimConfig)>,
 }
 
 fn io(e: std::io::Error) -> Error {
@@ -138,7 +139,16 @@ pub fn run(plan: &Plan, first: Communicator, config: &Config, out: Output<'_>, m
                                 .map_err(io)?;
                                 out.out.flush().map_err(io)?;
                             }
-                            let row = measure(comm, plan, bench, dtype, op, size, &mut bufs, out.topology.as_ref())?;
+                            let row = measure(
+                                comm,
+                                plan,
+                                bench,
+                                dtype,
+                                op,
+                                size,
+                                &mut bufs,
+                                out.topology.as_ref().map(|(t, c)| (t, c)),
+                            )?;
                             if me == 0 {
                                 let clear = if out.progress { "\r\x1b[2K" } else { "" };
                                 writeln!(out.out, "{clear}{}", row.line()).map_err(io)?;
@@ -231,7 +241,7 @@ fn measure(
     rop: ReduceOp,
     size: u64,
     bufs: &mut Buffers,
-    topology: Option<&Topology>,
+    topology: Option<(&Topology, &SimConfig)>,
 ) -> Result<MeasuredRow> {
     let (n, me) = (comm.nranks(), comm.rank());
     let esize = dtype.size() as u64;
@@ -305,8 +315,8 @@ fn measure(
         variants.push(Some(Timing { time_us, algbw, busbw: algbw * bench.bus_factor(n), wrong }));
     }
     let predicted = match (topology, op) {
-        (Some(topo), Op::Coll(c)) => match &choice {
-            Some(choice) => Some(predict(topo, choice, c, bytes)?),
+        (Some((topo, sim)), Op::Coll(c)) => match &choice {
+            Some(choice) => Some(predict(topo, sim, choice, c, bytes)?),
             None => None,
         },
         _ => None,
@@ -344,10 +354,10 @@ fn aggregate(comm: &mut Communicator, mine: f64, average: u32) -> Result<f64> {
 
 /// The simulator's time for `algorithm` on `topo` (the schedule the runtime ran, rebuilt for
 /// the topology).
-fn predict(topo: &Topology, choice: &Choice, c: CollectiveCall, bytes: u64) -> Result<Predicted> {
+fn predict(topo: &Topology, sim: &SimConfig, choice: &Choice, c: CollectiveCall, bytes: u64) -> Result<Predicted> {
     let coll = c.kind.collective(c.root);
     let schedule = Registry::builtin().generate(&choice.algorithm, &choice.request(topo, coll, bytes))?;
-    let time_us = Simulator::new(topo).run(&schedule, bytes)?.time_us;
+    let time_us = Simulator::with_config(topo, *sim).run(&schedule, bytes)?.time_us;
     let algbw = if time_us > 0.0 { bytes as f64 / time_us / 1e3 } else { 0.0 };
     Ok(Predicted { time_us, busbw: algbw * coll.bus_factor(topo.nranks() as u32) })
 }

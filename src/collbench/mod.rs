@@ -65,7 +65,8 @@ pub struct Args {
     pub topology: Option<String>,
     /// Run the ranks on TOPOLOGY built as a real network on this machine (root: one network
     /// namespace per node, a veth pair per link shaped with tc, routed as the simulator routes);
-    /// torn down when the run ends. -n is the topology's rank count.
+    /// torn down when the run ends. -n is the topology's rank count. With --simulate: predict
+    /// the machine as emulated.
     #[arg(long, value_name = "TOPOLOGY")]
     pub emulate: Option<String>,
     /// (--emulate) Emulated Mbit/s per GB/s of modelled bandwidth (default: the fastest link
@@ -117,6 +118,10 @@ pub struct Args {
     /// a CPU executor; 0 for GPUs, which post in parallel).
     #[arg(long, default_value_t = 0.0)]
     pub sim_message_us: f64,
+    /// (--simulate) Flows between the same two ranks share one fair share of a link, as over
+    /// topoccl's one connection per peer (the runtime's model; GPUs share per flow).
+    #[arg(long)]
+    pub sim_pair_sharing: bool,
     /// Write JSON to FILE (or, with no FILE, to standard output instead of the table).
     #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
     pub json: Option<String>,
@@ -221,7 +226,17 @@ fn run_rank(
     let mut sink = std::io::sink();
     let table_out: &mut dyn Write = if me == 0 && !json_to_stdout { out } else { &mut sink };
     let progress = progress && me == 0 && !json_to_stdout;
-    let report = measure::run(plan, comm, config, measure::Output { out: table_out, progress, topology }, mode)?;
+    let report = measure::run(
+        plan,
+        comm,
+        config,
+        measure::Output {
+            out: table_out,
+            progress,
+            topology: topology.map(|t| (t, crate::comm::runtime_sim_config(config))),
+        },
+        mode,
+    )?;
     if me == 0 {
         if let Some(path) = &args.json {
             if path == "-" {

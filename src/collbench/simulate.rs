@@ -22,7 +22,11 @@ use crate::types::{Dtype, ReduceOp};
 pub fn run(args: &Args, out: &mut dyn Write) -> Result<()> {
     let dtype: Dtype = args.datatype.parse()?;
     let op: ReduceOp = args.op.parse()?;
-    let topo = topology::resolve(args.topology.as_deref().unwrap_or("dgx1"))?;
+    let topo = match &args.emulate {
+        // What an emulated run of that machine should measure.
+        Some(spec) => crate::emu::plan::NetPlan::new(&topology::resolve(spec)?, args.emulate_scale)?.scaled,
+        None => topology::resolve(args.topology.as_deref().unwrap_or("dgx1"))?,
+    };
     let n = topo.nranks() as u32;
     if args.root >= n {
         return Err(Error::InvalidArgument(format!(
@@ -50,6 +54,7 @@ pub fn run(args: &Args, out: &mut dyn Write) -> Result<()> {
     let config = SimConfig {
         message_overhead_us: args.sim_overhead_us,
         rank_message_us: args.sim_message_us,
+        pair_sharing: args.sim_pair_sharing,
         ..SimConfig::default()
     };
     let mut sim = Simulator::with_config(&topo, config);

@@ -139,6 +139,13 @@ fn advertised_ip(toward: SocketAddr) -> Result<IpAddr> {
     }
 }
 
+/// The cost model of topoccl's own executor, which the tuner prices with and `collbench
+/// --compare-sim` predicts with: one CPU thread per rank posting messages one at a time, and
+/// one connection per peer (a shared link is split by rank pair).
+pub fn runtime_sim_config(config: &Config) -> SimConfig {
+    SimConfig { rank_message_us: config.tuner_message_us, pair_sharing: true, ..SimConfig::default() }
+}
+
 fn data_listener(ip: IpAddr) -> Result<(TcpListener, SocketAddr)> {
     let any = SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 0);
     let l = TcpListener::bind(any).map_err(|e| Error::io("opening the data listener", e))?;
@@ -212,7 +219,7 @@ impl Communicator {
         }
         let options = SelectorOptions {
             forced: config.algo.clone(),
-            sim: SimConfig { rank_message_us: config.tuner_message_us, ..SimConfig::default() },
+            sim: runtime_sim_config(&config),
             cache: DiskCache::from_env(),
         };
         let tuner = Selector::new(topology, options)?;

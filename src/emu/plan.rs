@@ -183,10 +183,11 @@ impl NetPlan {
     /// A line per link: its ends and rates, for the run's header.
     pub fn describe(&self) -> String {
         let mbit = |r: Option<f64>| r.map_or("-".to_string(), |r| format!("{r:.0}"));
+        let w = self.nodes.iter().map(|n| n.name.len()).max().unwrap_or(0);
         let mut out = String::new();
         for l in &self.links {
             out += &format!(
-                "#   {:>8} <-> {:<8} {:>6} / {:<6} Mbit/s\n",
+                "#   {:>w$} <-> {:<w$}  {:>6} / {:<6}\n",
                 self.nodes[l.a].name,
                 self.nodes[l.b].name,
                 mbit(l.rate_ab),

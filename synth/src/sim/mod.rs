@@ -30,11 +30,16 @@ pub struct SimConfig {
     /// thread (topoccl's executor without a GPU) that handles its messages one at a time, so a
     /// schedule with many small messages per rank pays for each.
     pub rank_message_us: f64,
+    /// Flows between the same two ranks share one fair share of a link instead of one each:
+    /// topoccl's runtime multiplexes every channel to a peer onto one connection (TCP streams
+    /// or a shared-memory ring), so TCP's per-connection fairness splits a shared link by rank
+    /// pair, not by channel. GPUs with a connection per channel (NCCL) share per flow.
+    pub pair_sharing: bool,
 }
 
 impl Default for SimConfig {
     fn default() -> SimConfig {
-        SimConfig { message_overhead_us: 0.0, local_gbps: None, rank_message_us: 0.0 }
+        SimConfig { message_overhead_us: 0.0, local_gbps: None, rank_message_us: 0.0, pair_sharing: false }
     }
 }
 
@@ -427,11 +432,20 @@ impl<'t> Simulator<'t> {
     fn rerate(&self, run: &mut Run, id: u32) {
         let now = run.now;
         let route = run.flows[id as usize].route;
-        let rate = self.routes[route as usize]
-            .groups
-            .iter()
-            .map(|&l| run.link_bw[l] / run.link_flows[l].len().max(1) as f64)
-            .fold(f64::INFINITY, f64::min);
+        let flows = &run.flows;
+        let share = |l: usize| {
+            let on = &run.link_flows[l];
+            if !self.config.pair_sharing {
+                return run.link_bw[l] / on.len().max(1) as f64;
+            }
+            // Routes are per rank pair: distinct routes on the link are the pairs sharing it.
+            let mine = on.iter().filter(|&&f| flows[f as usize].route == route).count().max(1);
+            let mut pairs: Vec<u32> = on.iter().map(|&f| flows[f as usize].route).collect();
+            pairs.sort_unstable();
+            pairs.dedup();
+            run.link_bw[l] / pairs.len().max(1) as f64 / mine as f64
+        };
+        let rate = self.routes[route as usize].groups.iter().map(|&l| share(l)).fold(f64::INFINITY, f64::min);
         let f = &mut run.flows[id as usize];
         f.remaining = (f.remaining - f.rate * (now - f.last)).max(0.0);
         f.last = now;

@@ -21,6 +21,7 @@ const BUILTIN: &[(&str, &str)] = &[
     ("hypercube-64", include_str!("../../../topologies/hypercube-64.toml")),
     ("cluster-64x8", include_str!("../../../topologies/cluster-64x8.toml")),
     ("cluster-2x4-slow", include_str!("../../../topologies/cluster-2x4-slow.toml")),
+    ("torus2d-4x4-slowlink", include_str!("../../../topologies/torus2d-4x4-slowlink.toml")),
 ];
 
 /// Names of the built-in machines.
