@@ -8,7 +8,7 @@
 //! emulated network can do, not the real machine it stands for.
 
 use std::io::Write;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
@@ -87,8 +87,8 @@ fn spawn_ranks(
     let mut children = Vec::new();
     for r in 0..n {
         let ns = emu.rank_namespace(r).ok_or_else(|| Error::Internal(format!("no namespace for rank {r}")))?;
-        let child = Command::new("ip")
-            .args(["netns", "exec", ns])
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", ns])
             .arg(&exe)
             .args(rank_args(scaled))
             .env(EMULATED_VAR, about)
@@ -97,17 +97,8 @@ fn spawn_ranks(
             .env("MASTER_ADDR", root.to_string())
             .env("MASTER_PORT", RENDEZVOUS_PORT.to_string())
             .env("TOPOCCL_SOCKET_IFNAME", format!("={ADDRESS_IFACE}"))
-            .env("TOPOCCL_TRANSPORT", "tcp")
-            .stdin(Stdio::null())
-            .stdout(if r == 0 { Stdio::inherit() } else { Stdio::null() })
-            .spawn();
-        match child {
-            Ok(c) => children.push(Some(c)),
-            Err(e) => {
-                launch::kill_all(&mut children);
-                return Err(Error::io(format!("starting rank {r} in namespace {ns}"), e));
-            }
-        }
+            .env("TOPOCCL_TRANSPORT", "tcp");
+        launch::start_rank(cmd, r, &mut children, &format!("in namespace {ns}"))?;
     }
     Ok(children)
 }

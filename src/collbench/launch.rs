@@ -96,23 +96,30 @@ pub fn spawn(n: u32) -> Result<i32> {
     let id = hex(&id.to_bytes());
     let mut children: Vec<Option<Child>> = Vec::new();
     for r in 0..n {
-        let child = Command::new(&exe)
-            .args(std::env::args_os().skip(1))
+        let mut cmd = Command::new(&exe);
+        cmd.args(std::env::args_os().skip(1))
             .env(ID_VAR, &id)
             .env(RANK_VAR, r.to_string())
-            .env(NRANKS_VAR, n.to_string())
-            .stdin(Stdio::null())
-            .stdout(if r == 0 { Stdio::inherit() } else { Stdio::null() })
-            .spawn();
-        match child {
-            Ok(c) => children.push(Some(c)),
-            Err(e) => {
-                kill_all(&mut children);
-                return Err(Error::io(format!("starting rank {r} ({})", exe.display()), e));
-            }
-        }
+            .env(NRANKS_VAR, n.to_string());
+        start_rank(cmd, r, &mut children, &exe.display().to_string())?;
     }
     supervise(children, None)
+}
+
+/// Starts rank `r` (only rank 0's standard output is kept) and adds it to `children`; on
+/// failure the ranks already started are killed.
+pub(crate) fn start_rank(mut cmd: Command, r: u32, children: &mut Vec<Option<Child>>, what: &str) -> Result<()> {
+    let child = cmd.stdin(Stdio::null()).stdout(if r == 0 { Stdio::inherit() } else { Stdio::null() }).spawn();
+    match child {
+        Ok(c) => {
+            children.push(Some(c));
+            Ok(())
+        }
+        Err(e) => {
+            kill_all(children);
+            Err(Error::io(format!("starting rank {r} ({what})"), e))
+        }
+    }
 }
 
 pub(crate) fn kill_all(children: &mut [Option<Child>]) {
