@@ -135,12 +135,12 @@ impl Emulation {
 
     /// The namespace rank `r` runs in.
     pub fn rank_namespace(&self, r: u32) -> Option<&str> {
-        self.plan.rank_node.get(r as usize).and_then(|&i| self.namespaces.get(i)).map(String::as_str)
+        self.namespaces.get(r as usize).map(String::as_str)
     }
 
     /// The address rank `r` is reached at.
     pub fn rank_ip(&self, r: u32) -> Option<Ipv4Addr> {
-        self.plan.rank_node.get(r as usize).map(|&i| self.plan.nodes[i].ip)
+        self.plan.nodes.get(r as usize).map(|n| n.ip)
     }
 
     pub fn namespaces(&self) -> &[String] {

@@ -72,14 +72,12 @@ pub struct Hop {
     pub link: usize,
 }
 
-/// Everything an emulation sets up.
+/// Everything an emulation sets up. Rank r is namespace r (ranks come first in `nodes`).
 #[derive(Debug, Clone)]
 pub struct NetPlan {
     pub nodes: Vec<EmuNode>,
     pub links: Vec<EmuLink>,
     pub hops: Vec<Hop>,
-    /// Namespace of each rank.
-    pub rank_node: Vec<usize>,
     /// Mbit/s of emulated rate per GB/s of modelled bandwidth.
     pub scale: f64,
     /// The machine as emulated: the used nodes and links, at their shaped rates (in GB/s), with
@@ -176,8 +174,7 @@ impl NetPlan {
         }
         hops.sort();
         let scaled = scaled_topology(topo, &nodes, &links)?;
-        let rank_node = (0..n).collect();
-        Ok(NetPlan { nodes, links, hops, rank_node, scale, scaled })
+        Ok(NetPlan { nodes, links, hops, scale, scaled })
     }
 
     /// A line per link: its ends and rates, for the run's header.
@@ -235,7 +232,7 @@ mod tests {
         let t = resolve("dgx1[0,1,2,3,7]").unwrap();
         let p = NetPlan::new(&t, None).unwrap();
         // Five GPUs; rank 4 (GPU 7) reaches GPUs 0-2 through PCIe and the CPUs.
-        assert_eq!(p.rank_node, vec![0, 1, 2, 3, 4]);
+        assert_eq!(p.nodes.iter().map(|n| n.rank).take(5).collect::<Vec<_>>(), (0..5).map(Some).collect::<Vec<_>>());
         assert!(p.nodes.iter().any(|n| n.name == "cpu1"), "{:?}", p.nodes);
         assert!(!p.nodes.iter().any(|n| n.name.starts_with("nic")));
         assert!(!p.nodes.iter().any(|n| n.name == "gpu4"), "unselected GPUs do not relay");

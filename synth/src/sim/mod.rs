@@ -156,6 +156,8 @@ struct Run<'a> {
     free_flows: Vec<u32>,
     /// Flows on each link group, bytes per µs of each group.
     link_flows: Vec<Vec<u32>>,
+    /// With `pair_sharing`: per link group, flows on it per route (a route is one rank pair).
+    link_pairs: Vec<FxHashMap<u32, u32>>,
     link_bw: Vec<f64>,
     messages: u64,
     link_bytes: f64,
@@ -232,6 +234,7 @@ impl<'t> Simulator<'t> {
             flows: Vec::new(),
             free_flows: Vec::new(),
             link_flows: vec![Vec::new(); groups.len()],
+            link_pairs: if self.config.pair_sharing { vec![FxHashMap::default(); groups.len()] } else { Vec::new() },
             // GB/s = 10^9 B/s = 10^3 B/µs.
             link_bw: groups.iter().map(|g| g.bandwidth * 1e3).collect(),
             messages: 0,
@@ -385,6 +388,9 @@ impl<'t> Simulator<'t> {
         run.link_bytes += bytes * groups.len() as f64;
         for &l in groups {
             run.link_flows[l].push(id);
+            if self.config.pair_sharing {
+                *run.link_pairs[l].entry(route).or_insert(0) += 1;
+            }
         }
         self.rerate_links(run, route, None);
     }
@@ -398,6 +404,14 @@ impl<'t> Simulator<'t> {
             let flows = &mut run.link_flows[l];
             if let Some(pos) = flows.iter().position(|&f| f == id) {
                 flows.swap_remove(pos);
+            }
+            if let Some(pairs) = run.link_pairs.get_mut(l) {
+                if let Some(k) = pairs.get_mut(&route) {
+                    *k -= 1;
+                    if *k == 0 {
+                        pairs.remove(&route);
+                    }
+                }
             }
         }
         run.flows[id as usize].version += 1;
@@ -432,18 +446,12 @@ impl<'t> Simulator<'t> {
     fn rerate(&self, run: &mut Run, id: u32) {
         let now = run.now;
         let route = run.flows[id as usize].route;
-        let flows = &run.flows;
-        let share = |l: usize| {
-            let on = &run.link_flows[l];
-            if !self.config.pair_sharing {
-                return run.link_bw[l] / on.len().max(1) as f64;
+        let share = |l: usize| match run.link_pairs.get(l) {
+            // Routes are per rank pair: the pairs on the link split it, then a pair's flows.
+            Some(pairs) => {
+                run.link_bw[l] / pairs.len().max(1) as f64 / f64::from(pairs.get(&route).copied().unwrap_or(1).max(1))
             }
-            // Routes are per rank pair: distinct routes on the link are the pairs sharing it.
-            let mine = on.iter().filter(|&&f| flows[f as usize].route == route).count().max(1);
-            let mut pairs: Vec<u32> = on.iter().map(|&f| flows[f as usize].route).collect();
-            pairs.sort_unstable();
-            pairs.dedup();
-            run.link_bw[l] / pairs.len().max(1) as f64 / mine as f64
+            None => run.link_bw[l] / run.link_flows[l].len().max(1) as f64,
         };
         let rate = self.routes[route as usize].groups.iter().map(|&l| share(l)).fold(f64::INFINITY, f64::min);
         let f = &mut run.flows[id as usize];
