@@ -259,3 +259,31 @@ fn shm_5_ranks() {
 fn shm_8_ranks() {
     matrix(8, TransportPolicy::Shm);
 }
+
+/// Synthesized schedules cut blocks into chunk counts that rarely divide the element count
+/// (Blink: trees × lanes), so their chunks are uneven; forced onto a fragmented DGX-1 model,
+/// every collective they build must still be exact, at sizes below and above the chunk count.
+fn synthesized(algo: &str) {
+    let mut cfg = common::config(TransportPolicy::Shm, 120.0);
+    cfg.algo = Some(algo.to_string());
+    cfg.topology = Some("dgx1[0,1,2,4,5]".to_string());
+    // Small slices: steps span many, so forwarding steps run cut-through behind the steps they
+    // depend on (slice by slice), which must not reorder any byte's reads and writes.
+    cfg.slice_bytes = 4096;
+    let results = common::on_ranks(5, &cfg, |comm| {
+        let mut wrong = check_type::<f32>(comm, 7);
+        wrong.extend(check_type::<i32>(comm, 2));
+        wrong
+    });
+    let wrong: Vec<String> = results.into_iter().flatten().collect();
+    assert!(wrong.is_empty(), "{algo}: {} wrong results, first: {:#?}", wrong.len(), &wrong[..wrong.len().min(10)]);
+}
+
+#[test]
+fn blink_on_uneven_chunks() {
+    synthesized("blink");
+}
+#[test]
+fn tacos_on_uneven_chunks() {
+    synthesized("tacos");
+}

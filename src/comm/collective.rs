@@ -1,16 +1,18 @@
 //! Running one collective: from the caller's buffers and counts to a run of the executor.
 //!
 //! The schedule cuts each block of the data (the whole buffer, or one rank's part for
-//! reduce-scatter, all-gather and all-to-all) into `k` equal chunks. When `k` does not divide
-//! the block, the call runs on padded staging copies and copies the result back; when the
-//! input and output overlap and the schedule is not proven correct in place, the input is
-//! staged first. Everything else runs straight on the caller's memory.
+//! reduce-scatter, all-gather and all-to-all) into `k` chunks, of sizes differing by at most
+//! one element when `k` does not divide the block ([`ChunkLayout`]). Only a schedule that does
+//! not fit such a layout runs on padded staging copies of equal chunks, with the result copied
+//! back; when the input and output overlap and the schedule is not proven correct in place, the
+//! input is staged first. Everything else runs straight on the caller's memory.
 
 use topoccl_synth::schedule::Collective;
 
 use super::Communicator;
 use crate::error::{Error, Result};
 use crate::exec::engine::{self, RunConfig};
+use crate::exec::layout::ChunkLayout;
 use crate::exec::memory::{Memory, Span, INPUT, OUTPUT, SCRATCH};
 use crate::exec::program::Program;
 use crate::exec::reduce::divide;
@@ -128,7 +130,6 @@ impl Communicator {
         let k = (s.chunks / s.collective.chunk_multiple(s.nranks)) as usize;
         let chunk_elems = call.count.div_ceil(k);
         let chunk_bytes = chunk_elems * esize;
-        let padded = chunk_elems * k != call.count;
         let overlap = user_overlap(&user, in_bytes, out_bytes);
         let header = CallHeader {
             seq: self.seq,
@@ -139,18 +140,25 @@ impl Communicator {
             count: call.count as u64,
             schedule: chosen.hash,
         };
-        let key = (s.collective, chosen.hash, chunk_bytes);
+        let uneven = ChunkLayout::new(k, call.count, esize);
+        let key = (s.collective, chosen.hash, uneven);
         if self.programs.len() >= PROGRAM_CACHE && !self.programs.contains_key(&key) {
             self.programs.clear();
         }
-        let prog =
-            self.programs.entry(key).or_insert_with(|| Program::from_schedule(s, me, chunk_bytes, header.encode()));
+        let (layout, prog) = self.programs.entry(key).or_insert_with(|| {
+            let layout = if uneven.fits(s) { uneven } else { ChunkLayout::padded(k, chunk_elems, esize) };
+            (layout, Program::from_schedule(s, me, &layout, header.encode()))
+        });
+        // Only a schedule that moves chunks between slots of unequal size needs equal, padded
+        // chunks, and with them staging copies of the buffers.
+        let padded = *layout != uneven;
         prog.metas[0] = header.encode();
+        let scratch_len = layout.offset(s.scratch_chunks as usize);
         let prog = &*prog;
         let mut scratch = std::mem::take(&mut self.scratch);
-        scratch.resize((s.scratch_chunks as usize * chunk_bytes).div_ceil(8), 0);
+        scratch.resize(scratch_len.div_ceil(8), 0);
         let scratch_bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut scratch);
-        let scratch_bytes = &mut scratch_bytes[..s.scratch_chunks as usize * chunk_bytes];
+        let scratch_bytes = &mut scratch_bytes[..scratch_len];
         let cfg = RunConfig {
             rank: me,
             dtype: call.dtype,

@@ -10,6 +10,7 @@
 //! | `TOPOCCL_CACHE_DIR` | the tuner's disk cache (`off` disables) | `$XDG_CACHE_HOME/topoccl` or `~/.cache/topoccl` |
 //! | `TOPOCCL_NSOCKS` | TCP sockets per peer | 2 |
 //! | `TOPOCCL_SLICE_BYTES` | pipelining slice | 512 KiB |
+//! | `TOPOCCL_MAX_BACKLOG` | bytes queued to a peer before sends wait (at least one slice) | 4 MiB |
 //! | `TOPOCCL_SHM_BYTES` | shared-memory ring per direction | 4 MiB |
 //! | `TOPOCCL_SOCKET_IFNAME` / `NCCL_SOCKET_IFNAME` | interfaces to use (prefixes; `^` excludes, `=` exact) | first non-loopback |
 
@@ -109,6 +110,9 @@ impl Config {
         }
         if let Some(b) = number("TOPOCCL_SHM_BYTES", 4096.0, (1u64 << 30) as f64)? {
             c.shm_ring_bytes = b as usize;
+        }
+        if let Some(b) = number("TOPOCCL_MAX_BACKLOG", 4096.0, (1u64 << 34) as f64)? {
+            c.max_backlog = b as usize;
         }
         c.max_backlog = c.max_backlog.max(c.slice_bytes);
         c.topology = var("TOPOCCL_TOPOLOGY");

@@ -49,6 +49,7 @@ use connect::Auth;
 pub use group::Group;
 
 use crate::error::{Error, Result};
+use crate::exec::layout::ChunkLayout;
 use crate::exec::program::Program;
 use crate::exec::wire::fnv1a;
 use crate::tuner::cache::DiskCache;
@@ -92,7 +93,7 @@ pub struct Communicator {
     /// Small maps looked up on every call: hashed with Fx, not SipHash (no untrusted keys).
     /// Keyed by the collective and the size bucket of its buffer.
     schedules: FxHashMap<(Collective, u64), Chosen>,
-    programs: FxHashMap<(Collective, u32, usize), Program>,
+    programs: FxHashMap<(Collective, u32, ChunkLayout), (ChunkLayout, Program)>,
     scratch: Vec<u64>,
     /// The executor's per-slice scratch, kept between calls.
     slice_tmp: Vec<u64>,

@@ -48,7 +48,15 @@ pub fn own_namespaces() -> Result<Vec<String>> {
     Ok(netns::list()?.into_iter().filter(|n| n.starts_with(&mine)).collect())
 }
 
-/// tbf's bucket: at least 64 KiB (a GSO segment) and 4 ms of traffic.
+/// MTU of the emulated links. The links stand for NVLink, PCIe and InfiniBand fabrics, whose
+/// per-packet cost is not what an emulation measures; at Ethernet's 1500 bytes the kernel's
+/// per-packet work for 16 ranks' TCP took 79 % of this 2-core machine, and the schedules with
+/// many small messages measured CPU instead of links (4×4 torus, 16 MiB: Blink at 38 % of its
+/// predicted bus bandwidth with 1500, 63 % with 65000; TACOS 58 % and 98 %).
+const LINK_MTU: u32 = 65_000;
+
+/// tbf's bucket: at least 64 KiB (a GSO segment, and one packet at [`LINK_MTU`]) and 4 ms of
+/// traffic.
 fn burst_bytes(mbit: f64) -> u64 {
     ((mbit * 1e6 / 8.0 * 0.004) as u64).max(64 * 1024)
 }
@@ -103,7 +111,7 @@ impl Emulation {
             let mut tc = Vec::new();
             for l in plan.links.iter().filter(|l| l.a == i || l.b == i) {
                 let iface = l.iface_at(i);
-                ip.push(format!("link set {iface} up"));
+                ip.push(format!("link set {iface} mtu {LINK_MTU} up"));
                 if let Some(rate) = if l.a == i { l.rate_ab } else { l.rate_ba } {
                     tc.push(format!(
                         "qdisc add dev {iface} root tbf rate {}kbit burst {} latency 200ms",

@@ -58,10 +58,22 @@ impl RunConfig<'_> {
     }
 }
 
+/// How far a channel is: slices `< slice` of `step` are done, and slices `< trail` of the step
+/// after it, where that step trails `step` slice by slice (`XChannel::trails`).
 #[derive(Debug, Clone, Copy, Default)]
 struct ChannelState {
     step: usize,
     slice: usize,
+    trail: usize,
+}
+
+impl ChannelState {
+    /// Whether slice `slice` of step `step` of this channel is done.
+    fn done(&self, step: usize, slice: usize, slicewise: bool) -> bool {
+        self.step > step
+            || (slicewise && self.step == step && self.slice > slice)
+            || (slicewise && self.step + 1 == step && self.trail > slice)
+    }
 }
 
 struct Run<'r, 'm> {
@@ -197,35 +209,45 @@ impl Run<'_, '_> {
         Ok(true)
     }
 
-    fn deps_done(&self, c: usize, step: usize) -> bool {
-        self.prog.channels[c]
-            .deps_of(step as u32)
-            .all(|d| self.state.get(d.on.channel as usize).is_some_and(|s| s.step > d.on.step as usize))
+    /// Whether slice `slice` of step `step` of channel `c` may run: every step it depends on is
+    /// done, or has done that slice where the dependency holds slice by slice.
+    fn deps_done(&self, c: usize, step: usize, slice: usize) -> bool {
+        self.prog.channels[c].deps_of(step as u32).all(|(d, slicewise)| {
+            self.state.get(d.on.channel as usize).is_some_and(|s| s.done(d.on.step as usize, slice, slicewise))
+        })
     }
 
     /// Runs channel `c` until it blocks or ends; true when anything ran.
     fn advance(&mut self, c: usize) -> Result<bool> {
         let ch = &self.prog.channels[c];
         let mut moved = false;
+        let sb = self.cfg.slice_bytes;
         loop {
-            let ChannelState { step, slice } = self.state[c];
+            let ChannelState { step, slice, trail } = self.state[c];
             let Some(st) = ch.steps.get(step) else { return Ok(moved) };
-            if slice == 0 && !self.deps_done(c, step) {
-                return Ok(moved);
-            }
-            let sb = self.cfg.slice_bytes;
             let slices = st.len.div_ceil(sb).max(1);
-            let off = slice * sb;
-            let n = sb.min(st.len - off);
-            if !self.slice(st, ch.tag, off, n)? {
-                return Ok(moved);
+            if self.deps_done(c, step, slice) && self.slice(st, ch.tag, slice * sb, sb.min(st.len - slice * sb))? {
+                moved = true;
+                self.state[c] = if slice + 1 == slices {
+                    // The trailing step carries on from where it got to.
+                    ChannelState { step: step + 1, slice: trail, trail: 0 }
+                } else {
+                    ChannelState { step, slice: slice + 1, trail }
+                };
+                continue;
             }
-            moved = true;
-            self.state[c] = if slice + 1 == slices {
-                ChannelState { step: step + 1, slice: 0 }
-            } else {
-                ChannelState { step, slice: slice + 1 }
-            };
+            // The step waits: the next one may still do the slices this one has done.
+            let next = step + 1;
+            if trail < slice
+                && ch.trails.get(next).copied().unwrap_or(false)
+                && self.deps_done(c, next, trail)
+                && self.slice(&ch.steps[next], ch.tag, trail * sb, sb.min(ch.steps[next].len - trail * sb))?
+            {
+                moved = true;
+                self.state[c].trail = trail + 1;
+                continue;
+            }
+            return Ok(moved);
         }
     }
 
@@ -281,6 +303,8 @@ impl Run<'_, '_> {
             }
             Action::Reduce => match self.mem.pair(src, dst)? {
                 Pair::Distinct(s, d) => reduce_in_place(dtype, op, d, s),
+                // Two empty chunks (fewer elements than chunks) lie at one address.
+                Pair::Same([]) => {}
                 Pair::Same(_) => return Err(Error::Internal("a step reduces a chunk with itself".into())),
             },
             Action::Recv | Action::RecvReduce => {}
@@ -294,7 +318,7 @@ impl Run<'_, '_> {
         for (c, ch) in self.prog.channels.iter().enumerate() {
             let s = self.state[c];
             let Some(st) = ch.steps.get(s.step) else { continue };
-            let what = if s.slice == 0 && !self.deps_done(c, s.step) {
+            let what = if !self.deps_done(c, s.step, s.slice) {
                 "another channel".to_string()
             } else if st.action.receives() {
                 format!("a message from rank {}", st.from)

@@ -3,6 +3,7 @@
 //! produced the schedule.
 
 pub(crate) mod engine;
+pub(crate) mod layout;
 pub(crate) mod memory;
 pub(crate) mod program;
 pub(crate) mod reduce;

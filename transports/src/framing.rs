@@ -17,6 +17,8 @@ const STAGING_BYTES: usize = 64 << 10;
 const DIRECT_READ_BYTES: usize = 16 << 10;
 /// Buffers kept for reuse.
 const POOL_BUFFERS: usize = 64;
+/// Queued frames handed to the stream per system call.
+const WRITE_BATCH: usize = 64;
 
 /// Payloads at least this large are handed over where they arrived when the stream allows it
 /// (smaller ones are cheaper to batch through the staging buffer).
@@ -39,6 +41,12 @@ pub(crate) trait ByteStream: Send {
     /// is gone (a stream that reads nothing notices that in `read`).
     fn check_alive(&mut self) -> Result<()> {
         Ok(())
+    }
+    /// Messages smaller than this are queued and written together at the next progress
+    /// (0: every message is written at once). A socket pays per system call and per packet,
+    /// so many small messages written one by one cost far more than their bytes.
+    fn coalesce_below(&self) -> usize {
+        0
     }
 }
 
@@ -172,7 +180,7 @@ impl<S: ByteStream> Framed<S> {
             .map_err(|_| Error::Unsupported(format!("message of {} bytes exceeds {MAX_MESSAGE_BYTES}", data.len())))?;
         let header = encode_header(tag, len, meta);
         let mut written = 0;
-        if self.pending.is_empty() {
+        if self.pending.is_empty() && data.len() >= self.stream.coalesce_below() {
             match self.stream.write_vectored(&[IoSlice::new(&header), IoSlice::new(data)]) {
                 Ok(n) => written = n,
                 Err(Error::PeerClosed(why)) => {
@@ -202,8 +210,8 @@ impl<S: ByteStream> Framed<S> {
         let mut moved = false;
         while !self.pending.is_empty() && self.closed.is_none() {
             let n = {
-                let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(8);
-                for (i, buf) in self.pending.iter().take(8).enumerate() {
+                let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(WRITE_BATCH);
+                for (i, buf) in self.pending.iter().take(WRITE_BATCH).enumerate() {
                     slices.push(IoSlice::new(if i == 0 { &buf[self.pending_off..] } else { buf }));
                 }
                 match self.stream.write_vectored(&slices) {

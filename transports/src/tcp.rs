@@ -12,6 +12,10 @@ use crate::error::{Error, Result};
 use crate::framing::{ByteStream, Framed};
 use crate::{Connection, Message, Meta, PeerSetup, Transport, WaitFd};
 
+/// Messages below this size wait for the executor's next round and leave in one `sendmsg`
+/// with the others queued by then (larger ones are written at once, without a copy).
+const COALESCE_BELOW: usize = 64 << 10;
+
 /// A TCP socket as a non-blocking byte stream.
 pub(crate) struct TcpByteStream {
     stream: TcpStream,
@@ -60,6 +64,10 @@ impl ByteStream for TcpByteStream {
                 }
             }
         }
+    }
+
+    fn coalesce_below(&self) -> usize {
+        COALESCE_BELOW
     }
 
     fn read(&mut self, buf: &mut [u8]) -> Result<usize> {
