@@ -122,7 +122,7 @@ pub(crate) fn start_rank(mut cmd: Command, r: u32, children: &mut Vec<Option<Chi
     }
 }
 
-pub(crate) fn kill_all(children: &mut [Option<Child>]) {
+fn kill_all(children: &mut [Option<Child>]) {
     for c in children.iter_mut().flatten() {
         let _ = c.kill();
         let _ = c.wait();

@@ -139,16 +139,7 @@ pub fn run(plan: &Plan, first: Communicator, config: &Config, out: Output<'_>, m
                                 .map_err(io)?;
                                 out.out.flush().map_err(io)?;
                             }
-                            let row = measure(
-                                comm,
-                                plan,
-                                bench,
-                                dtype,
-                                op,
-                                size,
-                                &mut bufs,
-                                out.topology.as_ref().map(|(t, c)| (t, c)),
-                            )?;
+                            let row = measure(comm, plan, bench, dtype, op, size, &mut bufs, out.topology.as_ref())?;
                             if me == 0 {
                                 let clear = if out.progress { "\r\x1b[2K" } else { "" };
                                 writeln!(out.out, "{clear}{}", row.line()).map_err(io)?;
@@ -241,7 +232,7 @@ fn measure(
     rop: ReduceOp,
     size: u64,
     bufs: &mut Buffers,
-    topology: Option<(&Topology, &SimConfig)>,
+    topology: Option<&(Topology, SimConfig)>,
 ) -> Result<MeasuredRow> {
     let (n, me) = (comm.nranks(), comm.rank());
     let esize = dtype.size() as u64;

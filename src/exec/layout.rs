@@ -67,12 +67,12 @@ impl ChunkLayout {
         for (r, rank) in schedule.ranks.iter().enumerate() {
             for (c, ch) in rank.channels.iter().enumerate() {
                 for st in &ch.steps {
-                    let lens: Vec<usize> =
-                        st.op.src().into_iter().chain(st.op.dst()).map(|s| self.len(s, st.count)).collect();
-                    let Some(&len) = lens.first() else { continue };
-                    if lens.iter().any(|&l| l != len) {
+                    let (src, dst) =
+                        (st.op.src().map(|s| self.len(s, st.count)), st.op.dst().map(|s| self.len(s, st.count)));
+                    if src.zip(dst).is_some_and(|(a, b)| a != b) {
                         return false;
                     }
+                    let Some(len) = src.or(dst) else { continue };
                     if let Some(to) = st.op.send_to() {
                         sent.entry((r as u32, to, c)).or_default().push(len);
                     }
@@ -113,14 +113,7 @@ mod tests {
     fn every_builtin_generator_fits_uneven_chunks() {
         let reg = Registry::builtin();
         let topo = resolve("dgx1[0,1,2,4,5]").unwrap();
-        for coll in [
-            Collective::AllReduce,
-            Collective::AllGather,
-            Collective::ReduceScatter,
-            Collective::Broadcast { root: 1 },
-            Collective::Reduce { root: 2 },
-            Collective::AllToAll,
-        ] {
+        for coll in Collective::ALL {
             for g in reg.iter().filter(|g| g.supports(coll)) {
                 let s = g.generate(&Request::new(&topo, coll).pipeline(3)).unwrap();
                 let k = (s.chunks / s.collective.chunk_multiple(s.nranks)) as usize;

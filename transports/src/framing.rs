@@ -210,11 +210,14 @@ impl<S: ByteStream> Framed<S> {
         let mut moved = false;
         while !self.pending.is_empty() && self.closed.is_none() {
             let n = {
-                let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(WRITE_BATCH);
-                for (i, buf) in self.pending.iter().take(WRITE_BATCH).enumerate() {
-                    slices.push(IoSlice::new(if i == 0 { &buf[self.pending_off..] } else { buf }));
+                // On the stack: this runs on every progress with anything queued.
+                let mut slices = [IoSlice::new(&[]); WRITE_BATCH];
+                let mut count = 0;
+                for (slot, buf) in slices.iter_mut().zip(&self.pending) {
+                    *slot = IoSlice::new(if count == 0 { &buf[self.pending_off..] } else { buf });
+                    count += 1;
                 }
-                match self.stream.write_vectored(&slices) {
+                match self.stream.write_vectored(&slices[..count]) {
                     Ok(n) => n,
                     Err(Error::PeerClosed(why)) => {
                         self.mark_closed(why);

@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
 use super::{families, Link, LinkKind, Node, NodeKind, Rank, Topology};
@@ -35,17 +35,18 @@ struct FileSpec {
     link: Vec<Spanned<LinkSpec>>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 struct NodeSpec {
     name: String,
     kind: NodeKind,
+    #[serde(skip_serializing_if = "Option::is_none")]
     rank: Option<Rank>,
     host: Option<String>,
     forwards: Option<bool>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 struct LinkSpec {
     a: String,
@@ -158,57 +159,49 @@ pub fn parse(text: &str, origin: &Path, default_name: &str) -> Result<Topology> 
 
 /// Writes `topo` as a topology document that [`parse`] reads back into the same machine: every
 /// node with its rank, host and forwarding, every directed link on its own (`duplex = false`).
+/// The document is the very [`NodeSpec`] and [`LinkSpec`] records `parse` reads, serialized.
 /// Fails for a GPU that holds no rank (the unselected GPUs of a subset), which the format
 /// cannot say.
 pub fn to_toml(topo: &Topology) -> Result<String> {
-    let q = |s: &str| toml::Value::String(s.to_string()).to_string();
-    let kind = |k: NodeKind| match k {
-        NodeKind::Gpu => "gpu",
-        NodeKind::Cpu => "cpu",
-        NodeKind::Nic => "nic",
-        NodeKind::Switch => "switch",
-    };
-    let link_kind = |k: LinkKind| match k {
-        LinkKind::NvLink => "nvlink",
-        LinkKind::Pcie => "pcie",
-        LinkKind::Smp => "smp",
-        LinkKind::Net => "net",
-        LinkKind::Other => "other",
-    };
+    #[derive(Serialize)]
+    struct Document<'a> {
+        name: &'a str,
+        node: Vec<NodeSpec>,
+        link: Vec<LinkSpec>,
+    }
     let graph = topo.graph();
-    let mut out = format!("name = {}\n\nnode = [\n", q(topo.name()));
-    for node in graph.node_weights() {
-        let rank = match (node.rank, node.kind) {
-            (Some(r), _) => format!(", rank = {r}"),
-            (None, NodeKind::Gpu) => {
-                return Err(Error::InvalidTopology {
-                    name: topo.name().to_string(),
-                    message: format!("GPU `{}` holds no rank, which a topology file cannot express", node.name),
-                })
-            }
-            (None, _) => String::new(),
-        };
-        out += &format!(
-            "  {{ name = {}, kind = \"{}\"{rank}, host = {}, forwards = {} }},\n",
-            q(&node.name),
-            kind(node.kind),
-            q(&node.host),
-            node.forwards
-        );
+    let mut node = Vec::with_capacity(graph.node_count());
+    for n in graph.node_weights() {
+        if n.rank.is_none() && n.kind == NodeKind::Gpu {
+            return Err(Error::InvalidTopology {
+                name: topo.name().to_string(),
+                message: format!("GPU `{}` holds no rank, which a topology file cannot express", n.name),
+            });
+        }
+        node.push(NodeSpec {
+            name: n.name.clone(),
+            kind: n.kind,
+            rank: n.rank,
+            host: Some(n.host.clone()),
+            forwards: Some(n.forwards),
+        });
     }
-    out += "]\n\nlink = [\n";
-    for (_, a, b, l) in topo.edges() {
-        out += &format!(
-            "  {{ a = {}, b = {}, bandwidth = {:?}, latency = {:?}, duplex = false, kind = \"{}\" }},\n",
-            q(&graph[a].name),
-            q(&graph[b].name),
-            l.bandwidth,
-            l.latency,
-            link_kind(l.kind)
-        );
-    }
-    out += "]\n";
-    Ok(out)
+    let link = topo
+        .edges()
+        .map(|(_, a, b, l)| LinkSpec {
+            a: graph[a].name.clone(),
+            b: graph[b].name.clone(),
+            bandwidth: l.bandwidth,
+            latency: l.latency,
+            count: 1,
+            duplex: false,
+            kind: l.kind,
+        })
+        .collect();
+    toml::to_string(&Document { name: topo.name(), node, link }).map_err(|e| Error::InvalidTopology {
+        name: topo.name().to_string(),
+        message: format!("cannot be written as TOML: {e}"),
+    })
 }
 
 fn line_of(text: &str, offset: usize) -> usize {
