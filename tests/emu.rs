@@ -90,3 +90,26 @@ fn an_interrupted_run_tears_the_network_down() {
     assert_eq!(status.code(), Some(130));
     assert!(namespaces_of(pid).is_empty(), "left behind: {:?}", namespaces_of(pid));
 }
+
+#[test]
+fn a_switched_machine_with_per_pair_classes_on_shared_links_runs_checked() {
+    if skip() {
+        return;
+    }
+    // Two nodes of two GPUs: each node's NIC link carries two GPUs' traffic to the other
+    // node, so the shaping has one class per rank pair there, filtered by address; `tc`
+    // must take every command (the build fails otherwise) and the all-reduces check.
+    let child = Command::new(env!("CARGO_BIN_EXE_collbench"))
+        .args(["--emulate", "cluster:2x2", "-b", "1M", "-e", "1M", "-N", "1", "--algo", "ring,blink"])
+        .env("TOPOCCL_TIMEOUT", "60")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(stdout.contains("Out of bounds values : 0 OK"), "{stdout}");
+    assert!(namespaces_of(pid).is_empty(), "left behind: {:?}", namespaces_of(pid));
+}

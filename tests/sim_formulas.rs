@@ -112,3 +112,51 @@ fn a_rank_engine_posts_its_messages_one_at_a_time() {
     let serial = Simulator::with_config(&topo, config).run(&s, 8).unwrap().time_us;
     close(serial, 3.0 * cost + ALPHA + xfer(8.0), "fan-out with an engine cost");
 }
+
+/// A simulator with topoccl's executor's send queues of `cap` bytes per rank pair.
+fn queued(topo: &topoccl_synth::topology::Topology, cap: Option<f64>) -> topoccl_synth::sim::Simulator<'_> {
+    use topoccl_synth::sim::{SimConfig, Simulator};
+    Simulator::with_config(topo, SimConfig { pair_sharing: true, pair_queue_bytes: cap, ..SimConfig::default() })
+}
+
+#[test]
+fn a_rank_pair_queue_sends_first_in_first_out() {
+    // Rank 0 sends chunks 0 and 1 (1 MB each) to rank 1 on two channels; rank 1 returns chunk
+    // 0 as soon as it has it. Shared fairly, chunk 0 arrives after 2 MB / B; through one FIFO
+    // queue (topoccl's executor: one connection per peer), after 1 MB / B.
+    let topo = resolve(&format!("full:2,bw={BW},lat={ALPHA}")).unwrap();
+    let mut b = ScheduleBuilder::new("fifo", Collective::Broadcast { root: 0 }, 2, 2);
+    b.push(0, 0, Op::Send { to: 1, src: Slot::input(0) }, 1);
+    b.push(0, 1, Op::Send { to: 1, src: Slot::input(1) }, 1);
+    b.push(1, 0, Op::Recv { from: 0, dst: Slot::output(0) }, 1);
+    b.push(1, 0, Op::Send { to: 0, src: Slot::output(0) }, 1);
+    b.push(1, 1, Op::Recv { from: 0, dst: Slot::output(1) }, 1);
+    b.push(0, 0, Op::Recv { from: 1, dst: Slot::output(0) }, 1);
+    let s = b.build();
+    let fair = queued(&topo, None).run(&s, 2_000_000).unwrap().time_us;
+    close(fair, 3.0 * xfer(1e6) + 2.0 * ALPHA, "two channels sharing the link fairly");
+    let fifo = queued(&topo, Some(4e6)).run(&s, 2_000_000).unwrap().time_us;
+    close(fifo, 2.0 * xfer(1e6) + 2.0 * ALPHA, "two channels through one queue");
+}
+
+#[test]
+fn queued_sends_complete_when_queued_up_to_the_cap() {
+    // One channel of rank 0 sends 1 MB to rank 1, 1 MB to rank 1 again, then 3 MB to rank 2.
+    // Eager into a large queue, the send to rank 2 starts at once (done at 3 MB / B); with a
+    // queue of 1 MB, the second message to rank 1 waits for the first to leave, and the send
+    // to rank 2 behind it starts 1 MB / B late. Without queues each send waits for its
+    // predecessor's last byte: 1 + 1 + 3 MB / B.
+    let topo = resolve(&format!("full:3,bw={BW},lat={ALPHA}")).unwrap();
+    let mut b = ScheduleBuilder::new("eager", Collective::Broadcast { root: 0 }, 3, 5);
+    b.push(0, 0, Op::Send { to: 1, src: Slot::input(0) }, 1);
+    b.push(0, 0, Op::Send { to: 1, src: Slot::input(1) }, 1);
+    b.push(0, 0, Op::Send { to: 2, src: Slot::input(2) }, 3);
+    b.push(1, 0, Op::Recv { from: 0, dst: Slot::output(0) }, 1);
+    b.push(1, 0, Op::Recv { from: 0, dst: Slot::output(1) }, 1);
+    b.push(2, 0, Op::Recv { from: 0, dst: Slot::output(2) }, 3);
+    let s = b.build();
+    let bytes = 5_000_000;
+    close(queued(&topo, Some(4e6)).run(&s, bytes).unwrap().time_us, 3.0 * xfer(1e6) + ALPHA, "eager, room");
+    close(queued(&topo, Some(1e6)).run(&s, bytes).unwrap().time_us, 4.0 * xfer(1e6) + ALPHA, "eager, 1 MB cap");
+    close(queued(&topo, None).run(&s, bytes).unwrap().time_us, 5.0 * xfer(1e6) + ALPHA, "not eager");
+}

@@ -122,6 +122,10 @@ pub struct Args {
     /// topoccl's one connection per peer (the runtime's model; GPUs share per flow).
     #[arg(long)]
     pub sim_pair_sharing: bool,
+    /// (--simulate) Eager sends through one FIFO queue per rank pair of at most BYTES, as
+    /// topoccl's executor sends (the runtime's model, with its `TOPOCCL_MAX_BACKLOG`).
+    #[arg(long, value_name = "BYTES", value_parser = sizes::parse_size)]
+    pub sim_pair_queue: Option<u64>,
     /// Write JSON to FILE (or, with no FILE, to standard output instead of the table).
     #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
     pub json: Option<String>,

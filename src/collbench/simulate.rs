@@ -55,6 +55,7 @@ pub fn run(args: &Args, out: &mut dyn Write) -> Result<()> {
         message_overhead_us: args.sim_overhead_us,
         rank_message_us: args.sim_message_us,
         pair_sharing: args.sim_pair_sharing,
+        pair_queue_bytes: args.sim_pair_queue.map(|b| b as f64),
         ..SimConfig::default()
     };
     let mut sim = Simulator::with_config(&topo, config);

@@ -142,9 +142,15 @@ fn advertised_ip(toward: SocketAddr) -> Result<IpAddr> {
 
 /// The cost model of topoccl's own executor, which the tuner prices with and `collbench
 /// --compare-sim` predicts with: one CPU thread per rank posting messages one at a time, and
-/// one connection per peer (a shared link is split by rank pair).
+/// one connection per peer (a shared link is split by rank pair) whose messages leave one
+/// after another from a send queue of at most `max_backlog` bytes.
 pub fn runtime_sim_config(config: &Config) -> SimConfig {
-    SimConfig { rank_message_us: config.tuner_message_us, pair_sharing: true, ..SimConfig::default() }
+    SimConfig {
+        rank_message_us: config.tuner_message_us,
+        pair_sharing: true,
+        pair_queue_bytes: Some(config.max_backlog as f64),
+        ..SimConfig::default()
+    }
 }
 
 fn data_listener(ip: IpAddr) -> Result<(TcpListener, SocketAddr)> {

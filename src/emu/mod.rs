@@ -1,6 +1,7 @@
 //! Emulated topologies: a topology turned into a real network on this machine, one network
 //! namespace per node, one veth pair per link, each end shaped with `tc` to its link's
-//! bandwidth times a scale factor, routed exactly as the simulator routes. Ranks run inside the
+//! bandwidth times a scale factor (one htb class per rank pair crossing it, see [`shape`]),
+//! routed exactly as the simulator routes. Ranks run inside the
 //! rank namespaces and talk TCP over the shaped links, so a synthesized schedule meets real
 //! sockets, real contention and real TCP, and the simulator can be checked against it.
 //!
@@ -12,6 +13,7 @@
 
 pub mod netns;
 pub mod plan;
+pub mod shape;
 
 use std::net::Ipv4Addr;
 
@@ -54,12 +56,6 @@ pub fn own_namespaces() -> Result<Vec<String>> {
 /// many small messages measured CPU instead of links (4×4 torus, 16 MiB: Blink at 38 % of its
 /// predicted bus bandwidth with 1500, 63 % with 65000; TACOS 58 % and 98 %).
 const LINK_MTU: u32 = 65_000;
-
-/// tbf's bucket: at least 64 KiB (a GSO segment, and one packet at [`LINK_MTU`]) and 4 ms of
-/// traffic.
-fn burst_bytes(mbit: f64) -> u64 {
-    ((mbit * 1e6 / 8.0 * 0.004) as u64).max(64 * 1024)
-}
 
 impl Emulation {
     /// Builds the network for `topo` (`scale`: Mbit/s per GB/s, `None` for the default).
@@ -108,18 +104,10 @@ impl Emulation {
                 format!("link set {ADDRESS_IFACE}p up"),
                 format!("link set {ADDRESS_IFACE} up"),
             ];
-            let mut tc = Vec::new();
             for l in plan.links.iter().filter(|l| l.a == i || l.b == i) {
-                let iface = l.iface_at(i);
-                ip.push(format!("link set {iface} mtu {LINK_MTU} up"));
-                if let Some(rate) = if l.a == i { l.rate_ab } else { l.rate_ba } {
-                    tc.push(format!(
-                        "qdisc add dev {iface} root tbf rate {}kbit burst {} latency 200ms",
-                        (rate * 1000.0).round().max(8.0) as u64,
-                        burst_bytes(rate)
-                    ));
-                }
+                ip.push(format!("link set {} mtu {LINK_MTU} up", l.iface_at(i)));
             }
+            let tc = shape::tc_commands(plan, i);
             let mut tables = std::collections::BTreeSet::new();
             for h in plan.hops.iter().filter(|h| h.at == i) {
                 let iface = plan.links[h.link].iface_at(i);

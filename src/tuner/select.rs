@@ -103,12 +103,16 @@ impl Selector {
     pub fn choose(&mut self, collective: Collective, bytes: u64) -> Result<Choice> {
         let bucket = size_bucket(bytes);
         let sim = self.options.sim;
+        // Every knob of the cost model enters the key: a decision priced under one model is
+        // not reused under another.
         let key = format!(
-            "{}/{collective}/{bucket}/{}/{}/{:?}",
+            "{}/{collective}/{bucket}/{}/{}/{:?}/{}/{:?}",
             self.options.forced.as_deref().unwrap_or("auto"),
             sim.message_overhead_us,
             sim.rank_message_us,
-            sim.local_gbps
+            sim.local_gbps,
+            sim.pair_sharing,
+            sim.pair_queue_bytes
         );
         if self.plugins.is_empty() {
             if let Some(c) = self.decisions.get(&key) {

@@ -7,6 +7,12 @@
 //! latency after its last byte left; the sending step completes when its last byte has left
 //! (eager sends, as the IR specifies). With one flow per link this is exactly the alpha-beta
 //! model: a message of b bytes over a link of latency α and bandwidth B takes α + b/B.
+//!
+//! Two options model topoccl's own executor rather than a GPU's channels: flows between one
+//! pair of ranks share a link as one ([`SimConfig::pair_sharing`]), and sends are eager into one
+//! first-in-first-out queue per pair ([`SimConfig::pair_queue_bytes`]). The queue matters to
+//! schedules whose channels share links unevenly (Blink's tree lanes): a chunk waits behind
+//! whatever other lanes queued first, instead of getting its fair share at once.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -35,11 +41,24 @@ pub struct SimConfig {
     /// or a shared-memory ring), so TCP's per-connection fairness splits a shared link by rank
     /// pair, not by channel. GPUs with a connection per channel (NCCL) share per flow.
     pub pair_sharing: bool,
+    /// Eager sends through one first-in-first-out queue per rank pair, of at most this many
+    /// bytes: a send step completes as soon as its message is queued (the queue under the
+    /// cap), and the pair's messages then cross the network one after another, not side by
+    /// side. This is topoccl's executor over its transports (one connection per peer, a
+    /// send backlog capped by `TOPOCCL_MAX_BACKLOG`). `None`: each step's message is its own
+    /// flow and the step completes when its last byte has left.
+    pub pair_queue_bytes: Option<f64>,
 }
 
 impl Default for SimConfig {
     fn default() -> SimConfig {
-        SimConfig { message_overhead_us: 0.0, local_gbps: None, rank_message_us: 0.0, pair_sharing: false }
+        SimConfig {
+            message_overhead_us: 0.0,
+            local_gbps: None,
+            rank_message_us: 0.0,
+            pair_sharing: false,
+            pair_queue_bytes: None,
+        }
     }
 }
 
@@ -111,6 +130,19 @@ struct Flow {
     conn: u32,
 }
 
+/// A rank pair's send queue (`SimConfig::pair_queue_bytes`): messages as (bytes, conn); the
+/// first is on the wire.
+#[derive(Default)]
+struct PairQueue {
+    messages: VecDeque<(f64, u32)>,
+    bytes: f64,
+    /// Channels waiting for room.
+    waiters: Vec<u32>,
+}
+
+/// `Flow::channel` of a queued message, which completes no step when it ends.
+const QUEUED: u32 = u32::MAX;
+
 struct Conn {
     route: u32,
     arrived: u32,
@@ -154,6 +186,8 @@ struct Run<'a> {
     conn_of: FxHashMap<(Rank, Rank, u32), u32>,
     flows: Vec<Flow>,
     free_flows: Vec<u32>,
+    /// Per route, with `pair_queue_bytes`.
+    queues: FxHashMap<u32, PairQueue>,
     /// Flows on each link group, bytes per µs of each group.
     link_flows: Vec<Vec<u32>>,
     /// With `pair_sharing`: per link group, flows on it per route (a route is one rank pair).
@@ -233,6 +267,7 @@ impl<'t> Simulator<'t> {
             conn_of: FxHashMap::default(),
             flows: Vec::new(),
             free_flows: Vec::new(),
+            queues: FxHashMap::default(),
             link_flows: vec![Vec::new(); groups.len()],
             link_pairs: if self.config.pair_sharing { vec![FxHashMap::default(); groups.len()] } else { Vec::new() },
             // GB/s = 10^9 B/s = 10^3 B/µs.
@@ -353,8 +388,22 @@ impl<'t> Simulator<'t> {
                         c
                     }
                 };
-                self.start_flow(run, g, conn, f64::from(step.count) * run.chunk_bytes);
-                return Ok(());
+                let bytes = f64::from(step.count) * run.chunk_bytes;
+                let Some(cap) = self.config.pair_queue_bytes else {
+                    self.start_flow(run, g, conn, bytes);
+                    return Ok(());
+                };
+                let route = run.conns[conn as usize].route;
+                let q = run.queues.entry(route).or_default();
+                if q.bytes >= cap && !q.messages.is_empty() {
+                    q.waiters.push(g);
+                    return Ok(());
+                }
+                q.bytes += bytes;
+                q.messages.push_back((bytes, conn));
+                if q.messages.len() == 1 {
+                    self.start_flow(run, QUEUED, conn, bytes);
+                }
             }
             run.complete_step(g);
         }
@@ -419,8 +468,24 @@ impl<'t> Simulator<'t> {
         self.rerate_links(run, route, Some(id));
         let latency = self.routes[route as usize].latency + self.config.message_overhead_us;
         run.push(latency, EventKind::Arrive { conn });
-        run.complete_step(g);
-        self.advance(run, g)
+        if g != QUEUED {
+            run.complete_step(g);
+            return self.advance(run, g);
+        }
+        // The pair's next message goes on the wire; channels waiting for room go on.
+        let Some(q) = run.queues.get_mut(&route) else { return Ok(()) };
+        if let Some((bytes, _)) = q.messages.pop_front() {
+            q.bytes -= bytes;
+        }
+        let next = q.messages.front().copied();
+        let waiters = std::mem::take(&mut q.waiters);
+        if let Some((bytes, conn)) = next {
+            self.start_flow(run, QUEUED, conn, bytes);
+        }
+        for w in waiters {
+            run.push(0.0, EventKind::Continue { channel: w });
+        }
+        Ok(())
     }
 
     /// Recomputes the rates of every flow on the links of `route` (except `skip`).
