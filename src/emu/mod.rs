@@ -57,6 +57,9 @@ pub fn own_namespaces() -> Result<Vec<String>> {
 /// predicted bus bandwidth with 1500, 63 % with 65000; TACOS 58 % and 98 %).
 const LINK_MTU: u32 = 65_000;
 
+/// TCP's minimum retransmission timeout on the routes of rank namespaces (see `wire`).
+const RTO_MIN: &str = "5s";
+
 impl Emulation {
     /// Builds the network for `topo` (`scale`: Mbit/s per GB/s, `None` for the default).
     pub fn build(topo: &Topology, scale: Option<f64>) -> Result<Emulation> {
@@ -113,8 +116,13 @@ impl Emulation {
                 let iface = plan.links[h.link].iface_at(i);
                 let to = plan.nodes[h.to].ip;
                 let via = if h.next == h.to { String::new() } else { format!(" via {} onlink", plan.nodes[h.next].ip) };
+                // A pair's share of a slow shared link can be a few Mbit/s, where one 64 KB
+                // packet takes longer than TCP's 200 ms minimum retransmission timeout: the
+                // sender times out with nothing lost, collapses its window, and one run of a
+                // schedule took 11 s, the next 14 s (cluster-2x4-slow, Blink, 1–20 timeouts
+                // per rank). Queues here do not drop, so a late ACK is never a loss.
                 if h.from == i {
-                    ip.push(format!("route add {to}/32{via} dev {iface} src {}", node.ip));
+                    ip.push(format!("route add {to}/32{via} dev {iface} src {} rto_min {RTO_MIN}", node.ip));
                 } else {
                     let table = 100 + h.from;
                     if tables.insert(table) {

@@ -13,9 +13,11 @@
 
 use super::plan::NetPlan;
 
-/// How long a class's queue may be, in time at the link's rate (as tbf's `latency`): long
-/// enough that TCP rarely drops, while pairs no longer wait behind each other.
-const QUEUE_SECONDS: f64 = 0.2;
+/// How long a class's queue may be, in time at the link's rate. A pair waits only behind its
+/// own queue, so a long one costs other pairs nothing, and the fabrics emulated do not drop
+/// (credit-based flow control): TCP should not see losses either. (The routes also raise
+/// TCP's minimum retransmission timeout, see `Emulation::wire`.)
+const QUEUE_SECONDS: f64 = 2.0;
 
 /// The htb bucket: at least 64 KiB (a GSO segment, and one packet at the link MTU) and 4 ms of
 /// traffic.
