@@ -28,17 +28,10 @@ fn dead_pid() -> u32 {
     (4_000_000..).find(|p| !std::path::Path::new(&format!("/proc/{p}")).exists()).unwrap()
 }
 
-#[test]
-fn a_checked_all_reduce_runs_on_an_emulated_line_and_nothing_is_left() {
-    if skip() {
-        return;
-    }
-    // What a run killed with SIGKILL would leave: reaped by the next run.
-    let stale = format!("topoccl-{}-0", dead_pid());
-    netns::run("ip", &["netns", "add", &stale]).unwrap();
+/// Runs collbench with `args` to a successful end; its pid and standard output.
+fn run_ok(args: &[&str]) -> (u32, String) {
     let child = Command::new(env!("CARGO_BIN_EXE_collbench"))
-        .args(["--emulate", "ring:3", "-b", "64K", "-e", "256K", "-f", "4", "-N", "2", "--algo", "ring,tacos"])
-        .args(["--compare-sim"])
+        .args(args)
         .env("TOPOCCL_TIMEOUT", "60")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -48,6 +41,32 @@ fn a_checked_all_reduce_runs_on_an_emulated_line_and_nothing_is_left() {
     let out = child.wait_with_output().unwrap();
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    (pid, stdout.into_owned())
+}
+
+#[test]
+fn a_checked_all_reduce_runs_on_an_emulated_line_and_nothing_is_left() {
+    if skip() {
+        return;
+    }
+    // What a run killed with SIGKILL would leave: reaped by the next run.
+    let stale = format!("topoccl-{}-0", dead_pid());
+    netns::run("ip", &["netns", "add", &stale]).unwrap();
+    let (pid, stdout) = run_ok(&[
+        "--emulate",
+        "ring:3",
+        "-b",
+        "64K",
+        "-e",
+        "256K",
+        "-f",
+        "4",
+        "-N",
+        "2",
+        "--algo",
+        "ring,tacos",
+        "--compare-sim",
+    ]);
     assert!(stdout.contains("# emulated ring:3 (3 namespaces, 3 shaped links"), "{stdout}");
     assert!(stdout.contains("latency not emulated"), "{stdout}");
     assert!(stdout.contains("Out of bounds values : 0 OK"), "{stdout}");
@@ -99,17 +118,8 @@ fn a_switched_machine_with_per_pair_classes_on_shared_links_runs_checked() {
     // Two nodes of two GPUs: each node's NIC link carries two GPUs' traffic to the other
     // node, so the shaping has one class per rank pair there, filtered by address; `tc`
     // must take every command (the build fails otherwise) and the all-reduces check.
-    let child = Command::new(env!("CARGO_BIN_EXE_collbench"))
-        .args(["--emulate", "cluster:2x2", "-b", "1M", "-e", "1M", "-N", "1", "--algo", "ring,blink"])
-        .env("TOPOCCL_TIMEOUT", "60")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
-    let out = child.wait_with_output().unwrap();
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    let (pid, stdout) =
+        run_ok(&["--emulate", "cluster:2x2", "-b", "1M", "-e", "1M", "-N", "1", "--algo", "ring,blink"]);
     assert!(stdout.contains("Out of bounds values : 0 OK"), "{stdout}");
     assert!(namespaces_of(pid).is_empty(), "left behind: {:?}", namespaces_of(pid));
 }
