@@ -17,7 +17,7 @@ use crate::algorithms::{unsupported, Request, ScheduleGenerator};
 use crate::error::Result;
 use crate::schedule::{Collective, Op, Rank, Schedule, ScheduleBuilder, Slot, StepRef};
 use crate::topology::logical::{RankArc, RankGraph};
-use ten::{all_gather, TenOptions, TenSchedule};
+use ten::{best_all_gather, TenOptions, TenSchedule};
 
 /// Message size the link times are computed for when the request gives none (TACOS
 /// synthesizes per size; large messages are where its schedules matter).
@@ -216,8 +216,13 @@ impl ScheduleGenerator for Tacos {
         let k = req.pipeline.max(1);
         let total = n * k as usize;
         let bytes = if req.bytes == 0 { DEFAULT_BYTES } else { req.bytes };
-        let opt =
-            TenOptions { per_rank: k, chunk_bytes: bytes as f64 / total as f64, keep_order: true, window: WINDOW };
+        let opt = TenOptions {
+            per_rank: k,
+            chunk_bytes: bytes as f64 / total as f64,
+            keep_order: true,
+            window: WINDOW,
+            seed: 0,
+        };
         let em = Emitter { ch: channels(&g), g: &g };
         let mut b = ScheduleBuilder::new("tacos", coll, n as u32, total as u32);
         b.in_place(true);
@@ -229,13 +234,13 @@ impl ScheduleGenerator for Tacos {
                 let copies: Vec<StepRef> = (0..n as Rank)
                     .map(|r| b.push(r, 0, Op::Copy { src: Slot::input(0), dst: Slot::output(r * k) }, k))
                     .collect();
-                let ten = all_gather(&g, opt)?;
+                let ten = best_all_gather(&g, opt)?;
                 em.all_gather(&mut b, &ten, &|_, c| Slot::output(c), &|r, _| vec![copies[r as usize]], &none);
             }
             Collective::ReduceScatter => {
                 b.reserve_scratch(total as u32);
                 let (rg, back) = reversed(&g);
-                let ten = all_gather(&rg, opt)?;
+                let ten = best_all_gather(&rg, opt)?;
                 let owner_acc = |r: Rank, c: u32| if c / k == r { Slot::output(c % k) } else { Slot::scratch(c) };
                 em.reduce_scatter(&mut b, &rg, &back, &ten, &owner_acc);
                 if n == 1 {
@@ -244,12 +249,12 @@ impl ScheduleGenerator for Tacos {
             }
             Collective::AllReduce => {
                 let (rg, back) = reversed(&g);
-                let rs = all_gather(&rg, opt)?;
+                let rs = best_all_gather(&rg, opt)?;
                 let (reduced, sent) = em.reduce_scatter(&mut b, &rg, &back, &rs, &|_, c| Slot::output(c));
                 if n == 1 {
                     b.push(0, 0, Op::Copy { src: Slot::input(0), dst: Slot::output(0) }, total as u32);
                 }
-                let ag = if g.is_symmetric() { rs } else { all_gather(&g, opt)? };
+                let ag = if g.is_symmetric() { rs } else { best_all_gather(&g, opt)? };
                 let owner_deps = |r: Rank, c: u32| reduced.get(&(r, c)).cloned().unwrap_or_default();
                 let recv_deps = |r: Rank, c: u32| sent.get(&(r, c)).copied().into_iter().collect();
                 em.all_gather(&mut b, &ag, &|_, c| Slot::output(c), &owner_deps, &recv_deps);
