@@ -20,6 +20,11 @@ struct Row {
 fn main() -> Result<(), topoccl_synth::Error> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let every = args.iter().any(|a| a == "--all");
+    // Chunks per tree lane: the depths the tuner prices for Blink (p1 is Blink's default, 32).
+    let pipelines: Vec<u32> = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--pipelines="))
+        .map_or(vec![32, 128], |l| l.split(',').filter_map(|p| p.parse().ok()).collect());
     let mut positional = args.iter().filter(|a| !a.starts_with("--"));
     let machine = positional.next().map_or("dgx1", String::as_str);
     let bytes: u64 = positional.next().and_then(|b| b.parse().ok()).unwrap_or(256 << 20);
@@ -37,12 +42,16 @@ fn main() -> Result<(), topoccl_synth::Error> {
         let list: Vec<String> = ranks.iter().map(u32::to_string).collect();
         let topo = resolve(&format!("{machine}[{}]", list.join(",")))?;
         let b = bound(&topo, coll);
-        let busbw = |algo: &str| -> Result<f64, topoccl_synth::Error> {
-            let s = reg.generate(algo, &Request::new(&topo, coll))?;
+        let busbw = |algo: &str, pipeline: u32| -> Result<f64, topoccl_synth::Error> {
+            let s = reg.generate(algo, &Request::new(&topo, coll).pipeline(pipeline))?;
             let t = simulate(&topo, &s, bytes)?.time_us;
             Ok(bytes as f64 / t / 1e3 * coll.bus_factor(k))
         };
-        let (ring, blink_bw) = (busbw("ring")?, busbw("blink")?);
+        let ring = busbw("ring", 1)?;
+        let mut blink_bw = 0.0f64;
+        for &p in &pipelines {
+            blink_bw = blink_bw.max(busbw("blink", p)?);
+        }
         let plan = blink::plan(&topo, coll)?;
         let algbw_bound = b.rate_gbps;
         rows.push(Row {

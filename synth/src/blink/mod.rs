@@ -15,6 +15,7 @@
 
 pub mod arborescence;
 pub mod exact;
+pub mod lanes;
 pub mod packing;
 pub mod select;
 
@@ -38,7 +39,7 @@ const LARGE_TREES: usize = 4;
 const DEFAULT_PIPELINE: u32 = 32;
 /// Equal-rate lanes the trees are emitted as (DGX-1 fragments, % of bound, mean over the 5- /
 /// 6-GPU sets: 8 lanes 91.3 / 77.9, 16 91.9 / 88.4, 32 94.0 / 91.4, 64 94.1 / 92.3).
-const LANES: f64 = 32.0;
+const LANES: usize = 32;
 
 /// The trees Blink uses for one collective and how they were found.
 #[derive(Debug, Clone, PartialEq)]
@@ -146,21 +147,21 @@ impl ScheduleGenerator for Blink {
         let coll = req.collective;
         let tree_plan = plan(req.topology, coll)?;
         // Trees sharing a link get equal shares of it per message stream (as the simulator and
-        // fair networks give them), not shares in proportion to their rates. So the plan is
-        // emitted as about LANES lanes of (nearly) equal rate: a tree gets rate/unit of them,
-        // and a tree under half a unit is dropped (its rate is not worth a lane that would
-        // take an equal share of every link it crosses).
+        // fair networks give them), not shares in proportion to their rates: the plan is
+        // emitted as equal lanes, a whole number per tree ([`lanes`]).
         // Trees of one rate (Edmonds' packings, the spread trees of large machines) already
         // share links in proportion: one lane each.
         let (lo, hi) =
             tree_plan.trees.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), t| (lo.min(t.rate), hi.max(t.rate)));
-        let unit = if hi <= lo * 1.01 { lo } else { tree_plan.rate / LANES };
+        let counts = if hi <= lo * 1.01 {
+            vec![1; tree_plan.trees.len()]
+        } else {
+            lanes::lane_counts(&RankGraph::of(req.topology), tree_plan.shape, &tree_plan.trees, LANES).0
+        };
+        // Every lane carries the same data (what equal sharing of a link rewards).
         let mut lanes_of: Vec<(usize, f64)> = Vec::new();
-        for (i, t) in tree_plan.trees.iter().enumerate() {
-            let copies = (t.rate / unit).round() as usize;
-            if copies > 0 {
-                lanes_of.extend(std::iter::repeat((i, t.rate / copies as f64)).take(copies));
-            }
+        for (i, &copies) in counts.iter().enumerate() {
+            lanes_of.extend(std::iter::repeat((i, 1.0)).take(copies));
         }
         if lanes_of.is_empty() {
             lanes_of.extend(tree_plan.trees.iter().enumerate().map(|(i, t)| (i, t.rate)));
