@@ -98,13 +98,9 @@ fn proportional(shares: impl Iterator<Item = f64>) -> Vec<usize> {
     let mut counts: Vec<usize> = shares.iter().map(|s| s.floor() as usize).collect();
     let mut order: Vec<usize> = (0..shares.len()).collect();
     order.sort_by(|&a, &b| (shares[b] - shares[b].floor()).total_cmp(&(shares[a] - shares[a].floor())));
-    let mut have: usize = counts.iter().sum();
-    for &i in order.iter().cycle().take(shares.len() * 2) {
-        if have >= want {
-            break;
-        }
+    let short = want.saturating_sub(counts.iter().sum());
+    for &i in order.iter().cycle().take(short) {
         counts[i] += 1;
-        have += 1;
     }
     counts
 }
