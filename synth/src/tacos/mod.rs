@@ -9,6 +9,7 @@
 //! only depends on receives of earlier moments, so the global time order is an execution order
 //! and the schedule cannot deadlock.
 
+pub mod attempts;
 pub mod ten;
 
 use rustc_hash::FxHashMap;
@@ -17,7 +18,8 @@ use crate::algorithms::{unsupported, Request, ScheduleGenerator};
 use crate::error::Result;
 use crate::schedule::{Collective, Op, Rank, Schedule, ScheduleBuilder, Slot, StepRef};
 use crate::topology::logical::{RankArc, RankGraph};
-use ten::{best_all_gather, TenOptions, TenSchedule};
+use attempts::best_all_gather;
+use ten::{TenOptions, TenSchedule};
 
 /// Message size the link times are computed for when the request gives none (TACOS
 /// synthesizes per size; large messages are where its schedules matter).
