@@ -110,10 +110,6 @@ mod tests {
     use super::*;
     use crate::topology::logical::RankArc;
 
-    fn arc(from: u32, to: u32, bandwidth: f64) -> RankArc {
-        RankArc { from, to, bandwidth, latency: 1.0, direct: true }
-    }
-
     #[test]
     fn proportional_rounds_by_largest_remainder() {
         assert_eq!(proportional([1.6, 1.6, 1.8].into_iter()), vec![2, 1, 2]);
@@ -125,7 +121,14 @@ mod tests {
         // Two paths 0-1-2 and 0-2: a chain tree over links of 30 and a star over 10 + 30.
         let g = RankGraph::from_arcs(
             3,
-            vec![arc(0, 1, 30.0), arc(1, 0, 30.0), arc(1, 2, 30.0), arc(2, 1, 30.0), arc(0, 2, 10.0), arc(2, 0, 10.0)],
+            vec![
+                RankArc::link(0, 1, 30.0),
+                RankArc::link(1, 0, 30.0),
+                RankArc::link(1, 2, 30.0),
+                RankArc::link(2, 1, 30.0),
+                RankArc::link(0, 2, 10.0),
+                RankArc::link(2, 0, 10.0),
+            ],
         );
         let chain = PackedTree { root: 0, parent: vec![None, Some(0), Some(1)], rate: 20.0 };
         let star = PackedTree { root: 0, parent: vec![None, Some(0), Some(0)], rate: 10.0 };

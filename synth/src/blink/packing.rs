@@ -212,14 +212,11 @@ mod tests {
     use crate::topology::logical::RankArc;
     use crate::topology::resolve;
 
-    fn arc(from: Rank, to: Rank, bandwidth: f64) -> RankArc {
-        RankArc { from, to, bandwidth, latency: 1.0, direct: true }
-    }
-
     #[test]
     fn complete_graph_packs_n_over_two_trees() {
         // K4 with unit links both ways: 6 edges, 3 edges per tree → 2 trees (Nash-Williams).
-        let arcs = (0..4).flat_map(|a| (0..4).filter(move |&b| b != a).map(move |b| arc(a, b, 1.0))).collect();
+        let arcs =
+            (0..4).flat_map(|a| (0..4).filter(move |&b| b != a).map(move |b| RankArc::link(a, b, 1.0))).collect();
         let g = RankGraph::from_arcs(4, arcs);
         let p = pack_trees(&g, PackingShape::Bidirectional, 0.01);
         assert!(p.lower >= 0.99 * 2.0 && p.upper <= 2.0 * 1.01 + 1e-9, "{} {}", p.lower, p.upper);

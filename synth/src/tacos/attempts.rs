@@ -63,10 +63,6 @@ mod tests {
     use super::*;
     use crate::topology::resolve;
 
-    fn opts() -> TenOptions {
-        TenOptions { per_rank: 1, chunk_bytes: 1e6, keep_order: true, window: 2, seed: 0 }
-    }
-
     #[test]
     fn torus_and_hypercube_reach_the_per_step_bound() {
         // Degree 4, 15 chunks to receive, 4 per step: ⌈15/4⌉ = 4 steps at best, and 4 are
@@ -74,14 +70,14 @@ mod tests {
         // alone takes 5: the antipode's chunk must move on every step without a pause.
         for spec in ["torus2d:4x4", "hypercube:16"] {
             let g = RankGraph::of(&resolve(spec).unwrap());
-            assert_eq!(all_gather(&g, opts()).unwrap().steps, 5, "{spec}: seed 0 alone");
-            let s = best_all_gather(&g, opts()).unwrap();
+            assert_eq!(all_gather(&g, TenOptions::for_tests()).unwrap().steps, 5, "{spec}: seed 0 alone");
+            let s = best_all_gather(&g, TenOptions::for_tests()).unwrap();
             assert_eq!(s.steps, 4, "{spec}");
             let moved: usize = s.per_arc.iter().map(Vec::len).sum();
             assert_eq!(moved, 16 * 15);
-            assert_eq!(per_step_floor_us(&g, opts()), Some(s.time_us), "{spec}: at the floor");
+            assert_eq!(per_step_floor_us(&g, TenOptions::for_tests()), Some(s.time_us), "{spec}: at the floor");
             // Every rank runs the same attempts and gets the same schedule.
-            assert_eq!(best_all_gather(&g, opts()).unwrap().per_arc, s.per_arc);
+            assert_eq!(best_all_gather(&g, TenOptions::for_tests()).unwrap().per_arc, s.per_arc);
         }
     }
 
@@ -89,9 +85,9 @@ mod tests {
     fn attempts_never_do_worse_than_chunk_order_on_mixed_links() {
         for spec in ["dgx1[0,1,2,3,7]", "cluster-2x4-slow", "torus2d-4x4-slowlink"] {
             let g = RankGraph::of(&resolve(spec).unwrap());
-            assert_eq!(per_step_floor_us(&g, opts()), None, "{spec} has mixed links");
-            let first = all_gather(&g, opts()).unwrap();
-            let best = best_all_gather(&g, opts()).unwrap();
+            assert_eq!(per_step_floor_us(&g, TenOptions::for_tests()), None, "{spec} has mixed links");
+            let first = all_gather(&g, TenOptions::for_tests()).unwrap();
+            let best = best_all_gather(&g, TenOptions::for_tests()).unwrap();
             assert!(best.time_us <= first.time_us, "{spec}: {} > {}", best.time_us, first.time_us);
         }
     }

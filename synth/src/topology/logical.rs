@@ -38,6 +38,14 @@ pub struct RankArc {
     pub direct: bool,
 }
 
+#[cfg(test)]
+impl RankArc {
+    /// A direct link of `bandwidth` GB/s and 1 µs, for tests that build graphs by hand.
+    pub(crate) fn link(from: Rank, to: Rank, bandwidth: f64) -> RankArc {
+        RankArc { from, to, bandwidth, latency: 1.0, direct: true }
+    }
+}
+
 /// Ranks and the arcs between them, sorted by (from, to).
 #[derive(Debug, Clone)]
 pub struct RankGraph {
