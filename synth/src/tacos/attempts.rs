@@ -3,7 +3,7 @@
 //! rare ones decides whether a far rank's chunk can move on every step: on the 16-rank 2D torus
 //! and hypercube chunk order needs 5 steps and other orders the optimal 4 (⌈15 / 4⌉).
 
-use super::ten::{all_gather, TenOptions, TenSchedule};
+use super::ten::{all_gather, transfer_times, uniform, TenOptions, TenSchedule};
 use crate::error::Result;
 use crate::topology::logical::RankGraph;
 
@@ -42,13 +42,7 @@ pub fn best_all_gather(graph: &RankGraph, opt: TenOptions) -> Result<TenSchedule
 /// On links of one speed: no schedule finishes before the rank with the fewest in-links has
 /// received every chunk it lacks, one per link and step. `None` on mixed speeds.
 fn per_step_floor_us(graph: &RankGraph, opt: TenOptions) -> Option<f64> {
-    let arcs = graph.arcs();
-    let first = arcs.first()?;
-    let step = |a: &crate::topology::logical::RankArc| a.latency + opt.chunk_bytes / (a.bandwidth * 1e3);
-    let t = step(first);
-    if arcs.iter().any(|a| (step(a) - t).abs() > 1e-9 * t) {
-        return None;
-    }
+    let t = uniform(&transfer_times(graph, opt.chunk_bytes))?;
     let k = opt.per_rank.max(1) as usize;
     let lacking = graph.nranks() * k - k;
     let steps = (0..graph.nranks() as crate::schedule::Rank)

@@ -9,8 +9,8 @@
 //!   arrival, as the reference does, lets a fast link forward data a slow link has not finished
 //!   delivering);
 //! - deterministic: candidates are taken in the order the source received them, and ties
-//!   between equally rare chunks are broken by a fixed sequence of seeds
-//!   ([`super::attempts::best_all_gather`] keeps the best attempt), so every rank synthesizes the same schedule
+//!   between equally rare chunks are broken by a fixed sequence of seeds (the best attempt is
+//!   kept, [`super::attempts::best_all_gather`]), so every rank synthesizes the same schedule
 //!   and small tori and hypercubes reach the per-step bound;
 //! - on mixed-speed links, a chunk is not put on a slow link when another in-link delivers it
 //!   sooner, and a destination prefers chunks its in-neighbours neither hold nor are getting
@@ -114,13 +114,13 @@ fn synthesize(graph: &RankGraph, opt: TenOptions, engine: Engine) -> Result<TenS
     let k = opt.per_rank.max(1) as usize;
     let total = n * k;
     let arcs = graph.arcs();
-    let duration: Vec<f64> = arcs.iter().map(|a| a.latency + opt.chunk_bytes / (a.bandwidth * 1e3)).collect();
+    let duration = transfer_times(graph, opt.chunk_bytes);
     // `coming[d]`: d holds chunk c or it is on its way. What d holds (and may send) is exactly
     // `arrived[d]`: a chunk joins it when its transfer ends, not when it starts.
     let mut coming = Bits::new(n, total);
     // Whether link times differ at all (on uniform links no alternative is ever sooner, so
     // that check, and the `held` bitset it alone reads, are skipped).
-    let mixed = duration.iter().any(|&t| (t - duration[0]).abs() > 1e-9 * duration[0]);
+    let mixed = uniform(&duration).is_none();
     let mut held = Bits::new(if mixed { n } else { 0 }, total);
     // Every rank ends up with every chunk: sized once (growing by doubling would peak at up
     // to twice the n² × 4 bytes, 10 GB instead of 6 at 40 000 ranks).
@@ -310,8 +310,22 @@ fn synthesize(graph: &RankGraph, opt: TenOptions, engine: Engine) -> Result<TenS
     Ok(TenSchedule { nranks: n, per_rank: k as u32, per_arc, order, moments, time_us: now, steps })
 }
 
-/// The order ties are broken in: chunk order for seed 0, else a bijection of the chunk ids
-/// scrambled by the seed (a multiply–xorshift mix, so consecutive chunks land far apart).
+/// µs each arc of `graph` is busy with one chunk of `chunk_bytes`: its latency, then the bytes
+/// at its bandwidth.
+pub(super) fn transfer_times(graph: &RankGraph, chunk_bytes: f64) -> Vec<f64> {
+    graph.arcs().iter().map(|a| a.latency + chunk_bytes / (a.bandwidth * 1e3)).collect()
+}
+
+/// The one value of `times` when they are all equal (0 when there are none), `None` when they
+/// differ.
+pub(super) fn uniform(times: &[f64]) -> Option<f64> {
+    let t = times.first().copied().unwrap_or(0.0);
+    times.iter().all(|&u| (u - t).abs() <= 1e-9 * t).then_some(t)
+}
+
+/// The key ties are broken by: the chunk for seed 0, else a hash of (chunk, destination, seed)
+/// (a multiply–xorshift mix), so that each destination orders equal candidates differently;
+/// the chunk itself still breaks any tie left.
 fn tie_break(c: ChunkId, d: usize, seed: u64) -> u32 {
     if seed == 0 {
         return c;
@@ -382,7 +396,7 @@ impl MatchState<'_> {
 
     /// Matches `dests` one after another; `cursor` holds their slots, the first being `base`.
     fn match_run(&self, dests: &[u32], cursor: &mut [usize], base: usize, scratch: &mut Scratch, out: &mut Vec<Match>) {
-        let mut free: Vec<(u32, u32)> = Vec::new();
+        let mut free = std::mem::take(&mut scratch.free);
         for &d in dests {
             let d = d as usize;
             let sources = self.links.graph.in_arcs(d as crate::schedule::Rank);
@@ -397,6 +411,7 @@ impl MatchState<'_> {
             let matched = match_links(&free, self, slots, d, scratch);
             out.extend(free.iter().zip(matched).map(|(&(a, _), m)| (d as u32, a, m.unwrap_or(NONE))));
         }
+        scratch.free = free;
     }
 }
 
@@ -472,7 +487,7 @@ fn match_links<'s>(
     let sources = timing.graph.in_arcs(d as crate::schedule::Rank);
     let want = links.len();
     let limit = want * (*window).max(1);
-    let Scratch { cands, mine, chosen, by_choice, seen } = scratch;
+    let Scratch { cands, mine, chosen, by_choice, seen, .. } = scratch;
     cands.clear();
     for &(a, slot) in links {
         let s = arcs[a as usize].from as usize;
@@ -525,6 +540,8 @@ fn match_links<'s>(
 /// Buffers [`match_links`] reuses from call to call.
 #[derive(Default)]
 struct Scratch {
+    /// The free links into the destination being matched: (arc, index among its in-links).
+    free: Vec<(u32, u32)>,
     cands: Vec<Vec<ChunkId>>,
     mine: Vec<(u32, u32, u32, ChunkId)>,
     chosen: Vec<Option<ChunkId>>,
