@@ -10,6 +10,9 @@
 //! and the schedule cannot deadlock.
 
 pub mod attempts;
+mod lockstep;
+mod matching;
+mod prefetch;
 pub mod ten;
 
 use rustc_hash::FxHashMap;
