@@ -13,7 +13,10 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use super::matching::{in_slots, match_links, FreeLink, Holdings, Links, MatchState, Rows, Scratch, NONE};
+use super::matching::{
+    in_slots, link_list_capacity, match_links, split_at_bounds, FreeLink, Holdings, Links, MatchState, Rows, Scratch,
+    NONE,
+};
 use super::prefetch::prefetch;
 use super::ten::{ChunkId, TenOptions, TenSchedule};
 use crate::error::{Error, Result};
@@ -37,12 +40,10 @@ pub(super) fn all_gather(graph: &RankGraph, opt: TenOptions, threads: usize, ste
     let slot_source: Vec<u32> = slot_arc.iter().map(|&a| graph.arc(a as usize).from).collect();
     let mut cursor = vec![0usize; slots];
     // What each in-link carries, per slot; the per-arc lists are put in arc order at the end.
-    // A rank's chunks arrive spread over its in-links: reserve an even share (a Vec that grows
-    // by doubling could hold twice what it carries).
     let mut per_slot: Vec<Vec<ChunkId>> = (0..n)
         .flat_map(|d| {
             let links = graph.in_arcs(d as Rank).len();
-            (0..links).map(move |_| Vec::with_capacity((total - k) / links + 1))
+            (0..links).map(move |_| Vec::with_capacity(link_list_capacity(total - k, links)))
         })
         .collect();
     // The chunk each in-link carries in the current step (NONE: idle).
@@ -88,10 +89,10 @@ pub(super) fn all_gather(graph: &RankGraph, opt: TenOptions, threads: usize, ste
             missing: &missing,
             received: &received,
         };
-        let jobs = split(&mut cursor, &slot_bounds)
+        let jobs = split_at_bounds(&mut cursor, &slot_bounds)
             .into_iter()
-            .zip(split(&mut per_slot, &slot_bounds))
-            .zip(split(&mut carried, &slot_bounds))
+            .zip(split_at_bounds(&mut per_slot, &slot_bounds))
+            .zip(split_at_bounds(&mut carried, &slot_bounds))
             .zip(scratches.iter_mut().zip(started.iter_mut()))
             .enumerate()
             .map(|(i, (((cursor, per_slot), carried), (scratch, out)))| MatchPart {
@@ -124,8 +125,8 @@ pub(super) fn all_gather(graph: &RankGraph, opt: TenOptions, threads: usize, ste
         let jobs = arrived
             .split(&bounds)
             .into_iter()
-            .zip(split(&mut missing, &bounds))
-            .zip(split(&mut received, &bounds))
+            .zip(split_at_bounds(&mut missing, &bounds))
+            .zip(split_at_bounds(&mut received, &bounds))
             .enumerate()
             .map(|(i, ((arrived, missing), received))| LandPart {
                 dests: bounds[i]..bounds[i + 1],
@@ -295,18 +296,6 @@ impl LandPart<'_> {
         }
         completed
     }
-}
-
-/// `items` cut at `bounds` (ascending, from 0 to `items.len()`): piece i is
-/// `bounds[i]..bounds[i + 1]`.
-fn split<'a, T>(mut items: &'a mut [T], bounds: &[usize]) -> Vec<&'a mut [T]> {
-    let mut out = Vec::with_capacity(bounds.len().saturating_sub(1));
-    for w in bounds.windows(2) {
-        let (piece, rest) = std::mem::take(&mut items).split_at_mut(w[1] - w[0]);
-        out.push(piece);
-        items = rest;
-    }
-    out
 }
 
 /// Runs `f` on every job, each on its own thread when there are several, and sums the results.

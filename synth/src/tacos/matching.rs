@@ -70,25 +70,40 @@ impl Arrivals {
         &self.chunks[start..start + self.len[r] as usize]
     }
 
-    /// Appends `c` to rank `r`'s list (a rank receives each chunk once: a row never fills up).
+    /// Appends `c` to rank `r`'s list.
     pub(super) fn push(&mut self, r: usize, c: ChunkId) {
-        self.chunks[r * self.total + self.len[r] as usize] = c;
-        self.len[r] += 1;
+        Rows { chunks: &mut self.chunks, len: &mut self.len, total: self.total }.push(r, c);
     }
 
     /// The ranks `bounds[i]..bounds[i + 1]` as separately writable pieces.
     pub(super) fn split(&mut self, bounds: &[usize]) -> Vec<Rows<'_>> {
         let total = self.total;
-        let (mut chunks, mut len) = (&mut self.chunks[..], &mut self.len[..]);
-        let mut out = Vec::with_capacity(bounds.len().saturating_sub(1));
-        for w in bounds.windows(2) {
-            let (c, rest_c) = std::mem::take(&mut chunks).split_at_mut((w[1] - w[0]) * total);
-            let (l, rest_l) = std::mem::take(&mut len).split_at_mut(w[1] - w[0]);
-            out.push(Rows { chunks: c, len: l, total });
-            (chunks, len) = (rest_c, rest_l);
-        }
-        out
+        let chunk_bounds: Vec<usize> = bounds.iter().map(|b| b * total).collect();
+        split_at_bounds(&mut self.chunks, &chunk_bounds)
+            .into_iter()
+            .zip(split_at_bounds(&mut self.len, bounds))
+            .map(|(chunks, len)| Rows { chunks, len, total })
+            .collect()
     }
+}
+
+/// `items` cut at `bounds` (ascending, from 0 to `items.len()`): piece i is
+/// `bounds[i]..bounds[i + 1]`.
+pub(super) fn split_at_bounds<'a, T>(mut items: &'a mut [T], bounds: &[usize]) -> Vec<&'a mut [T]> {
+    let mut out = Vec::with_capacity(bounds.len().saturating_sub(1));
+    for w in bounds.windows(2) {
+        let (piece, rest) = std::mem::take(&mut items).split_at_mut(w[1] - w[0]);
+        out.push(piece);
+        items = rest;
+    }
+    out
+}
+
+/// Room to reserve for the chunks one of a rank's `in_links` links carries when the rank lacks
+/// `lacking` chunks: an even share (a Vec that grows by doubling could hold twice what it
+/// carries, which at 40 000 ranks is gigabytes).
+pub(super) fn link_list_capacity(lacking: usize, in_links: usize) -> usize {
+    lacking / in_links.max(1) + 1
 }
 
 /// Some consecutive ranks' arrival lists, writable (row 0 is the first of them).
@@ -99,7 +114,7 @@ pub(super) struct Rows<'a> {
 }
 
 impl Rows<'_> {
-    /// Appends `c` to row `i` (a rank receives each chunk once, so a row never overflows).
+    /// Appends `c` to row `i` (a rank receives each chunk once, so a row never fills up).
     #[inline]
     pub(super) fn push(&mut self, i: usize, c: ChunkId) {
         let at = i * self.total + self.len[i] as usize;
@@ -269,7 +284,7 @@ pub(super) fn match_links<'s>(
         cands.resize_with(want, Vec::new);
     }
     // Only in-neighbour counts and the sooner-link check look at the other in-links.
-    let compare = timing.local_scarcity || (timing.mixed && !timing.forced);
+    let others: &[usize] = if timing.local_scarcity || (timing.mixed && !timing.forced) { sources } else { &[] };
     for (l, &FreeLink { arc: a, index, source }) in links.iter().enumerate() {
         let list = arrived.list(source as usize);
         let cur = &mut cursor[index as usize];
@@ -286,7 +301,7 @@ pub(super) fn match_links<'s>(
             if !coming.get(d, c as usize) {
                 let mut holders = 0u32;
                 let mut sooner = false;
-                for &i in sources.iter().filter(|_| compare) {
+                for &i in others {
                     if timing.local_scarcity {
                         holders += u32::from(coming.get(arcs[i].from as usize, c as usize));
                     }

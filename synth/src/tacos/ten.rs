@@ -29,7 +29,8 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use super::lockstep;
 use super::matching::{
-    in_slots, match_links, FreeLink, Holdings, Links, MatchState, Scratch, LOCAL_SCARCITY_MAX_RANKS, NONE,
+    in_slots, link_list_capacity, match_links, FreeLink, Holdings, Links, MatchState, Scratch,
+    LOCAL_SCARCITY_MAX_RANKS, NONE,
 };
 use crate::error::{Error, Result};
 use crate::topology::logical::RankGraph;
@@ -129,10 +130,8 @@ fn synthesize(graph: &RankGraph, opt: TenOptions, engine: Engine) -> Result<TenS
     let Holdings { coming, held, mut arrived, spread, mut missing, mut incomplete } = Holdings::new(n, k, mixed);
     let first_slot = in_slots(graph);
     let mut cursor = vec![0usize; arcs.len()];
-    // A rank's chunks arrive spread over its in-links: reserve an even share (a Vec that grows
-    // by doubling could hold twice what it carries).
     let mut per_arc: Vec<Vec<ChunkId>> =
-        arcs.iter().map(|a| Vec::with_capacity((total - k) / graph.in_arcs(a.to).len().max(1) + 1)).collect();
+        arcs.iter().map(|a| Vec::with_capacity(link_list_capacity(total - k, graph.in_arcs(a.to).len()))).collect();
     let mut order = Vec::new();
     let mut moments = Vec::new();
     // Links waiting for their source to receive something new, and whether a link is listed.
