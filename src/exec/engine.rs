@@ -131,13 +131,21 @@ impl Run<'_, '_> {
         let mut idle_since: Option<Instant> = None;
         let mut idle_rounds = 0u32;
         let mut fds: Vec<WaitFd> = Vec::new();
+        let mut round = 0usize;
         loop {
             let mut moved = false;
             for &p in &self.prog.peers {
                 moved |= link(self.links, p)?.progress().map_err(transport_error(p))?;
             }
+            // Channels take turns at going first: room freed on a connection goes to the
+            // first channel that asks, and a fixed order let low channels (one tree's lanes)
+            // keep a shared connection's backlog to themselves while later ones (another
+            // tree's, whose data the next hop is waiting for) starved.
+            let nch = self.prog.channels.len();
+            let first = if nch == 0 { 0 } else { round % nch };
+            round = round.wrapping_add(1);
             let mut done = true;
-            for c in 0..self.prog.channels.len() {
+            for c in (first..nch).chain(0..first) {
                 moved |= self.advance(c)?;
                 done &= self.state[c].step == self.prog.channels[c].steps.len();
             }
@@ -387,4 +395,99 @@ fn check(cfg: &RunConfig<'_>, from: u32, expected: &Meta, meta: &Meta, got: usiz
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exec::memory::INPUT;
+    use crate::exec::program::XChannel;
+    use topoccl_transports::{Message, Result as TransportResult};
+
+    /// A connection that takes one queued message off its backlog per `progress` and records
+    /// the tags in the order they were sent.
+    #[derive(Default)]
+    struct Drip {
+        queued: std::collections::VecDeque<usize>,
+        sent: std::sync::Arc<std::sync::Mutex<Vec<u32>>>,
+    }
+
+    impl Connection for Drip {
+        fn transport(&self) -> &'static str {
+            "drip"
+        }
+        fn send(&mut self, tag: u32, _: &Meta, data: &[u8]) -> TransportResult<()> {
+            self.queued.push_back(data.len());
+            self.sent.lock().unwrap().push(tag);
+            Ok(())
+        }
+        fn backlog(&self) -> usize {
+            self.queued.iter().sum()
+        }
+        fn progress(&mut self) -> TransportResult<bool> {
+            Ok(self.queued.pop_front().is_some())
+        }
+        fn recv(&mut self, _: u32) -> Option<Message> {
+            None
+        }
+        fn recycle(&mut self, _: Vec<u8>) {}
+        fn closed(&self) -> Option<&str> {
+            None
+        }
+        fn wait_fds(&self, _: &mut Vec<WaitFd>) {}
+        fn needs_spin(&self) -> bool {
+            true
+        }
+        fn close(&mut self) {}
+    }
+
+    #[test]
+    fn channels_sharing_a_connection_take_turns() {
+        // Three channels each send four slices to rank 1, whose connection holds one slice at
+        // a time. Channel 0 going first in every round would send all of its slices before
+        // the others sent any (what starved one Blink tree's lanes behind another's).
+        let slice = 8;
+        let data = [0u8; 32];
+        let channel = |tag| XChannel {
+            tag,
+            steps: vec![XStep {
+                action: Action::Send,
+                from: 0,
+                to: 1,
+                src: Span::new(INPUT, 0, 32),
+                dst: Span::new(INPUT, 0, 0),
+                len: 32,
+                meta: 0,
+            }],
+            trails: vec![false],
+            ..XChannel::default()
+        };
+        let prog = Program { channels: (0..3).map(channel).collect(), peers: vec![1], metas: vec![[0; 24]] };
+        let mut mem = Memory::new();
+        mem.readable(INPUT, &data);
+        let drip = Drip::default();
+        let sent = drip.sent.clone();
+        let mut links: Vec<Option<Box<dyn Connection>>> = vec![None, Some(Box::new(drip))];
+        let abort = AtomicBool::new(false);
+        let cfg = RunConfig {
+            rank: 0,
+            dtype: Dtype::Uint8,
+            op: ReduceOp::Sum,
+            slice_bytes: slice,
+            max_backlog: slice,
+            timeout: Duration::from_secs(5),
+            abort: &abort,
+            call: None,
+            oversubscribed: false,
+        };
+        run(&prog, &mut mem, &mut links, &cfg, &mut Vec::new()).unwrap();
+        let sent = sent.lock().unwrap().clone();
+        assert_eq!(sent.len(), 12);
+        // Every run of three consecutive sends has one slice of each channel.
+        for turn in sent.chunks(3) {
+            let mut tags = turn.to_vec();
+            tags.sort_unstable();
+            assert_eq!(tags, [0, 1, 2], "sends in order {sent:?}");
+        }
+    }
 }
