@@ -1,5 +1,7 @@
 //! Blink against rings on every allocation of 3–8 GPUs of a DGX-1 (or another machine):
-//! all-reduce busbw at one size in the simulator, as % of the optimality bound, and the
+//! all-reduce busbw at one size in the simulator, as % of the optimality bound, as % of the
+//! ceiling of trees that send each rank pair's traffic over one path (all a schedule of the IR
+//! can do; the bound also counts trees that use a pair's PCIe path beside its NVLink), and the
 //! speed-up over the ring. `cargo run --release -p topoccl-synth --example blink_fragments --
 //! [machine] [bytes] [--all]` (without `--all`: the summary per GPU count, with: every subset).
 use topoccl_synth::algorithms::{Registry, Request};
@@ -14,6 +16,8 @@ struct Row {
     ring: f64,
     blink: f64,
     pct: f64,
+    /// % of the one-path tree ceiling.
+    one_path_pct: f64,
     plan_pct: f64,
 }
 
@@ -54,32 +58,38 @@ fn main() -> Result<(), topoccl_synth::Error> {
         }
         let plan = blink::plan(&topo, coll)?;
         let algbw_bound = b.rate_gbps;
+        let one_path = b.shapes.iter().find(|s| s.0 == "trees on one path per pair").map_or(f64::NAN, |s| s.1);
         rows.push(Row {
             ranks,
             ring,
             blink: blink_bw,
             pct: 100.0 * blink_bw / coll.bus_factor(k) / algbw_bound.min(bytes as f64 / b.latency_us / 1e3),
+            one_path_pct: 100.0 * blink_bw / coll.bus_factor(k) / one_path,
             plan_pct: 100.0 * plan.rate / algbw_bound,
         });
     }
     println!("# {machine}: all-reduce {bytes} B, busbw GB/s (simulated); bound = topoccl_synth::bound");
     if every {
-        println!("{:<20} {:>8} {:>8} {:>8} {:>9} {:>7}", "gpus", "ring", "blink", "speedup", "% bound", "plan %");
+        println!(
+            "{:<20} {:>8} {:>8} {:>8} {:>9} {:>10} {:>7}",
+            "gpus", "ring", "blink", "speedup", "% bound", "% 1-path", "plan %"
+        );
         for r in &rows {
             println!(
-                "{:<20} {:>8.1} {:>8.1} {:>7.2}x {:>8.1}% {:>6.1}%",
+                "{:<20} {:>8.1} {:>8.1} {:>7.2}x {:>8.1}% {:>9.1}% {:>6.1}%",
                 format!("{:?}", r.ranks),
                 r.ring,
                 r.blink,
                 r.blink / r.ring,
                 r.pct,
+                r.one_path_pct,
                 r.plan_pct
             );
         }
     }
     println!(
-        "{:>5} {:>7} {:>16} {:>16} {:>17} {:>14}",
-        "gpus", "subsets", "% bound min/mean", "speedup min/max", "speedup geo-mean", "≥95 % bound"
+        "{:>5} {:>7} {:>16} {:>16} {:>17} {:>14} {:>15}",
+        "gpus", "subsets", "% bound min/mean", "speedup min/max", "speedup geo-mean", "≥95 % bound", "≥95 % 1-path"
     );
     for k in 3..=n as usize {
         let sel: Vec<&Row> = rows.iter().filter(|r| r.ranks.len() == k).collect();
@@ -91,8 +101,9 @@ fn main() -> Result<(), topoccl_synth::Error> {
         let sp: Vec<f64> = sel.iter().map(|r| r.blink / r.ring).collect();
         let geo = (sp.iter().map(|s| s.ln()).sum::<f64>() / sp.len() as f64).exp();
         let ok = sel.iter().filter(|r| r.pct >= 95.0).count();
+        let ok_one_path = sel.iter().filter(|r| r.one_path_pct >= 95.0).count();
         println!(
-            "{k:>5} {:>7} {:>7.1} / {:>5.1} {:>7.2} / {:>5.2}x {:>16.2}x {:>9}/{}",
+            "{k:>5} {:>7} {:>7.1} / {:>5.1} {:>7.2} / {:>5.2}x {:>16.2}x {:>9}/{} {:>12}/{}",
             sel.len(),
             pct_min,
             pct_mean,
@@ -100,6 +111,8 @@ fn main() -> Result<(), topoccl_synth::Error> {
             sp.iter().copied().fold(0.0, f64::max),
             geo,
             ok,
+            sel.len(),
+            ok_one_path,
             sel.len()
         );
     }

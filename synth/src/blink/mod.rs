@@ -17,6 +17,7 @@ pub mod arborescence;
 pub mod exact;
 pub mod lanes;
 pub mod packing;
+pub mod routed;
 pub mod select;
 
 use crate::algorithms::tree::{Tree, TreeLanes};
