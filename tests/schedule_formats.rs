@@ -21,6 +21,10 @@ fn json_round_trip_keeps_every_schedule() {
             verify(&back).unwrap();
         }
     }
+    // Blink's all-reduce on a DGX-1 sends over PCIe beside NVLink: the marks round-trip too.
+    let blink = reg.generate("blink", &Request::new(&topo, Collective::AllReduce)).unwrap();
+    assert!(blink.ranks.iter().flat_map(|r| &r.channels).any(|c| !c.via_fabric.is_empty()));
+    assert_eq!(Schedule::from_json(&blink.to_json().unwrap()).unwrap(), blink);
     assert!(Schedule::from_json("{\"name\": 3}").is_err());
 }
 

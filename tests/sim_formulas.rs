@@ -160,3 +160,31 @@ fn queued_sends_complete_when_queued_up_to_the_cap() {
     close(queued(&topo, Some(1e6)).run(&s, bytes).unwrap().time_us, 4.0 * xfer(1e6) + ALPHA, "eager, 1 MB cap");
     close(queued(&topo, None).run(&s, bytes).unwrap().time_us, 5.0 * xfer(1e6) + ALPHA, "not eager");
 }
+
+#[test]
+fn a_send_via_the_fabric_takes_the_fabric_path_where_paths_are_followed() {
+    // gpu0 and gpu3 of a DGX-1: two NVLinks (50 GB/s) and, through PCIe switch, CPU and PCIe
+    // switch, PCIe (15.75 GB/s; 0.5 µs a hop against 1 µs for the NVLink).
+    use topoccl_synth::sim::{SimConfig, Simulator};
+    let topo = resolve("dgx1[0,3]").unwrap();
+    let mut b = ScheduleBuilder::new("t", Collective::Broadcast { root: 0 }, 2, 1);
+    b.push(0, 0, Op::Copy { src: Slot::input(0), dst: Slot::output(0) }, 1);
+    b.push(0, 1, Op::Send { to: 1, src: Slot::input(0) }, 1);
+    b.push(1, 1, Op::Recv { from: 0, dst: Slot::output(0) }, 1);
+    let direct = b.build();
+    let mut fabric = direct.clone();
+    fabric.ranks[0].channels[1].via_fabric = vec![0];
+    fabric.validate().unwrap();
+    let mb = 1u64 << 20;
+    let time = |s: &topoccl_synth::schedule::Schedule, follow: bool| {
+        let config = SimConfig { follow_paths: follow, ..SimConfig::default() };
+        Simulator::with_config(&topo, config).run(s, mb).unwrap().time_us
+    };
+    close(time(&direct, true), 1.0 + mb as f64 / 50e3, "over NVLink");
+    close(time(&fabric, true), 4.0 * 0.5 + mb as f64 / 15.75e3, "over PCIe");
+    close(time(&fabric, false), 1.0 + mb as f64 / 50e3, "paths not followed");
+    // A fabric path on a step that sends nothing is malformed.
+    let mut bad = direct.clone();
+    bad.ranks[1].channels[1].via_fabric = vec![0];
+    assert!(bad.validate().is_err());
+}

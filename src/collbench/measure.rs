@@ -347,7 +347,8 @@ fn aggregate(comm: &mut Communicator, mine: f64, average: u32) -> Result<f64> {
 /// the topology).
 fn predict(topo: &Topology, sim: &SimConfig, choice: &Choice, c: CollectiveCall, bytes: u64) -> Result<Predicted> {
     let coll = c.kind.collective(c.root);
-    let schedule = Registry::builtin().generate(&choice.algorithm, &choice.request(topo, coll, bytes))?;
+    let request = choice.request(topo, coll, bytes).follow_paths(sim.follow_paths);
+    let schedule = Registry::builtin().generate(&choice.algorithm, &request)?;
     let time_us = Simulator::with_config(topo, *sim).run(&schedule, bytes)?.time_us;
     let algbw = if time_us > 0.0 { bytes as f64 / time_us / 1e3 } else { 0.0 };
     Ok(Predicted { time_us, busbw: algbw * coll.bus_factor(topo.nranks() as u32) })

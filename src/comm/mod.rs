@@ -149,6 +149,8 @@ pub fn runtime_sim_config(config: &Config) -> SimConfig {
         rank_message_us: config.tuner_message_us,
         pair_sharing: true,
         pair_queue_bytes: Some(config.max_backlog as f64),
+        // TCP and shared memory have one path per peer.
+        follow_paths: false,
         ..SimConfig::default()
     }
 }

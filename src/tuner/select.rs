@@ -106,13 +106,14 @@ impl Selector {
         // Every knob of the cost model enters the key: a decision priced under one model is
         // not reused under another.
         let key = format!(
-            "{}/{collective}/{bucket}/{}/{}/{:?}/{}/{:?}",
+            "{}/{collective}/{bucket}/{}/{}/{:?}/{}/{:?}/{}",
             self.options.forced.as_deref().unwrap_or("auto"),
             sim.message_overhead_us,
             sim.rank_message_us,
             sim.local_gbps,
             sim.pair_sharing,
-            sim.pair_queue_bytes
+            sim.pair_queue_bytes,
+            sim.follow_paths
         );
         if self.plugins.is_empty() {
             if let Some(c) = self.decisions.get(&key) {
@@ -201,7 +202,14 @@ impl Selector {
     pub fn schedule(&mut self, choice: &Choice, collective: Collective, bytes: u64) -> Result<Arc<Schedule>> {
         let generator = self.registry.get(&choice.algorithm)?;
         let sized = if generator.size_dependent() { size_bucket(bytes) } else { 0 };
-        let key = format!("{}/{collective}/p{}/c{}/{sized}", choice.algorithm, choice.pipeline, choice.channels);
+        let follow = self.options.sim.follow_paths;
+        let key = format!(
+            "{}/{collective}/p{}/c{}/{sized}{}",
+            choice.algorithm,
+            choice.pipeline,
+            choice.channels,
+            if follow { "" } else { "/one-path" }
+        );
         if let Some(s) = self.schedules.get(&key) {
             return Ok(s.clone());
         }
@@ -209,8 +217,8 @@ impl Selector {
             Some(s) => s,
             None => {
                 let started = Instant::now();
-                let s =
-                    self.registry.generate(&choice.algorithm, &choice.request(&self.topology, collective, sized))?;
+                let request = choice.request(&self.topology, collective, sized).follow_paths(follow);
+                let s = self.registry.generate(&choice.algorithm, &request)?;
                 // Synthesized schedules are proven before they can touch data: a synthesizer
                 // bug then costs a candidate (the tuner prices the others), never a wrong result.
                 if generator.searched() {

@@ -1,7 +1,7 @@
 //! Blink against rings on every allocation of 3–8 GPUs of a DGX-1 (or another machine):
 //! all-reduce busbw at one size in the simulator, as % of the optimality bound, as % of the
-//! ceiling of trees that send each rank pair's traffic over one path (all a schedule of the IR
-//! can do; the bound also counts trees that use a pair's PCIe path beside its NVLink), and the
+//! ceiling of trees that send each rank pair's traffic over one path (the bound also counts
+//! trees that use a pair's PCIe path beside its NVLink, as Blink's all-reduce does), and the
 //! speed-up over the ring. `cargo run --release -p topoccl-synth --example blink_fragments --
 //! [machine] [bytes] [--all]` (without `--all`: the summary per GPU count, with: every subset).
 use topoccl_synth::algorithms::{Registry, Request};

@@ -33,11 +33,19 @@ pub struct Request<'a> {
     /// The message size the schedule is for (the collective's buffer, bytes), for generators
     /// that synthesize per size (TACOS prices links with it); 0 = unknown.
     pub bytes: u64,
+    /// Whatever runs the schedule can send a step over the path it names
+    /// ([`via_fabric`](crate::schedule::Channel::via_fabric)); false: each rank pair has one
+    /// path (topoccl's host transports), so generators plan for the router's paths only.
+    pub follow_paths: bool,
 }
 
 impl<'a> Request<'a> {
     pub fn new(topology: &'a Topology, collective: Collective) -> Request<'a> {
-        Request { topology, collective, pipeline: 1, channels: 0, bytes: 0 }
+        Request { topology, collective, pipeline: 1, channels: 0, bytes: 0, follow_paths: true }
+    }
+    pub fn follow_paths(mut self, yes: bool) -> Request<'a> {
+        self.follow_paths = yes;
+        self
     }
     pub fn pipeline(mut self, k: u32) -> Request<'a> {
         self.pipeline = k.max(1);

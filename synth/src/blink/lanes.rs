@@ -22,14 +22,22 @@ const RATE_SLACK: f64 = 0.005;
 /// maximize the rate they realize under equal sharing per lane; returns the counts and that
 /// rate (GB/s).
 pub fn lane_counts(graph: &RankGraph, shape: PackingShape, trees: &[PackedTree], target: usize) -> (Vec<usize>, f64) {
+    let cap: Vec<f64> = graph.arcs().iter().map(|a| a.bandwidth).collect();
     let usage: Vec<Vec<usize>> = trees.iter().map(|t| t.arcs(graph, shape)).collect();
-    let total: f64 = trees.iter().map(|t| t.rate).sum();
-    let eval = |counts: &[usize]| realized_rate(graph, &usage, counts);
+    let rates: Vec<f64> = trees.iter().map(|t| t.rate).collect();
+    lane_counts_on(&cap, &usage, &rates, target)
+}
+
+/// [`lane_counts`] over any capacities: tree `i` (planned at `rates[i]`) crosses the resources
+/// in `usage[i]`, resource `k` holds `cap[k]`.
+pub fn lane_counts_on(cap: &[f64], usage: &[Vec<usize>], rates: &[f64], target: usize) -> (Vec<usize>, f64) {
+    let total: f64 = rates.iter().sum();
+    let eval = |counts: &[usize]| realized_rate(cap, usage, counts);
     let mut found: Vec<(Vec<usize>, f64)> = Vec::new();
     let lo = ((target as f64 * LANES_FROM) as usize).max(1);
     let hi = ((target as f64 * LANES_TO) as usize).max(lo);
     for lanes in lo..=hi {
-        let mut counts = proportional(trees.iter().map(|t| t.rate / total * lanes as f64));
+        let mut counts = proportional(rates.iter().map(|r| r / total * lanes as f64));
         // Local search: move one lane to, from or between trees while the rate improves.
         let mut rate = eval(&counts);
         loop {
@@ -61,28 +69,24 @@ pub fn lane_counts(graph: &RankGraph, shape: PackingShape, trees: &[PackedTree],
         .into_iter()
         .filter(|f| f.1 >= best * (1.0 - RATE_SLACK))
         .min_by_key(|f| f.0.iter().sum::<usize>())
-        .unwrap_or_else(|| (vec![1; trees.len()], 0.0))
+        .unwrap_or_else(|| (vec![1; rates.len()], 0.0))
 }
 
 /// The rate `counts` lanes per tree realize when every lane carries the same data and each
 /// link is shared equally by the lanes crossing it.
-fn realized_rate(graph: &RankGraph, usage: &[Vec<usize>], counts: &[usize]) -> f64 {
+fn realized_rate(cap: &[f64], usage: &[Vec<usize>], counts: &[usize]) -> f64 {
     let lanes: usize = counts.iter().sum();
     if lanes == 0 {
         return 0.0;
     }
-    let mut load = vec![0usize; graph.arcs().len()];
+    let mut load = vec![0usize; cap.len()];
     for (arcs, &c) in usage.iter().zip(counts) {
         for &a in arcs {
             load[a] += c;
         }
     }
-    let per_lane = load
-        .iter()
-        .enumerate()
-        .filter(|&(_, &l)| l > 0)
-        .map(|(a, &l)| graph.arc(a).bandwidth / l as f64)
-        .fold(f64::INFINITY, f64::min);
+    let per_lane =
+        load.iter().enumerate().filter(|&(_, &l)| l > 0).map(|(a, &l)| cap[a] / l as f64).fold(f64::INFINITY, f64::min);
     if per_lane.is_finite() {
         lanes as f64 * per_lane
     } else {
@@ -139,6 +143,7 @@ mod tests {
         assert_eq!(counts, vec![2, 1]);
         assert!((rate - 30.0).abs() < 1e-9, "{rate}");
         // The rate of any lane split never exceeds the plan's.
-        assert!(realized_rate(&g, &[trees[0].arcs(&g, PackingShape::Bidirectional)], &[5]) <= 30.0);
+        let cap: Vec<f64> = g.arcs().iter().map(|a| a.bandwidth).collect();
+        assert!(realized_rate(&cap, &[trees[0].arcs(&g, PackingShape::Bidirectional)], &[5]) <= 30.0);
     }
 }

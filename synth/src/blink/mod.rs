@@ -16,6 +16,7 @@
 pub mod arborescence;
 pub mod exact;
 pub mod lanes;
+pub mod multipath;
 pub mod packing;
 pub mod routed;
 pub mod select;
@@ -23,9 +24,10 @@ pub mod select;
 use crate::algorithms::tree::{Tree, TreeLanes};
 use crate::algorithms::{unsupported, Request, ScheduleGenerator};
 use crate::error::Result;
-use crate::schedule::{Collective, Schedule, ScheduleBuilder};
+use crate::schedule::{Collective, Rank, Schedule, ScheduleBuilder};
 use crate::topology::logical::RankGraph;
 use crate::topology::Topology;
+use multipath::MultipathPlan;
 use packing::{pack_trees, PackedTree, PackingShape};
 
 /// MWU stops when its rate is this close to its certificate (the LP then closes most of the gap).
@@ -41,6 +43,9 @@ const DEFAULT_PIPELINE: u32 = 32;
 /// Equal-rate lanes the trees are emitted as (DGX-1 fragments, % of bound, mean over the 5- /
 /// 6-GPU sets: 8 lanes 91.3 / 77.9, 16 91.9 / 88.4, 32 94.0 / 91.4, 64 94.1 / 92.3).
 const LANES: usize = 32;
+/// Trees over two paths per pair are used when they beat the one-path plan by this much
+/// (relative): otherwise the plan that every transport can follow is kept.
+const MULTIPATH_GAIN: f64 = 0.02;
 
 /// The trees Blink uses for one collective and how they were found.
 #[derive(Debug, Clone, PartialEq)]
@@ -128,6 +133,22 @@ fn split_chunks(rates: &[f64], base: u32) -> Vec<u32> {
     best.1
 }
 
+/// Marks the sends of every lane whose tree edge takes the fabric path.
+fn mark_fabric_sends(schedule: &mut Schedule, plan: &MultipathPlan, lanes: &[(usize, std::ops::Range<u32>)]) {
+    for (t, channels) in lanes {
+        let tree = &plan.trees[*t];
+        for (r, prog) in schedule.ranks.iter_mut().enumerate() {
+            for ch in prog.channels.iter_mut().take(channels.end as usize).skip(channels.start as usize) {
+                for (s, step) in ch.steps.iter().enumerate() {
+                    if step.op.send_to().is_some_and(|to| tree.via_fabric(&plan.arcs, r as Rank, to)) {
+                        ch.via_fabric.push(s as u32);
+                    }
+                }
+            }
+        }
+    }
+}
+
 pub struct Blink;
 
 impl ScheduleGenerator for Blink {
@@ -147,17 +168,30 @@ impl ScheduleGenerator for Blink {
     fn generate(&self, req: &Request) -> Result<Schedule> {
         let coll = req.collective;
         let tree_plan = plan(req.topology, coll)?;
+        // All-reduce trees may also send over a pair's fabric path beside its direct link
+        // (PCIe beside NVLink), where that is worth it.
+        let two_paths =
+            (req.follow_paths && coll == Collective::AllReduce && req.nranks() as usize <= PACKING_MAX_RANKS)
+                .then(|| multipath::multipath_plan(req.topology, TOLERANCE, SLACK))
+                .flatten()
+                .filter(|m| m.rate > tree_plan.rate * (1.0 + MULTIPATH_GAIN));
+        let trees: Vec<PackedTree> = match &two_paths {
+            Some(m) => m.trees.iter().map(|t| t.tree.clone()).collect(),
+            None => tree_plan.trees.clone(),
+        };
         // Trees sharing a link get equal shares of it per message stream (as the simulator and
         // fair networks give them), not shares in proportion to their rates: the plan is
         // emitted as equal lanes, a whole number per tree ([`lanes`]).
         // Trees of one rate (Edmonds' packings, the spread trees of large machines) already
         // share links in proportion: one lane each.
-        let (lo, hi) =
-            tree_plan.trees.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), t| (lo.min(t.rate), hi.max(t.rate)));
+        let (lo, hi) = trees.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), t| (lo.min(t.rate), hi.max(t.rate)));
         let counts = if hi <= lo * 1.01 {
-            vec![1; tree_plan.trees.len()]
+            vec![1; trees.len()]
+        } else if let Some(m) = &two_paths {
+            let rates: Vec<f64> = trees.iter().map(|t| t.rate).collect();
+            lanes::lane_counts_on(&m.cap, &m.usage, &rates, LANES).0
         } else {
-            lanes::lane_counts(&RankGraph::of(req.topology), tree_plan.shape, &tree_plan.trees, LANES).0
+            lanes::lane_counts(&RankGraph::of(req.topology), tree_plan.shape, &trees, LANES).0
         };
         // Every lane carries the same data (what equal sharing of a link rewards).
         let mut lanes_of: Vec<(usize, f64)> = Vec::new();
@@ -165,7 +199,7 @@ impl ScheduleGenerator for Blink {
             lanes_of.extend(std::iter::repeat((i, 1.0)).take(copies));
         }
         if lanes_of.is_empty() {
-            lanes_of.extend(tree_plan.trees.iter().enumerate().map(|(i, t)| (i, t.rate)));
+            lanes_of.extend(trees.iter().enumerate().map(|(i, t)| (i, t.rate)));
         }
         let rates: Vec<f64> = lanes_of.iter().map(|l| l.1).collect();
         let per_tree = if req.pipeline <= 1 { DEFAULT_PIPELINE } else { req.pipeline };
@@ -178,15 +212,22 @@ impl ScheduleGenerator for Blink {
         }
         let mut base = 0;
         let mut c = 0;
+        // Each lane's tree and first channel.
+        let mut lane_channels = Vec::with_capacity(lanes_of.len());
         for (&(t, _), &count) in lanes_of.iter().zip(&split) {
-            let lanes = TreeLanes::new(Tree::from_parents(tree_plan.trees[t].parent.clone()), base);
+            let lanes = TreeLanes::new(Tree::from_parents(trees[t].parent.clone()), base);
+            lane_channels.push((t, base..base + lanes.channels()));
             base += lanes.channels();
             for _ in 0..count {
                 lanes.emit_chunk(&mut b, coll, c)?;
                 c += 1;
             }
         }
-        Ok(b.build())
+        let mut schedule = b.build();
+        if let Some(m) = &two_paths {
+            mark_fabric_sends(&mut schedule, m, &lane_channels);
+        }
+        Ok(schedule)
     }
 }
 

@@ -181,7 +181,7 @@ fn cheapest_tree(graph: &RankGraph, shape: PackingShape, length: &[f64]) -> Opti
 }
 
 /// The vertex of a tree whose farthest vertex is nearest (shallowest root).
-fn center(n: usize, edges: &[(usize, usize)]) -> Rank {
+pub(crate) fn center(n: usize, edges: &[(usize, usize)]) -> Rank {
     let mut adj = vec![Vec::new(); n];
     for &(a, b) in edges {
         adj[a].push(b);

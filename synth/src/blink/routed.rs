@@ -40,6 +40,97 @@ struct PathSearch {
     via: Vec<Option<usize>>,
 }
 
+/// A tree the oracle found: what identifies it (`key`), the link groups its paths cross (once
+/// per crossing) and its length under the current link lengths.
+pub(crate) struct FoundTree<K> {
+    pub key: K,
+    pub usage: Vec<usize>,
+    pub length: f64,
+}
+
+/// The packing Garg–Könemann found: distinct trees with their rates, and the certificate.
+pub(crate) struct Packed<K> {
+    pub trees: Vec<(K, Vec<usize>, f64)>,
+    pub ceiling: RoutedCeiling,
+}
+
+/// Garg–Könemann over link groups of capacities `cap`: `cheapest` returns the cheapest tree
+/// under the lengths it is given (`None`: the ranks cannot be spanned). Rounds cost
+/// `round_work` each against [`WORK_BUDGET`].
+pub(crate) fn garg_konemann<K: PartialEq>(
+    cap: &[f64],
+    tolerance: f64,
+    round_work: usize,
+    reuse: bool,
+    mut cheapest: impl FnMut(&[f64]) -> Option<FoundTree<K>>,
+) -> Option<Packed<K>> {
+    let eps = (tolerance / 2.0).clamp(1e-3, 0.1);
+    let mut length: Vec<f64> = cap.iter().map(|c| 1.0 / c).collect();
+    let mut load = vec![0.0f64; cap.len()];
+    let mut trees: Vec<(K, Vec<usize>, f64)> = Vec::new();
+    let mut total = 0.0f64;
+    let mut upper = f64::INFINITY;
+    let mut best = RoutedCeiling { lower: 0.0, upper, rounds: 0 };
+    let mut uses = vec![0u32; cap.len()];
+    let max_rounds = (WORK_BUDGET / round_work.max(1)).max(MIN_ROUNDS);
+    for rounds in 1..=max_rounds {
+        let tree = cheapest(&length)?;
+        let volume: f64 = length.iter().zip(cap).map(|(l, c)| l * c).sum();
+        upper = upper.min(volume / tree.length);
+        // With `reuse`, a tree found before that is nearly as cheap is routed instead: the
+        // packing then keeps to a few dozen trees, not thousands that each carry a sliver,
+        // which the LP that selects among them could not take in.
+        let mut pick: Option<usize> = None;
+        if reuse {
+            let mut best_len = tree.length * (1.0 + eps);
+            for (i, t) in trees.iter().enumerate() {
+                let l: f64 = t.1.iter().map(|&g| length[g]).sum();
+                if l <= best_len {
+                    best_len = l;
+                    pick = Some(i);
+                }
+            }
+        }
+        let usage: &[usize] = match pick {
+            Some(i) => &trees[i].1,
+            None => &tree.usage,
+        };
+        uses.iter_mut().for_each(|u| *u = 0);
+        for &g in usage {
+            uses[g] += 1;
+        }
+        let rate = uses
+            .iter()
+            .zip(cap)
+            .filter(|(u, _)| **u > 0)
+            .map(|(&u, &c)| c / f64::from(u))
+            .fold(f64::INFINITY, f64::min);
+        for (g, &u) in uses.iter().enumerate().filter(|(_, u)| **u > 0) {
+            let flow = rate * f64::from(u);
+            load[g] += flow;
+            length[g] *= 1.0 + eps * flow / cap[g];
+        }
+        total += rate;
+        match pick.or_else(|| trees.iter().position(|t| t.0 == tree.key)) {
+            Some(i) => trees[i].2 += rate,
+            None => trees.push((tree.key, tree.usage, rate)),
+        }
+        let over = load.iter().zip(cap).map(|(l, c)| l / c).fold(0.0, f64::max);
+        best = RoutedCeiling { lower: (total / over).max(best.lower), upper, rounds };
+        if best.lower >= (1.0 - tolerance) * upper {
+            break;
+        }
+        let max_len = length.iter().copied().fold(0.0, f64::max);
+        if max_len > 1e100 {
+            length.iter_mut().for_each(|l| *l /= max_len);
+        }
+    }
+    // Scaled to fit every capacity.
+    let over = load.iter().zip(cap).map(|(l, c)| l / c).fold(0.0, f64::max).max(f64::MIN_POSITIVE);
+    trees.iter_mut().for_each(|t| t.2 /= over);
+    Some(Packed { trees, ceiling: RoutedCeiling { upper: best.upper.max(best.lower), ..best } })
+}
+
 /// Packs routed bidirectional trees (all-reduce's reduce-then-broadcast shape) into the link
 /// groups of `topo` until the feasible rate is within `tolerance` of the certified ceiling, or
 /// the work cap. `None` when the ranks cannot all reach each other both ways.
@@ -57,20 +148,9 @@ pub fn routed_tree_ceiling(topo: &Topology, tolerance: f64) -> Option<RoutedCeil
     }
     let rank_node: Vec<usize> = (0..n as u32).map(|r| topo.rank_node(r).index()).collect();
     let forwards: Vec<bool> = topo.graph().node_indices().map(|v| topo.graph()[v].forwards).collect();
-
-    let eps = (tolerance / 2.0).clamp(1e-3, 0.1);
-    let mut length: Vec<f64> = cap.iter().map(|c| 1.0 / c).collect();
-    let mut load = vec![0.0f64; groups.len()];
-    let mut total = 0.0f64;
-    let mut upper = f64::INFINITY;
-    let mut rounds = 0;
-    let max_rounds = (WORK_BUDGET / (n * groups.len()).max(1)).max(MIN_ROUNDS);
-    let mut best = RoutedCeiling { lower: 0.0, upper, rounds };
-    let mut uses = vec![0u32; groups.len()];
-    while rounds < max_rounds {
-        rounds += 1;
+    let packed = garg_konemann(&cap, tolerance, n * groups.len(), false, |length| {
         let searches: Vec<PathSearch> =
-            rank_node.iter().map(|&s| shortest_paths(s, &out, groups, &length, &forwards, nodes)).collect();
+            rank_node.iter().map(|&s| shortest_paths(s, &out, groups, length, &forwards, nodes)).collect();
         let mut edges = Vec::with_capacity(n * (n - 1) / 2);
         for a in 0..n {
             for b in a + 1..n {
@@ -81,45 +161,21 @@ pub fn routed_tree_ceiling(topo: &Topology, tolerance: f64) -> Option<RoutedCeil
             }
         }
         let tree = min_spanning_tree(n, &edges)?;
-        let tree_len: f64 = tree.iter().map(|&e| edges[e].2).sum();
-        let volume: f64 = length.iter().zip(&cap).map(|(l, c)| l * c).sum();
-        upper = upper.min(volume / tree_len);
-        // The groups the tree's paths cross, with multiplicity.
-        uses.iter_mut().for_each(|u| *u = 0);
+        let mut usage = Vec::new();
         for &e in &tree {
             let (a, b, _) = edges[e];
             for (from, to) in [(a, b), (b, a)] {
                 let mut v = rank_node[to];
                 while let Some(g) = searches[from].via[v] {
-                    uses[g] += 1;
+                    usage.push(g);
                     v = groups[g].from.index();
                 }
             }
         }
-        let rate = uses
-            .iter()
-            .zip(&cap)
-            .filter(|(u, _)| **u > 0)
-            .map(|(&u, &c)| c / f64::from(u))
-            .fold(f64::INFINITY, f64::min);
-        for (g, &u) in uses.iter().enumerate().filter(|(_, u)| **u > 0) {
-            let flow = rate * f64::from(u);
-            load[g] += flow;
-            length[g] *= 1.0 + eps * flow / cap[g];
-        }
-        total += rate;
-        let over = load.iter().zip(&cap).map(|(l, c)| l / c).fold(0.0, f64::max);
-        let lower = total / over;
-        best = RoutedCeiling { lower: lower.max(best.lower), upper, rounds };
-        if best.lower >= (1.0 - tolerance) * upper {
-            break;
-        }
-        let max_len = length.iter().copied().fold(0.0, f64::max);
-        if max_len > 1e100 {
-            length.iter_mut().for_each(|l| *l /= max_len);
-        }
-    }
-    Some(RoutedCeiling { upper: best.upper.max(best.lower), ..best })
+        // The bound needs no trees: one key for all.
+        Some(FoundTree { key: (), usage, length: tree.iter().map(|&e| edges[e].2).sum() })
+    })?;
+    Some(packed.ceiling)
 }
 
 /// Dijkstra from node `source` over link groups of length `length`; only forwarding nodes are

@@ -17,44 +17,46 @@ const LP_MAX_TREES: usize = 160;
 
 /// Re-optimises `trees`' rates by LP and keeps a small subset by ILP. Returns the trees with new
 /// rates (zero-rate trees dropped); falls back to the input where a solver fails.
-pub fn select_trees(graph: &RankGraph, shape: PackingShape, mut trees: Vec<PackedTree>, slack: f64) -> Vec<PackedTree> {
-    if trees.len() <= 1 {
-        return trees;
-    }
-    trees.sort_by(|a, b| b.rate.total_cmp(&a.rate));
-    trees.truncate(LP_MAX_TREES);
+pub fn select_trees(graph: &RankGraph, shape: PackingShape, trees: Vec<PackedTree>, slack: f64) -> Vec<PackedTree> {
+    let cap: Vec<f64> = graph.arcs().iter().map(|a| a.bandwidth).collect();
     let usage: Vec<Vec<usize>> = trees.iter().map(|t| t.arcs(graph, shape)).collect();
-    let Some(rates) = best_rates(graph, &usage, None) else {
-        return trees;
+    let rates: Vec<f64> = trees.iter().map(|t| t.rate).collect();
+    select(&cap, &usage, &rates, slack).into_iter().map(|(i, rate)| PackedTree { rate, ..trees[i].clone() }).collect()
+}
+
+/// [`select_trees`] over any capacities: tree `i` at rate r puts r on every resource in
+/// `usage[i]` (listed once per use), resource `k` holds `cap[k]`. Returns the kept trees'
+/// indices with their new rates.
+pub fn select(cap: &[f64], usage: &[Vec<usize>], rates: &[f64], slack: f64) -> Vec<(usize, f64)> {
+    let mut order: Vec<usize> = (0..usage.len()).collect();
+    if order.len() <= 1 {
+        return order.into_iter().map(|i| (i, rates[i])).collect();
+    }
+    order.sort_by(|&a, &b| rates[b].total_cmp(&rates[a]));
+    order.truncate(LP_MAX_TREES);
+    let unchanged = || order.iter().map(|&i| (i, rates[i])).collect::<Vec<_>>();
+    let of = |kept: &[(usize, f64)]| kept.iter().map(|&(i, _)| usage[i].clone()).collect::<Vec<_>>();
+    let Some(best) = best_rates(cap, &order.iter().map(|&i| usage[i].clone()).collect::<Vec<_>>(), None) else {
+        return unchanged();
     };
-    let optimum: f64 = rates.iter().sum();
-    let mut kept: Vec<(PackedTree, Vec<usize>)> = trees
-        .into_iter()
-        .zip(usage)
-        .zip(&rates)
-        .filter(|(_, &r)| r > 1e-9 * optimum)
-        .map(|((mut t, u), &r)| {
-            t.rate = r;
-            (t, u)
-        })
-        .collect();
+    let optimum: f64 = best.iter().sum();
+    let mut kept: Vec<(usize, f64)> =
+        order.iter().zip(&best).filter(|(_, &r)| r > 1e-9 * optimum).map(|(&i, &r)| (i, r)).collect();
     let floor = (1.0 - slack) * optimum;
     let before = kept.len();
     if kept.len() > 1 && kept.len() <= ILP_MAX_TREES {
-        let usage: Vec<Vec<usize>> = kept.iter().map(|(_, u)| u.clone()).collect();
-        if let Some(rates) = best_rates(graph, &usage, Some(floor)) {
-            for ((t, _), r) in kept.iter_mut().zip(rates) {
-                t.rate = r;
+        if let Some(rates) = best_rates(cap, &of(&kept), Some(floor)) {
+            for (k, r) in kept.iter_mut().zip(rates) {
+                k.1 = r;
             }
-            kept.retain(|(t, _)| t.rate > 1e-9 * optimum);
+            kept.retain(|k| k.1 > 1e-9 * optimum);
         }
     } else {
         // Too many for branch and bound: drop the thinnest tree while the rest still reach the
         // floor.
-        kept.sort_by(|a, b| b.0.rate.total_cmp(&a.0.rate));
+        kept.sort_by(|a, b| b.1.total_cmp(&a.1));
         while kept.len() > 1 {
-            let usage: Vec<Vec<usize>> = kept[..kept.len() - 1].iter().map(|(_, u)| u.clone()).collect();
-            match best_rates(graph, &usage, None) {
+            match best_rates(cap, &of(&kept[..kept.len() - 1]), None) {
                 Some(rates) if rates.iter().sum::<f64>() >= floor => {
                     kept.pop();
                 }
@@ -64,23 +66,22 @@ pub fn select_trees(graph: &RankGraph, shape: PackingShape, mut trees: Vec<Packe
     }
     // Trees were dropped (and the integer program only needed enough): give the survivors
     // their best rates.
-    let usage: Vec<Vec<usize>> = kept.iter().map(|(_, u)| u.clone()).collect();
-    if let Some(rates) = best_rates(graph, &usage, None).filter(|_| kept.len() < before) {
-        for ((t, _), r) in kept.iter_mut().zip(rates) {
-            t.rate = r;
+    if let Some(rates) = best_rates(cap, &of(&kept), None).filter(|_| kept.len() < before) {
+        for (k, r) in kept.iter_mut().zip(rates) {
+            k.1 = r;
         }
-        kept.retain(|(t, _)| t.rate > 1e-9 * optimum);
+        kept.retain(|k| k.1 > 1e-9 * optimum);
     }
-    kept.into_iter().map(|(t, _)| t).collect()
+    kept
 }
 
 /// Rates per tree within the arc capacities: the maximum total (`min_total` None), or the
 /// fewest trees reaching `min_total` (each tree then switched on or off by a binary).
-fn best_rates(graph: &RankGraph, usage: &[Vec<usize>], min_total: Option<f64>) -> Option<Vec<f64>> {
+fn best_rates(cap: &[f64], usage: &[Vec<usize>], min_total: Option<f64>) -> Option<Vec<f64>> {
     let mut vars = ProblemVariables::new();
     let rates: Vec<Variable> = usage.iter().map(|_| vars.add(variable().min(0.0))).collect();
     let total: Expression = rates.iter().sum();
-    let mut per_arc: Vec<Expression> = vec![Expression::default(); graph.arcs().len()];
+    let mut per_arc: Vec<Expression> = vec![Expression::default(); cap.len()];
     for (u, &r) in usage.iter().zip(&rates) {
         for &a in u {
             per_arc[a] += r;
@@ -91,7 +92,7 @@ fn best_rates(graph: &RankGraph, usage: &[Vec<usize>], min_total: Option<f64>) -
         None => {
             let mut model = vars.maximise(total).using(microlp);
             for &a in &arcs_used {
-                model = model.with(constraint!(per_arc[a].clone() <= graph.arc(a).bandwidth));
+                model = model.with(constraint!(per_arc[a].clone() <= cap[a]));
             }
             model.solve().ok()?
         }
@@ -100,10 +101,10 @@ fn best_rates(graph: &RankGraph, usage: &[Vec<usize>], min_total: Option<f64>) -
             let count: Expression = on.iter().sum();
             let mut model = vars.minimise(count).using(microlp);
             for &a in &arcs_used {
-                model = model.with(constraint!(per_arc[a].clone() <= graph.arc(a).bandwidth));
+                model = model.with(constraint!(per_arc[a].clone() <= cap[a]));
             }
             for (i, u) in usage.iter().enumerate() {
-                let most = u.iter().map(|&a| graph.arc(a).bandwidth).fold(f64::INFINITY, f64::min);
+                let most = u.iter().map(|&a| cap[a]).fold(f64::INFINITY, f64::min);
                 model = model.with(constraint!(rates[i] <= most * on[i]));
             }
             model = model.with(constraint!(total >= floor));

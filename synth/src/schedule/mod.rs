@@ -336,6 +336,13 @@ pub struct Channel {
     pub steps: Vec<Step>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub deps: Vec<Dep>,
+    /// Sending steps (sorted) whose message takes the *fabric* path to its peer: through the
+    /// switches, CPUs and NICs the two ranks share, not over the direct link the router would
+    /// pick (a DGX-1 pair's PCIe path beside its NVLink). A path is a hint to whatever moves
+    /// the bytes — the simulator follows it, a GPU transport can — and never changes what a
+    /// schedule computes; transports with one path per peer ignore it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub via_fabric: Vec<u32>,
 }
 
 impl Channel {
@@ -343,6 +350,11 @@ impl Channel {
     pub fn deps_of(&self, step: u32) -> impl Iterator<Item = StepRef> + '_ {
         let start = self.deps.partition_point(|d| d.step < step);
         self.deps[start..].iter().take_while(move |d| d.step == step).map(|d| d.on)
+    }
+
+    /// Whether step `step`'s message takes the fabric path ([`Channel::via_fabric`]).
+    pub fn sends_via_fabric(&self, step: u32) -> bool {
+        !self.via_fabric.is_empty() && self.via_fabric.binary_search(&step).is_ok()
     }
 }
 
@@ -459,6 +471,14 @@ impl Schedule {
                                 slot.buffer
                             ));
                         }
+                    }
+                }
+                for (i, &v) in ch.via_fabric.iter().enumerate() {
+                    if i > 0 && v <= ch.via_fabric[i - 1] {
+                        return bad(format!("rank {r} channel {c}: fabric paths not sorted by step"));
+                    }
+                    if ch.steps.get(v as usize).and_then(|st| st.op.send_to()).is_none() {
+                        return bad(format!("{}: a fabric path on a step that sends nothing", at(v as usize)));
                     }
                 }
                 let mut last = 0;

@@ -48,6 +48,10 @@ pub struct SimConfig {
     /// send backlog capped by `TOPOCCL_MAX_BACKLOG`). `None`: each step's message is its own
     /// flow and the step completes when its last byte has left.
     pub pair_queue_bytes: Option<f64>,
+    /// Sends marked [`via_fabric`](crate::schedule::Channel::via_fabric) take the fabric path
+    /// (a GPU transport can choose NVLink or PCIe per message). Off: every send takes the
+    /// router's path, as topoccl's host transports (one connection per peer) do.
+    pub follow_paths: bool,
 }
 
 impl Default for SimConfig {
@@ -58,6 +62,7 @@ impl Default for SimConfig {
             rank_message_us: 0.0,
             pair_sharing: false,
             pair_queue_bytes: None,
+            follow_paths: true,
         }
     }
 }
@@ -134,7 +139,8 @@ struct Flow {
 /// first is on the wire.
 #[derive(Default)]
 struct PairQueue {
-    messages: VecDeque<(f64, u32)>,
+    /// (bytes, conn, route)
+    messages: VecDeque<(f64, u32, u32)>,
     bytes: f64,
     /// Channels waiting for room.
     waiters: Vec<u32>,
@@ -169,6 +175,7 @@ pub struct Simulator<'t> {
     router: Router<'t>,
     config: SimConfig,
     route_of: FxHashMap<(Rank, Rank), u32>,
+    fabric_of: FxHashMap<(Rank, Rank), u32>,
     routes: Vec<Route>,
 }
 
@@ -205,24 +212,39 @@ impl<'t> Simulator<'t> {
     }
 
     pub fn with_config(topo: &'t Topology, config: SimConfig) -> Simulator<'t> {
-        Simulator { topo, router: Router::new(topo), config, route_of: FxHashMap::default(), routes: Vec::new() }
+        Simulator {
+            topo,
+            router: Router::new(topo),
+            config,
+            route_of: FxHashMap::default(),
+            fabric_of: FxHashMap::default(),
+            routes: Vec::new(),
+        }
     }
 
     pub fn config(&self) -> SimConfig {
         self.config
     }
 
-    fn route(&mut self, from: Rank, to: Rank) -> Result<u32> {
-        if let Some(&r) = self.route_of.get(&(from, to)) {
+    /// The id of the route from `from` to `to`: the router's, or with `fabric` the fabric path
+    /// ([`Router::fabric_route`]); computed once.
+    fn route(&mut self, from: Rank, to: Rank, fabric: bool) -> Result<u32> {
+        let known = if fabric { &self.fabric_of } else { &self.route_of };
+        if let Some(&r) = known.get(&(from, to)) {
             return Ok(r);
         }
-        let route = self.router.route(from, to).ok_or_else(|| Error::InvalidTopology {
+        let (route, missing) = if fabric {
+            (self.router.fabric_route(from, to), "a step sends via a fabric the two ranks do not share")
+        } else {
+            (self.router.route(from, to), "no path")
+        };
+        let route = route.ok_or_else(|| Error::InvalidTopology {
             name: self.topo.name().to_string(),
-            message: format!("no path from rank {from} to rank {to}"),
+            message: format!("from rank {from} to rank {to}: {missing}"),
         })?;
         self.routes.push(route);
         let id = self.routes.len() as u32 - 1;
-        self.route_of.insert((from, to), id);
+        if fabric { &mut self.fabric_of } else { &mut self.route_of }.insert((from, to), id);
         Ok(id)
     }
 
@@ -319,7 +341,7 @@ impl<'t> Simulator<'t> {
         if let Some(&c) = run.conn_of.get(&(from, to, ch)) {
             return Ok(c);
         }
-        let route = self.route(from, to)?;
+        let route = self.route(from, to, false)?;
         run.conns.push(Conn { route, arrived: 0, waiter: None });
         let id = run.conns.len() as u32 - 1;
         run.conn_of.insert((from, to, ch), id);
@@ -389,20 +411,24 @@ impl<'t> Simulator<'t> {
                     }
                 };
                 let bytes = f64::from(step.count) * run.chunk_bytes;
+                let route = if self.config.follow_paths && channel.sends_via_fabric(pc) {
+                    self.route(rank, to, true)?
+                } else {
+                    run.conns[conn as usize].route
+                };
                 let Some(cap) = self.config.pair_queue_bytes else {
-                    self.start_flow(run, g, conn, bytes);
+                    self.start_flow(run, g, conn, route, bytes);
                     return Ok(());
                 };
-                let route = run.conns[conn as usize].route;
                 let q = run.queues.entry(route).or_default();
                 if q.bytes >= cap && !q.messages.is_empty() {
                     q.waiters.push(g);
                     return Ok(());
                 }
                 q.bytes += bytes;
-                q.messages.push_back((bytes, conn));
+                q.messages.push_back((bytes, conn, route));
                 if q.messages.len() == 1 {
-                    self.start_flow(run, QUEUED, conn, bytes);
+                    self.start_flow(run, QUEUED, conn, route, bytes);
                 }
             }
             run.complete_step(g);
@@ -418,8 +444,7 @@ impl<'t> Simulator<'t> {
         (touches && bytes > 0.0).then(|| bytes / (gbps * 1e3))
     }
 
-    fn start_flow(&mut self, run: &mut Run, g: u32, conn: u32, bytes: f64) {
-        let route = run.conns[conn as usize].route;
+    fn start_flow(&mut self, run: &mut Run, g: u32, conn: u32, route: u32, bytes: f64) {
         let flow = Flow { remaining: bytes, rate: 0.0, last: run.now, version: 0, route, channel: g, conn };
         let id = match run.free_flows.pop() {
             Some(id) => {
@@ -474,13 +499,13 @@ impl<'t> Simulator<'t> {
         }
         // The pair's next message goes on the wire; channels waiting for room go on.
         let Some(q) = run.queues.get_mut(&route) else { return Ok(()) };
-        if let Some((bytes, _)) = q.messages.pop_front() {
+        if let Some((bytes, _, _)) = q.messages.pop_front() {
             q.bytes -= bytes;
         }
         let next = q.messages.front().copied();
         let waiters = std::mem::take(&mut q.waiters);
-        if let Some((bytes, conn)) = next {
-            self.start_flow(run, QUEUED, conn, bytes);
+        if let Some((bytes, conn, route)) = next {
+            self.start_flow(run, QUEUED, conn, route, bytes);
         }
         for w in waiters {
             run.push(0.0, EventKind::Continue { channel: w });

@@ -124,9 +124,58 @@ impl<'t> Router<'t> {
             groups.push(g);
             u = self.topo.group(g).to;
         }
+        Some(self.route_over(groups))
+    }
+
+    fn route_over(&self, groups: Vec<usize>) -> Route {
         let latency = groups.iter().map(|&g| self.topo.group(g).latency).sum();
         let bandwidth = groups.iter().map(|&g| self.topo.group(g).bandwidth).fold(f64::INFINITY, f64::min);
-        Some(Route { groups, latency, bandwidth })
+        Route { groups, latency, bandwidth }
+    }
+
+    /// The *fabric* route from rank `src` to rank `dst`: the shortest path through the
+    /// switches, CPUs and NICs only (no rank relays, and not the direct link between the two),
+    /// as a schedule step marked [`via_fabric`](crate::schedule::Channel::via_fabric) takes.
+    /// `None` when the two ranks share no fabric.
+    pub fn fabric_route(&self, src: Rank, dst: Rank) -> Option<Route> {
+        let graph = self.topo.graph();
+        let (s, d) = (self.topo.rank_node(src).index(), self.topo.rank_node(dst).index());
+        let mut dist = vec![f64::INFINITY; graph.node_count()];
+        let mut via: Vec<Option<usize>> = vec![None; graph.node_count()];
+        dist[s] = 0.0;
+        let mut heap = BinaryHeap::from([Entry(0.0, s)]);
+        while let Some(Entry(du, u)) = heap.pop() {
+            if du > dist[u] || u == d {
+                continue;
+            }
+            let node = &graph[NodeIndex::new(u)];
+            if u != s && (node.rank.is_some() || !node.forwards) {
+                continue;
+            }
+            for &g in &self.out_groups[u] {
+                let v = self.topo.group(g).to.index();
+                if u == s && v == d {
+                    continue; // the direct link
+                }
+                let nd = du + self.weight(g);
+                if nd < dist[v] {
+                    dist[v] = nd;
+                    via[v] = Some(g);
+                    heap.push(Entry(nd, v));
+                }
+            }
+        }
+        let mut groups = Vec::new();
+        let mut v = d;
+        while let Some(g) = via[v] {
+            groups.push(g);
+            v = self.topo.group(g).from.index();
+        }
+        if v != s || groups.is_empty() {
+            return None;
+        }
+        groups.reverse();
+        Some(self.route_over(groups))
     }
 }
 
@@ -146,6 +195,15 @@ mod tests {
         let far = r.route(0, 5).unwrap();
         assert_eq!(far.groups.len(), 5, "{far:?}");
         assert!(far.bandwidth < 25.0);
+        // Beside its NVLink, gpu0 reaches gpu3 through PCIe switch, CPU0, PCIe switch, and
+        // gpu2 reaches gpu3 through their shared PCIe switch.
+        assert_eq!(r.fabric_route(0, 3).unwrap().groups.len(), 4);
+        let near = r.fabric_route(2, 3).unwrap();
+        assert_eq!((near.groups.len(), near.bandwidth), (2, 15.75));
+        // Without an NVLink the fabric route is the router's.
+        assert_eq!(r.fabric_route(0, 5).unwrap().groups, far.groups);
+        // A torus has no fabric: its links join ranks only.
+        assert_eq!(Router::new(&resolve("torus2d:4x4").unwrap()).fabric_route(0, 1), None);
     }
 
     #[test]
