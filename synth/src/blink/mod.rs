@@ -133,6 +133,22 @@ fn split_chunks(rates: &[f64], base: u32) -> Vec<u32> {
     best.1
 }
 
+/// The plans Blink emits for `collective`: the one-path plan ([`plan`]) and, where paths are
+/// followed and trees over two paths per pair (PCIe beside NVLink) beat it by
+/// [`MULTIPATH_GAIN`], those, which are then emitted instead.
+pub fn emitted_plans(
+    topo: &Topology,
+    collective: Collective,
+    follow_paths: bool,
+) -> Result<(TreePlan, Option<MultipathPlan>)> {
+    let one_path = plan(topo, collective)?;
+    let two_paths = (follow_paths && collective == Collective::AllReduce && topo.nranks() <= PACKING_MAX_RANKS)
+        .then(|| multipath::multipath_plan(topo, TOLERANCE, SLACK))
+        .flatten()
+        .filter(|m| m.rate > one_path.rate * (1.0 + MULTIPATH_GAIN));
+    Ok((one_path, two_paths))
+}
+
 /// Marks the sends of every lane whose tree edge takes the fabric path.
 fn mark_fabric_sends(schedule: &mut Schedule, plan: &MultipathPlan, lanes: &[(usize, std::ops::Range<u32>)]) {
     for (t, channels) in lanes {
@@ -167,14 +183,7 @@ impl ScheduleGenerator for Blink {
 
     fn generate(&self, req: &Request) -> Result<Schedule> {
         let coll = req.collective;
-        let tree_plan = plan(req.topology, coll)?;
-        // All-reduce trees may also send over a pair's fabric path beside its direct link
-        // (PCIe beside NVLink), where that is worth it.
-        let two_paths =
-            (req.follow_paths && coll == Collective::AllReduce && req.nranks() as usize <= PACKING_MAX_RANKS)
-                .then(|| multipath::multipath_plan(req.topology, TOLERANCE, SLACK))
-                .flatten()
-                .filter(|m| m.rate > tree_plan.rate * (1.0 + MULTIPATH_GAIN));
+        let (tree_plan, two_paths) = emitted_plans(req.topology, coll, req.follow_paths)?;
         let trees: Vec<PackedTree> = match &two_paths {
             Some(m) => m.trees.iter().map(|t| t.tree.clone()).collect(),
             None => tree_plan.trees.clone(),
