@@ -221,7 +221,7 @@ impl ScheduleGenerator for Blink {
         }
         let mut base = 0;
         let mut c = 0;
-        // Each lane's tree and first channel.
+        // Each lane's tree and the channels it occupies.
         let mut lane_channels = Vec::with_capacity(lanes_of.len());
         for (&(t, _), &count) in lanes_of.iter().zip(&split) {
             let lanes = TreeLanes::new(Tree::from_parents(trees[t].parent.clone()), base);
