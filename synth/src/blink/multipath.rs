@@ -1,7 +1,7 @@
-//! Blink's all-reduce trees over two paths per rank pair: the router's (a DGX-1 pair's NVLink)
-//! and the fabric's (the PCIe switches and CPUs the two GPUs share), each edge direction of
-//! each tree taking one of them. The rank graph gives a directly linked pair only its link,
-//! so trees packed there leave the PCIe beside the NVLink idle; Blink's paper runs trees over
+//! Blink's all-reduce trees over two paths per rank pair: the router's (a DGX-1 pair's NVLink,
+//! a DGX-A100 pair's NVSwitch) and the fabric's (the PCIe switches and CPUs beside it), each
+//! edge direction of each tree taking one of them. The rank graph gives a pair only the
+//! router's path, so trees packed there leave that PCIe idle; Blink's paper runs trees over
 //! both. Packed by Garg–Könemann over the machine's link groups ([`super::routed`]), so links
 //! that several paths cross are shared exactly; kept to a few trees by the same LP/ILP as the
 //! one-path plan ([`super::select`]).
@@ -58,8 +58,8 @@ pub struct MultipathPlan {
     pub usage: Vec<Vec<usize>>,
 }
 
-/// The arcs: every rank-graph pair over its routed path, and directly linked pairs also over
-/// their fabric path. `None` when no pair has a fabric path beside its link (nothing to gain).
+/// The arcs: every rank-graph pair over its routed path, and over its fabric path where it
+/// has one. `None` when no pair has a fabric path (nothing to gain).
 fn path_arcs(topo: &Topology) -> Option<Vec<PathArc>> {
     let graph = RankGraph::of(topo);
     let mut router = Router::new(topo);
@@ -67,10 +67,8 @@ fn path_arcs(topo: &Topology) -> Option<Vec<PathArc>> {
     for a in graph.arcs() {
         let route = router.route(a.from, a.to)?;
         arcs.push(PathArc { from: a.from, to: a.to, groups: route.groups, fabric: false });
-        if a.direct {
-            if let Some(fabric) = router.fabric_route(a.from, a.to) {
-                arcs.push(PathArc { from: a.from, to: a.to, groups: fabric.groups, fabric: true });
-            }
+        if let Some(fabric) = router.fabric_route(a.from, a.to) {
+            arcs.push(PathArc { from: a.from, to: a.to, groups: fabric.groups, fabric: true });
         }
     }
     arcs.iter().any(|a| a.fabric).then_some(arcs)
@@ -163,6 +161,16 @@ mod tests {
             }
         }
         assert!(load.iter().zip(&plan.cap).all(|(l, c)| *l <= c * (1.0 + 1e-6)), "{load:?}");
+    }
+
+    #[test]
+    fn pcie_beside_an_nvswitch_is_used_too() {
+        // DGX-A100: pairs meet in the NVSwitch (one-path trees: 171.4 GB/s); beside it, each
+        // GPU has 31.5 GB/s of PCIe (routed ceiling 189.6).
+        let topo = resolve("dgx-a100").unwrap();
+        let plan = multipath_plan(&topo, 0.02, 0.01).unwrap();
+        let one_path = crate::blink::plan(&topo, crate::schedule::Collective::AllReduce).unwrap();
+        assert!(plan.rate >= 1.05 * one_path.rate, "{} vs {}", plan.rate, one_path.rate);
     }
 
     #[test]

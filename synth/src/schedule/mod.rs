@@ -336,9 +336,9 @@ pub struct Channel {
     pub steps: Vec<Step>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub deps: Vec<Dep>,
-    /// Sending steps (sorted) whose message takes the *fabric* path to its peer: through the
-    /// switches, CPUs and NICs the two ranks share, not over the direct link the router would
-    /// pick (a DGX-1 pair's PCIe path beside its NVLink). A path is a hint to whatever moves
+    /// Sending steps (sorted) whose message takes the *fabric* path to its peer: through
+    /// switches, CPUs and NICs, not leaving by the link the router's path starts with (the PCIe
+    /// beside a DGX-1 pair's NVLink or a DGX-A100's NVSwitch). A path is a hint to whatever moves
     /// the bytes — the simulator follows it, a GPU transport can — and never changes what a
     /// schedule computes; transports with one path per peer ignore it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -133,11 +133,13 @@ impl<'t> Router<'t> {
         Route { groups, latency, bandwidth }
     }
 
-    /// The *fabric* route from rank `src` to rank `dst`: the shortest path through the
-    /// switches, CPUs and NICs only (no rank relays, and not the direct link between the two),
-    /// as a schedule step marked [`via_fabric`](crate::schedule::Channel::via_fabric) takes.
-    /// `None` when the two ranks share no fabric.
-    pub fn fabric_route(&self, src: Rank, dst: Rank) -> Option<Route> {
+    /// The *fabric* route from rank `src` to rank `dst`, which a schedule step marked
+    /// [`via_fabric`](crate::schedule::Channel::via_fabric) takes: the shortest path through
+    /// switches, CPUs and NICs only (no rank relays) that does not leave `src` by the link the
+    /// router's path starts with. On a DGX-1 that is the PCIe beside a pair's NVLink, on an
+    /// NVSwitch machine the PCIe beside the switch. `None` when there is no such path.
+    pub fn fabric_route(&mut self, src: Rank, dst: Rank) -> Option<Route> {
+        let avoid = *self.route(src, dst)?.groups.first()?;
         let graph = self.topo.graph();
         let (s, d) = (self.topo.rank_node(src).index(), self.topo.rank_node(dst).index());
         let mut dist = vec![f64::INFINITY; graph.node_count()];
@@ -154,8 +156,8 @@ impl<'t> Router<'t> {
             }
             for &g in &self.out_groups[u] {
                 let v = self.topo.group(g).to.index();
-                if u == s && v == d {
-                    continue; // the direct link
+                if g == avoid {
+                    continue; // where the router's path starts
                 }
                 let nd = du + self.weight(g);
                 if nd < dist[v] {
@@ -200,10 +202,15 @@ mod tests {
         assert_eq!(r.fabric_route(0, 3).unwrap().groups.len(), 4);
         let near = r.fabric_route(2, 3).unwrap();
         assert_eq!((near.groups.len(), near.bandwidth), (2, 15.75));
-        // Without an NVLink the fabric route is the router's.
-        assert_eq!(r.fabric_route(0, 5).unwrap().groups, far.groups);
+        // gpu0 → gpu5 already takes the PCIe, and gpu0's other links lead to GPUs only.
+        assert_eq!(r.fabric_route(0, 5), None);
+        // On a DGX-A100 pairs meet in the NVSwitch; beside it, gpu0 and gpu1 share a PCIe
+        // switch.
+        let a100 = resolve("dgx-a100").unwrap();
+        assert_eq!(Router::new(&a100).fabric_route(0, 1).unwrap().groups.len(), 2);
         // A torus has no fabric: its links join ranks only.
-        assert_eq!(Router::new(&resolve("torus2d:4x4").unwrap()).fabric_route(0, 1), None);
+        let torus = resolve("torus2d:4x4").unwrap();
+        assert_eq!(Router::new(&torus).fabric_route(0, 1), None);
     }
 
     #[test]
