@@ -61,64 +61,134 @@ pub struct Packing {
     pub rounds: usize,
 }
 
-/// Cap on MWU work, in rounds × arcs (each round is one oracle call over every arc); large
-/// graphs get fewer rounds, and the certificate says how close they got.
-const WORK_BUDGET: usize = 20_000_000;
+/// Cap on MWU work, in rounds × the work of one round (`round_work`: a rank-graph round reads
+/// every arc for the oracle and again for the certificate, 2 per arc); large graphs get fewer
+/// rounds, and the certificate says how close they got.
+const WORK_BUDGET: usize = 40_000_000;
 const MIN_ROUNDS: usize = 30;
 
 /// Packs trees of `shape` into `graph` until the feasible rate is within `tolerance` (relative)
 /// of the certified ceiling, or the round cap.
 pub fn pack_trees(graph: &RankGraph, shape: PackingShape, tolerance: f64) -> Packing {
-    let n = graph.nranks();
-    let arcs = graph.arcs();
-    let cap: Vec<f64> = arcs.iter().map(|a| a.bandwidth).collect();
-    let mut empty = Packing { shape, trees: Vec::new(), lower: 0.0, upper: 0.0, rounds: 0 };
-    if n <= 1 {
-        empty.upper = f64::INFINITY;
-        return empty;
+    let cap: Vec<f64> = graph.arcs().iter().map(|a| a.bandwidth).collect();
+    let empty = |upper| Packing { shape, trees: Vec::new(), lower: 0.0, upper, rounds: 0 };
+    if graph.nranks() <= 1 {
+        return empty(f64::INFINITY);
     }
+    let packed = garg_konemann(&cap, tolerance, 2 * cap.len(), false, |length| {
+        let tree = cheapest_tree(graph, shape, length)?;
+        let usage = tree.arcs(graph, shape);
+        let length = usage.iter().map(|&a| length[a]).sum();
+        Some(FoundTree { key: tree.parent, usage, length })
+    });
+    let Some(packed) = packed else {
+        return empty(0.0); // the graph cannot span all ranks with this shape
+    };
+    let trees =
+        packed.trees.into_iter().map(|(parent, _, rate)| PackedTree { root: root_of(&parent), parent, rate }).collect();
+    Packing { shape, trees, lower: packed.lower, upper: packed.upper, rounds: packed.rounds }
+}
+
+/// The rank without a parent.
+fn root_of(parent: &[Option<Rank>]) -> Rank {
+    parent.iter().position(Option::is_none).unwrap_or(0) as Rank
+}
+
+/// A tree the oracle found: what identifies it (`key`), the link groups its paths cross (once
+/// per crossing) and its length under the current link lengths.
+pub(crate) struct FoundTree<K> {
+    pub key: K,
+    pub usage: Vec<usize>,
+    pub length: f64,
+}
+
+/// The packing Garg–Könemann found: distinct trees with their rates (which together fit every
+/// capacity), their total and the certified ceiling.
+pub(crate) struct Packed<K> {
+    pub trees: Vec<(K, Vec<usize>, f64)>,
+    pub lower: f64,
+    pub upper: f64,
+    pub rounds: usize,
+}
+
+/// Garg–Könemann over resources of capacities `cap` (rank arcs, or the machine's link groups):
+/// `cheapest` returns the cheapest tree under the lengths it is given (`None`: the ranks cannot
+/// be spanned). Each round routes the tree's bottleneck through it, raises the lengths of what
+/// it used and yields a certificate; it stops when the feasible rate is within `tolerance` of
+/// the best certificate, or after [`WORK_BUDGET`] / `round_work` rounds.
+pub(crate) fn garg_konemann<K: PartialEq>(
+    cap: &[f64],
+    tolerance: f64,
+    round_work: usize,
+    reuse: bool,
+    mut cheapest: impl FnMut(&[f64]) -> Option<FoundTree<K>>,
+) -> Option<Packed<K>> {
     let eps = (tolerance / 2.0).clamp(1e-3, 0.1);
     let mut length: Vec<f64> = cap.iter().map(|c| 1.0 / c).collect();
-    let mut load = vec![0.0f64; arcs.len()];
-    let mut trees: Vec<PackedTree> = Vec::new();
-    let mut best_upper = f64::INFINITY;
+    let mut load = vec![0.0f64; cap.len()];
+    let mut trees: Vec<(K, Vec<usize>, f64)> = Vec::new();
+    let mut total = 0.0f64;
+    let mut upper = f64::INFINITY;
+    let mut uses = vec![0u32; cap.len()];
     let mut rounds = 0;
-    let max_rounds = (WORK_BUDGET / arcs.len().max(1)).max(MIN_ROUNDS);
+    let max_rounds = (WORK_BUDGET / round_work.max(1)).max(MIN_ROUNDS);
     while rounds < max_rounds {
         rounds += 1;
-        let Some(tree) = cheapest_tree(graph, shape, &length) else {
-            return empty; // the graph cannot span all ranks with this shape
+        let tree = cheapest(&length)?;
+        let volume: f64 = length.iter().zip(cap).map(|(l, c)| l * c).sum();
+        upper = upper.min(volume / tree.length);
+        // With `reuse`, a tree found before that is nearly as cheap is routed instead: the
+        // packing then keeps to a few dozen trees, not thousands that each carry a sliver,
+        // which the LP that selects among them could not take in.
+        let mut pick: Option<usize> = None;
+        if reuse {
+            let mut best_len = tree.length * (1.0 + eps);
+            for (i, t) in trees.iter().enumerate() {
+                let l: f64 = t.1.iter().map(|&g| length[g]).sum();
+                if l <= best_len {
+                    best_len = l;
+                    pick = Some(i);
+                }
+            }
+        }
+        let usage: &[usize] = match pick {
+            Some(i) => &trees[i].1,
+            None => &tree.usage,
         };
-        let used = tree.arcs(graph, shape);
-        let tree_len: f64 = used.iter().map(|&a| length[a]).sum();
-        let volume: f64 = length.iter().zip(&cap).map(|(l, c)| l * c).sum();
-        best_upper = best_upper.min(volume / tree_len);
-        let bottleneck = used.iter().map(|&a| cap[a]).fold(f64::INFINITY, f64::min);
-        for &a in &used {
-            load[a] += bottleneck;
-            length[a] *= 1.0 + eps * bottleneck / cap[a];
+        uses.iter_mut().for_each(|u| *u = 0);
+        for &g in usage {
+            uses[g] += 1;
         }
-        match trees.iter_mut().find(|t| t.parent == tree.parent) {
-            Some(t) => t.rate += bottleneck,
-            None => trees.push(PackedTree { rate: bottleneck, ..tree }),
+        let rate = uses
+            .iter()
+            .zip(cap)
+            .filter(|(u, _)| **u > 0)
+            .map(|(&u, &c)| c / f64::from(u))
+            .fold(f64::INFINITY, f64::min);
+        for (g, &u) in uses.iter().enumerate().filter(|(_, u)| **u > 0) {
+            let flow = rate * f64::from(u);
+            load[g] += flow;
+            length[g] *= 1.0 + eps * flow / cap[g];
         }
-        let over = load.iter().zip(&cap).map(|(l, c)| l / c).fold(0.0, f64::max);
-        let lower = trees.iter().map(|t| t.rate).sum::<f64>() / over;
-        if lower >= (1.0 - tolerance) * best_upper {
+        total += rate;
+        match pick.or_else(|| trees.iter().position(|t| t.0 == tree.key)) {
+            Some(i) => trees[i].2 += rate,
+            None => trees.push((tree.key, tree.usage, rate)),
+        }
+        let over = load.iter().zip(cap).map(|(l, c)| l / c).fold(0.0, f64::max);
+        if total / over >= (1.0 - tolerance) * upper {
             break;
         }
-        // Weights normalised now and then so they never overflow.
         let max_len = length.iter().copied().fold(0.0, f64::max);
         if max_len > 1e100 {
             length.iter_mut().for_each(|l| *l /= max_len);
         }
     }
-    let over = load.iter().zip(&cap).map(|(l, c)| l / c).fold(0.0, f64::max).max(f64::MIN_POSITIVE);
-    for t in &mut trees {
-        t.rate /= over;
-    }
-    let lower = trees.iter().map(|t| t.rate).sum();
-    Packing { shape, trees, lower, upper: best_upper.max(lower), rounds }
+    // Scaled to fit every capacity.
+    let over = load.iter().zip(cap).map(|(l, c)| l / c).fold(0.0, f64::max).max(f64::MIN_POSITIVE);
+    trees.iter_mut().for_each(|t| t.2 /= over);
+    let lower = trees.iter().map(|t| t.2).sum::<f64>();
+    Some(Packed { trees, lower, upper: upper.max(lower), rounds })
 }
 
 /// For graphs too large for a converged packing: `count` trees, each the cheapest under

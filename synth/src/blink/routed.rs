@@ -15,15 +15,10 @@
 //! added). With link lengths ℓ, no packing of routed trees exceeds Σ c·ℓ / (cheapest tree), which
 //! is the certificate kept as `upper`.
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
-
 use super::arborescence::min_spanning_tree;
+use super::packing::{garg_konemann, FoundTree};
+use crate::topology::routing::{out_groups, PathSearch};
 use crate::topology::Topology;
-
-/// Work cap, in rounds × (ranks × link groups): one shortest-path search per rank per round.
-const WORK_BUDGET: usize = 40_000_000;
-const MIN_ROUNDS: usize = 30;
 
 /// A packing of routed bidirectional trees: a feasible rate and a proven ceiling, GB/s.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -31,104 +26,6 @@ pub struct RoutedCeiling {
     pub lower: f64,
     pub upper: f64,
     pub rounds: usize,
-}
-
-/// Shortest paths from one node under link-group lengths, through forwarding nodes only.
-struct PathSearch {
-    dist: Vec<f64>,
-    /// The group each node was reached by.
-    via: Vec<Option<usize>>,
-}
-
-/// A tree the oracle found: what identifies it (`key`), the link groups its paths cross (once
-/// per crossing) and its length under the current link lengths.
-pub(crate) struct FoundTree<K> {
-    pub key: K,
-    pub usage: Vec<usize>,
-    pub length: f64,
-}
-
-/// The packing Garg–Könemann found: distinct trees with their rates, and the certificate.
-pub(crate) struct Packed<K> {
-    pub trees: Vec<(K, Vec<usize>, f64)>,
-    pub ceiling: RoutedCeiling,
-}
-
-/// Garg–Könemann over link groups of capacities `cap`: `cheapest` returns the cheapest tree
-/// under the lengths it is given (`None`: the ranks cannot be spanned). Rounds cost
-/// `round_work` each against [`WORK_BUDGET`].
-pub(crate) fn garg_konemann<K: PartialEq>(
-    cap: &[f64],
-    tolerance: f64,
-    round_work: usize,
-    reuse: bool,
-    mut cheapest: impl FnMut(&[f64]) -> Option<FoundTree<K>>,
-) -> Option<Packed<K>> {
-    let eps = (tolerance / 2.0).clamp(1e-3, 0.1);
-    let mut length: Vec<f64> = cap.iter().map(|c| 1.0 / c).collect();
-    let mut load = vec![0.0f64; cap.len()];
-    let mut trees: Vec<(K, Vec<usize>, f64)> = Vec::new();
-    let mut total = 0.0f64;
-    let mut upper = f64::INFINITY;
-    let mut best = RoutedCeiling { lower: 0.0, upper, rounds: 0 };
-    let mut uses = vec![0u32; cap.len()];
-    let max_rounds = (WORK_BUDGET / round_work.max(1)).max(MIN_ROUNDS);
-    for rounds in 1..=max_rounds {
-        let tree = cheapest(&length)?;
-        let volume: f64 = length.iter().zip(cap).map(|(l, c)| l * c).sum();
-        upper = upper.min(volume / tree.length);
-        // With `reuse`, a tree found before that is nearly as cheap is routed instead: the
-        // packing then keeps to a few dozen trees, not thousands that each carry a sliver,
-        // which the LP that selects among them could not take in.
-        let mut pick: Option<usize> = None;
-        if reuse {
-            let mut best_len = tree.length * (1.0 + eps);
-            for (i, t) in trees.iter().enumerate() {
-                let l: f64 = t.1.iter().map(|&g| length[g]).sum();
-                if l <= best_len {
-                    best_len = l;
-                    pick = Some(i);
-                }
-            }
-        }
-        let usage: &[usize] = match pick {
-            Some(i) => &trees[i].1,
-            None => &tree.usage,
-        };
-        uses.iter_mut().for_each(|u| *u = 0);
-        for &g in usage {
-            uses[g] += 1;
-        }
-        let rate = uses
-            .iter()
-            .zip(cap)
-            .filter(|(u, _)| **u > 0)
-            .map(|(&u, &c)| c / f64::from(u))
-            .fold(f64::INFINITY, f64::min);
-        for (g, &u) in uses.iter().enumerate().filter(|(_, u)| **u > 0) {
-            let flow = rate * f64::from(u);
-            load[g] += flow;
-            length[g] *= 1.0 + eps * flow / cap[g];
-        }
-        total += rate;
-        match pick.or_else(|| trees.iter().position(|t| t.0 == tree.key)) {
-            Some(i) => trees[i].2 += rate,
-            None => trees.push((tree.key, tree.usage, rate)),
-        }
-        let over = load.iter().zip(cap).map(|(l, c)| l / c).fold(0.0, f64::max);
-        best = RoutedCeiling { lower: (total / over).max(best.lower), upper, rounds };
-        if best.lower >= (1.0 - tolerance) * upper {
-            break;
-        }
-        let max_len = length.iter().copied().fold(0.0, f64::max);
-        if max_len > 1e100 {
-            length.iter_mut().for_each(|l| *l /= max_len);
-        }
-    }
-    // Scaled to fit every capacity.
-    let over = load.iter().zip(cap).map(|(l, c)| l / c).fold(0.0, f64::max).max(f64::MIN_POSITIVE);
-    trees.iter_mut().for_each(|t| t.2 /= over);
-    Some(Packed { trees, ceiling: RoutedCeiling { upper: best.upper.max(best.lower), ..best } })
 }
 
 /// Packs routed bidirectional trees (all-reduce's reduce-then-broadcast shape) into the link
@@ -141,16 +38,13 @@ pub fn routed_tree_ceiling(topo: &Topology, tolerance: f64) -> Option<RoutedCeil
     }
     let groups = topo.link_groups();
     let cap: Vec<f64> = groups.iter().map(|g| g.bandwidth).collect();
-    let nodes = topo.graph().node_count();
-    let mut out: Vec<Vec<usize>> = vec![Vec::new(); nodes];
-    for (i, g) in groups.iter().enumerate() {
-        out[g.from.index()].push(i);
-    }
+    let out = out_groups(topo);
     let rank_node: Vec<usize> = (0..n as u32).map(|r| topo.rank_node(r).index()).collect();
     let forwards: Vec<bool> = topo.graph().node_indices().map(|v| topo.graph()[v].forwards).collect();
+    // One shortest-path search per rank per round.
     let packed = garg_konemann(&cap, tolerance, n * groups.len(), false, |length| {
         let searches: Vec<PathSearch> =
-            rank_node.iter().map(|&s| shortest_paths(s, &out, groups, length, &forwards, nodes)).collect();
+            rank_node.iter().map(|&s| PathSearch::new(topo, &out, s, |g| length[g], |v| forwards[v])).collect();
         let mut edges = Vec::with_capacity(n * (n - 1) / 2);
         for a in 0..n {
             for b in a + 1..n {
@@ -165,67 +59,13 @@ pub fn routed_tree_ceiling(topo: &Topology, tolerance: f64) -> Option<RoutedCeil
         for &e in &tree {
             let (a, b, _) = edges[e];
             for (from, to) in [(a, b), (b, a)] {
-                let mut v = rank_node[to];
-                while let Some(g) = searches[from].via[v] {
-                    usage.push(g);
-                    v = groups[g].from.index();
-                }
+                usage.extend(searches[from].path_to(topo, rank_node[to]).unwrap_or_default());
             }
         }
         // The bound needs no trees: one key for all.
         Some(FoundTree { key: (), usage, length: tree.iter().map(|&e| edges[e].2).sum() })
     })?;
-    Some(packed.ceiling)
-}
-
-/// Dijkstra from node `source` over link groups of length `length`; only forwarding nodes are
-/// passed through (a GPU that does not relay ends a path).
-fn shortest_paths(
-    source: usize,
-    out: &[Vec<usize>],
-    groups: &[crate::topology::LinkGroup],
-    length: &[f64],
-    forwards: &[bool],
-    nodes: usize,
-) -> PathSearch {
-    let mut dist = vec![f64::INFINITY; nodes];
-    let mut via = vec![None; nodes];
-    let mut heap = BinaryHeap::new();
-    dist[source] = 0.0;
-    heap.push(Reverse((Ordered(0.0), source)));
-    while let Some(Reverse((Ordered(d), u))) = heap.pop() {
-        if d > dist[u] || (u != source && !forwards[u]) {
-            continue;
-        }
-        for &g in &out[u] {
-            let v = groups[g].to.index();
-            let nd = d + length[g];
-            if nd < dist[v] {
-                dist[v] = nd;
-                via[v] = Some(g);
-                heap.push(Reverse((Ordered(nd), v)));
-            }
-        }
-    }
-    PathSearch { dist, via }
-}
-
-/// A non-NaN f64 ordered for the heap.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Ordered(f64);
-
-impl Eq for Ordered {}
-
-impl PartialOrd for Ordered {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for Ordered {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.0.total_cmp(&other.0)
-    }
+    Some(RoutedCeiling { lower: packed.lower, upper: packed.upper, rounds: packed.rounds })
 }
 
 #[cfg(test)]

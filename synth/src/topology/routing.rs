@@ -50,14 +50,11 @@ impl Ord for Entry {
 
 impl<'t> Router<'t> {
     pub fn new(topo: &'t Topology) -> Router<'t> {
-        let n = topo.graph().node_count();
-        let mut out_groups = vec![Vec::new(); n];
-        let mut in_groups = vec![Vec::new(); n];
+        let mut in_groups = vec![Vec::new(); topo.graph().node_count()];
         for (id, g) in topo.link_groups().iter().enumerate() {
-            out_groups[g.from.index()].push(id);
             in_groups[g.to.index()].push(id);
         }
-        Router { topo, out_groups, in_groups, dist_to: HashMap::new() }
+        Router { topo, out_groups: out_groups(topo), in_groups, dist_to: HashMap::new() }
     }
 
     fn weight(&self, group: usize) -> f64 {
@@ -142,24 +139,56 @@ impl<'t> Router<'t> {
         let avoid = *self.route(src, dst)?.groups.first()?;
         let graph = self.topo.graph();
         let (s, d) = (self.topo.rank_node(src).index(), self.topo.rank_node(dst).index());
-        let mut dist = vec![f64::INFINITY; graph.node_count()];
-        let mut via: Vec<Option<usize>> = vec![None; graph.node_count()];
-        dist[s] = 0.0;
-        let mut heap = BinaryHeap::from([Entry(0.0, s)]);
-        while let Some(Entry(du, u)) = heap.pop() {
-            if du > dist[u] || u == d {
+        let search = PathSearch::new(
+            self.topo,
+            &self.out_groups,
+            s,
+            |g| if g == avoid { f64::INFINITY } else { self.weight(g) },
+            |v| graph[NodeIndex::new(v)].rank.is_none() && graph[NodeIndex::new(v)].forwards,
+        );
+        let groups = search.path_to(self.topo, d)?;
+        Some(self.route_over(groups))
+    }
+}
+
+/// The link groups leaving each node of `topo`.
+pub(crate) fn out_groups(topo: &Topology) -> Vec<Vec<usize>> {
+    let mut out = vec![Vec::new(); topo.graph().node_count()];
+    for (id, g) in topo.link_groups().iter().enumerate() {
+        out[g.from.index()].push(id);
+    }
+    out
+}
+
+/// Shortest paths from one node: the distance to every node and the group each was reached by.
+pub(crate) struct PathSearch {
+    pub dist: Vec<f64>,
+    pub via: Vec<Option<usize>>,
+}
+
+impl PathSearch {
+    /// Dijkstra from node `source` over the groups leaving each node (`out`, see
+    /// [`out_groups`]) at `length(group)` each; a path passes only through nodes where
+    /// `passable(node)` holds (any node may end one).
+    pub(crate) fn new(
+        topo: &Topology,
+        out: &[Vec<usize>],
+        source: usize,
+        length: impl Fn(usize) -> f64,
+        passable: impl Fn(usize) -> bool,
+    ) -> PathSearch {
+        let nodes = out.len();
+        let mut dist = vec![f64::INFINITY; nodes];
+        let mut via = vec![None; nodes];
+        dist[source] = 0.0;
+        let mut heap = BinaryHeap::from([Entry(0.0, source)]);
+        while let Some(Entry(d, u)) = heap.pop() {
+            if d > dist[u] || (u != source && !passable(u)) {
                 continue;
             }
-            let node = &graph[NodeIndex::new(u)];
-            if u != s && (node.rank.is_some() || !node.forwards) {
-                continue;
-            }
-            for &g in &self.out_groups[u] {
-                let v = self.topo.group(g).to.index();
-                if g == avoid {
-                    continue; // where the router's path starts
-                }
-                let nd = du + self.weight(g);
+            for &g in &out[u] {
+                let v = topo.group(g).to.index();
+                let nd = d + length(g);
                 if nd < dist[v] {
                     dist[v] = nd;
                     via[v] = Some(g);
@@ -167,17 +196,22 @@ impl<'t> Router<'t> {
                 }
             }
         }
+        PathSearch { dist, via }
+    }
+
+    /// The groups of the path to node `to`, in order; `None` if it was not reached.
+    pub(crate) fn path_to(&self, topo: &Topology, to: usize) -> Option<Vec<usize>> {
         let mut groups = Vec::new();
-        let mut v = d;
-        while let Some(g) = via[v] {
+        let mut v = to;
+        while let Some(g) = self.via[v] {
             groups.push(g);
-            v = self.topo.group(g).from.index();
+            v = topo.group(g).from.index();
         }
-        if v != s || groups.is_empty() {
+        if groups.is_empty() {
             return None;
         }
         groups.reverse();
-        Some(self.route_over(groups))
+        Some(groups)
     }
 }
 
