@@ -32,9 +32,6 @@ pub enum Error {
     /// An earlier call failed; the communicator cannot be used any more.
     #[error("the communicator is unusable after an earlier error: {0}")]
     Broken(String),
-    /// Setting up or tearing down an emulated network (namespaces, veths, tc) failed.
-    #[error("emulation: {0}")]
-    Emulation(String),
     /// A broken invariant inside topoccl (a bug): reported, never a panic.
     #[error("internal error: {0}")]
     Internal(String),

@@ -1,13 +1,14 @@
 //! # topoccl
 //!
 //! A collective communication library that chooses — and synthesizes — its algorithms from the
-//! topology it runs on. This crate is the core: datatypes and operators, and `collbench`, the
-//! nccl-tests-style sweep. Topology reasoning, the schedule IR, the algorithms, the verifier and
-//! the simulator live in [`synth`] (`topoccl-synth`); transports and the executor follow.
+//! topology it runs on. This crate is the library: communicators, the executor, the tuner,
+//! datatypes and operators. Topology reasoning, the schedule IR, the algorithms, the verifier
+//! and the simulator live in [`synth`] (`topoccl-synth`); moving bytes between ranks in
+//! [`transports`] (`topoccl-transports`). The tools (`collbench`, the network emulator) are a
+//! crate of their own beside this one.
 
-pub mod collbench;
 pub mod comm;
-pub mod emu;
+pub mod env;
 pub mod error;
 mod exec;
 pub mod tuner;

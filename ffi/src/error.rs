@@ -82,7 +82,6 @@ fn core_code(e: &topoccl::Error) -> ncclResult_t {
         E::Mismatch { .. } => NCCL_INVALID_USAGE,
         E::Aborted => NCCL_INVALID_USAGE,
         E::Broken(_) => NCCL_INVALID_USAGE,
-        E::Emulation(_) => NCCL_SYSTEM_ERROR,
         E::Internal(_) => NCCL_INTERNAL_ERROR,
     }
 }

@@ -16,7 +16,7 @@
 
 use std::time::Duration;
 
-use super::env::var;
+use crate::env::var;
 use crate::error::{Error, Result};
 
 /// Which transport connects ranks.

@@ -25,7 +25,6 @@ mod bytes;
 mod collective;
 mod config;
 mod connect;
-pub(crate) mod env;
 mod group;
 mod netif;
 mod typed;
@@ -192,7 +191,7 @@ impl Communicator {
 
     /// [`Communicator::from_env`] with explicit settings.
     pub fn from_env_with(config: Config) -> Result<Communicator> {
-        let job = env::LaunchEnv::detect()?;
+        let job = crate::env::LaunchEnv::detect()?;
         let id = if job.rank == 0 {
             UniqueId::serve(job.root, job.secret, config.timeout)?
         } else {

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use topoccl_synth::schedule::Schedule;
 
 use super::{Choice, TUNER_API_VERSION};
-use crate::comm::env::var;
+use crate::env::var;
 
 fn version() -> String {
     format!("{}/{}", env!("CARGO_PKG_VERSION"), TUNER_API_VERSION)

@@ -1,12 +1,12 @@
-//! `collbench`: see `topoccl::collbench`.
+//! `collbench`: see the `collbench` crate's documentation.
 
 use clap::Parser;
 
 fn main() {
-    let args = topoccl::collbench::Args::parse();
+    let args = collbench::Args::parse();
     let code = {
         let mut stdout = std::io::stdout().lock();
-        match topoccl::collbench::run(&args, &mut stdout) {
+        match collbench::run(&args, &mut stdout) {
             Ok(code) => code,
             Err(e) => {
                 eprintln!("collbench: {e}");

@@ -1,4 +1,5 @@
-//! Reading a launcher's environment: who am I, how many are we, where do we meet.
+//! Reading the environment: settings (`var`), and a launcher's word on who this process is,
+//! how many ranks there are and where they meet.
 
 use std::net::{SocketAddr, ToSocketAddrs};
 
@@ -15,7 +16,7 @@ pub(crate) struct LaunchEnv {
 }
 
 /// A variable's value, trimmed; `None` when unset or blank.
-pub(crate) fn var(name: &str) -> Option<String> {
+pub fn var(name: &str) -> Option<String> {
     std::env::var(name).ok().map(|v| v.trim().to_string()).filter(|v| !v.is_empty())
 }
 
@@ -33,7 +34,7 @@ const LAUNCHERS: [(&str, &str); 4] = [
 
 /// The world size a recognised launcher announced, if any (whether or not the rest of its
 /// environment is complete).
-pub(crate) fn launcher_world_size() -> Option<u32> {
+pub fn launcher_world_size() -> Option<u32> {
     LAUNCHERS.iter().find_map(|(_, s)| var(s)).and_then(|s| s.parse().ok())
 }
 

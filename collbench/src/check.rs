@@ -6,7 +6,7 @@
 
 use half::{bf16, f16};
 
-use crate::types::{Dtype, ReduceOp};
+use topoccl::types::{Dtype, ReduceOp};
 
 /// One expected element, before conversion to its datatype.
 #[derive(Debug, Clone, Copy, PartialEq)]

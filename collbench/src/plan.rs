@@ -5,9 +5,9 @@ use topoccl_synth::algorithms::Registry;
 
 use super::sizes;
 use super::Args;
-use crate::comm::{CollectiveKind, TransportPolicy};
 use crate::error::{Error, Result};
-use crate::types::{Dtype, ReduceOp};
+use topoccl::comm::{CollectiveKind, TransportPolicy};
+use topoccl::types::{Dtype, ReduceOp};
 
 /// What one row group measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,12 +99,12 @@ impl Plan {
         let dtypes = if args.datatype == "all" {
             Dtype::ALL.to_vec()
         } else {
-            list(&args.datatype).map(str::parse).collect::<Result<Vec<Dtype>>>()?
+            list(&args.datatype).map(str::parse).collect::<topoccl::Result<Vec<Dtype>>>()?
         };
         let ops = if args.op == "all" {
             ReduceOp::ALL.to_vec()
         } else {
-            list(&args.op).map(str::parse).collect::<Result<Vec<ReduceOp>>>()?
+            list(&args.op).map(str::parse).collect::<topoccl::Result<Vec<ReduceOp>>>()?
         };
         let registry = Registry::builtin();
         let algos: Vec<String> = list(&args.algo).map(str::to_string).collect();
@@ -116,7 +116,7 @@ impl Plan {
                 )));
             }
         }
-        let transports = list(&args.transport).map(str::parse).collect::<Result<Vec<TransportPolicy>>>()?;
+        let transports = list(&args.transport).map(str::parse).collect::<topoccl::Result<Vec<TransportPolicy>>>()?;
         if benches.is_empty() || dtypes.is_empty() || ops.is_empty() || algos.is_empty() || transports.is_empty() {
             return Err(Error::InvalidArgument(
                 "empty list of collectives, types, ops, algorithms or transports".into(),

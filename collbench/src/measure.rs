@@ -13,10 +13,10 @@ use topoccl_synth::topology::Topology;
 use super::check::{self, Value};
 use super::plan::{Bench, Plan};
 use super::table::{Block, MeasuredReport, MeasuredRow, Predicted, RowId, Timing};
-use crate::comm::{CollectiveCall, CollectiveKind, Communicator, Config, UniqueId, UNIQUE_ID_BYTES};
 use crate::error::{Error, Result};
-use crate::tuner::Choice;
-use crate::types::{Dtype, ReduceOp};
+use topoccl::comm::{CollectiveCall, CollectiveKind, Communicator, Config, UniqueId, UNIQUE_ID_BYTES};
+use topoccl::tuner::Choice;
+use topoccl::types::{Dtype, ReduceOp};
 
 /// Where rank 0 writes.
 pub struct Output<'a> {
@@ -57,7 +57,7 @@ fn join_another(first: &mut Communicator, config: Config) -> Result<Communicator
         first.broadcast_in_place(&mut bytes, 0)?;
         UniqueId::from_bytes(&bytes)?
     };
-    Communicator::init_with(&id, first.rank(), first.nranks(), config)
+    Ok(Communicator::init_with(&id, first.rank(), first.nranks(), config)?)
 }
 
 /// Who runs where, one line per rank (gathered to every rank).
@@ -172,15 +172,15 @@ enum Op {
 
 fn call(comm: &mut Communicator, op: Op, send: &mut [u8], recv: &mut [u8], in_place: bool) -> Result<()> {
     match op {
-        Op::Coll(c) if in_place => comm.collective_bytes_in_place(&c, recv),
-        Op::Coll(c) => comm.collective_bytes(&c, send, recv),
+        Op::Coll(c) if in_place => Ok(comm.collective_bytes_in_place(&c, recv)?),
+        Op::Coll(c) => Ok(comm.collective_bytes(&c, send, recv)?),
         Op::SendRecv { dtype, count } => {
             let (n, r) = (comm.nranks(), comm.rank());
             let bytes = count * dtype.size();
             let mut g = comm.group();
             g.send_bytes(&send[..bytes], dtype, (r + 1) % n)?;
             g.recv_bytes(&mut recv[..bytes], dtype, (r + n - 1) % n)?;
-            g.end()
+            Ok(g.end()?)
         }
     }
 }

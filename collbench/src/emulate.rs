@@ -14,11 +14,11 @@ use std::sync::Arc;
 
 use topoccl_synth::topology::{self, file::to_toml};
 
-use super::launch;
 use super::Args;
 use crate::emu::plan::ADDRESS_IFACE;
 use crate::emu::Emulation;
 use crate::error::{Error, Result};
+use crate::launch;
 
 /// Set in a rank started by an emulation (its value describes the network).
 pub const EMULATED_VAR: &str = "TOPOCCL_EMULATED";
@@ -28,7 +28,7 @@ const RENDEZVOUS_PORT: u16 = 29400;
 
 /// Whether this process is a rank an emulation started.
 pub fn is_emulated_rank() -> bool {
-    crate::comm::env::var(EMULATED_VAR).is_some()
+    topoccl::env::var(EMULATED_VAR).is_some()
 }
 
 /// Runs the emulation's parent; returns the exit code of the run.

@@ -1,4 +1,8 @@
-//! `collbench`: an nccl-tests-style bandwidth sweep of topoccl's collectives.
+//! # collbench
+//!
+//! topoccl's tools, kept out of the library crate: `collbench`, an nccl-tests-style bandwidth
+//! sweep of topoccl's collectives, and [`emu`], the network emulator `collbench --emulate`
+//! builds machines with.
 //!
 //! Run plainly, it spawns `-n` ranks on this machine ([`launch`]); under mpirun, srun or
 //! torchrun it is one rank of the launched job. Every rank checks each size against a
@@ -7,7 +11,9 @@
 //! instead of running ([`simulate`]); `--compare-sim` prints both side by side.
 
 pub mod check;
+pub mod emu;
 pub mod emulate;
+pub mod error;
 pub mod launch;
 pub mod measure;
 pub mod plan;
@@ -22,10 +28,10 @@ use std::io::Write;
 use clap::Parser;
 use topoccl_synth::topology;
 
-use crate::comm::Config;
 use crate::error::{Error, Result};
 use launch::Role;
 use plan::Plan;
+use topoccl::Config;
 
 /// Command-line arguments (nccl-tests' flags where they exist; `-n` is the number of local
 /// ranks to spawn, nccl-tests' iteration count is `--iters`/`-N`).
@@ -195,7 +201,7 @@ fn run_rank(
     args: &Args,
     plan: &Plan,
     topo: Option<topology::Topology>,
-    comm: crate::Communicator,
+    comm: topoccl::Communicator,
     config: &Config,
     (how, progress): (String, bool),
     out: &mut dyn Write,
@@ -237,7 +243,7 @@ fn run_rank(
         measure::Output {
             out: table_out,
             progress,
-            topology: topology.map(|t| (t, crate::comm::runtime_sim_config(config))),
+            topology: topology.map(|t| (t, topoccl::comm::runtime_sim_config(config))),
         },
         mode,
     )?;

@@ -6,7 +6,7 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use topoccl::emu::netns;
+use collbench::emu::netns;
 
 fn skip() -> bool {
     match netns::unavailable() {

@@ -14,9 +14,9 @@ use super::plot;
 use super::report::{Report, Row, RowId, Sweep};
 use super::Args;
 use crate::error::{Error, Result};
-use crate::tuner::cache::DiskCache;
-use crate::tuner::{Selector, SelectorOptions};
-use crate::types::{Dtype, ReduceOp};
+use topoccl::tuner::cache::DiskCache;
+use topoccl::tuner::{Selector, SelectorOptions};
+use topoccl::types::{Dtype, ReduceOp};
 
 /// The predicted sweep, written to `out`.
 pub fn run(args: &Args, out: &mut dyn Write) -> Result<()> {

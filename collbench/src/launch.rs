@@ -9,9 +9,9 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::comm::env::{launcher_world_size, var};
-use crate::comm::{Communicator, Config, UniqueId};
 use crate::error::{Error, Result};
+use topoccl::comm::{Communicator, Config, UniqueId};
+use topoccl::env::{launcher_world_size, var};
 
 /// Variables a spawned rank receives from its parent.
 const ID_VAR: &str = "TOPOCCL_COLLBENCH_ID";

@@ -185,7 +185,7 @@ fn nice(v: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::collbench::table::{Block, MeasuredRow, RowId, Timing};
+    use crate::table::{Block, MeasuredRow, RowId, Timing};
 
     #[test]
     fn one_line_per_algorithm() {
