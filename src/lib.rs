@@ -7,6 +7,7 @@
 //! [`transports`] (`topoccl-transports`). The tools (`collbench`, the network emulator) are a
 //! crate of their own beside this one.
 
+pub mod buffer;
 pub mod comm;
 pub mod env;
 pub mod error;
@@ -14,8 +15,11 @@ mod exec;
 pub mod tuner;
 pub mod types;
 
-pub use comm::{AbortHandle, CollectiveCall, CollectiveKind, Communicator, Config, Group, TransportPolicy, UniqueId};
+pub use buffer::{Buffer, MemSpace, Region};
+pub use comm::{AbortHandle, CollectiveCall, Communicator, Config, Group, TransportPolicy, UniqueId};
 pub use error::{Error, Result};
+pub use exec::ops;
 pub use topoccl_synth as synth;
+pub use topoccl_synth::schedule::Collective;
 pub use topoccl_transports as transports;
-pub use types::{DataType, Dtype, ReduceOp};
+pub use types::{DataType, Dtype, ReduceOp, Reduction, Scalar};

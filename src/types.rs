@@ -3,6 +3,7 @@
 use std::fmt;
 use std::str::FromStr;
 
+use crate::buffer::Buffer;
 use crate::error::Error;
 
 /// Every NCCL datatype; the discriminant is `ncclDataType_t`'s value.
@@ -142,32 +143,62 @@ impl FromStr for ReduceOp {
     }
 }
 
-/// Multiplies every element of `data` by `scalar` (one element of `dtype`, as bytes): the
-/// first half of NCCL's PreMulSum, whose sum then runs as an ordinary [`ReduceOp::Sum`].
-pub fn premultiply(dtype: Dtype, data: &mut [u8], scalar: &[u8]) -> Result<(), Error> {
-    let size = dtype.size();
-    if scalar.len() != size || data.len() % size != 0 {
-        return Err(Error::InvalidArgument(format!(
-            "premultiply: {} bytes of data and a {}-byte scalar are not {} elements",
-            data.len(),
-            scalar.len(),
-            dtype.name()
-        )));
-    }
-    // The scalar repeated over a small tile, so the reduction kernels run unchanged.
-    let mut tile = Vec::with_capacity(PREMULTIPLY_TILE);
-    while tile.len() + size <= PREMULTIPLY_TILE {
-        tile.extend_from_slice(scalar);
-    }
-    for part in data.chunks_mut(tile.len()) {
-        let n = part.len();
-        crate::exec::reduce::reduce_in_place(dtype, ReduceOp::Prod, part, &tile[..n]);
-    }
-    Ok(())
+/// A PreMulSum scalar: one element of the call's datatype.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Scalar {
+    /// The element's bytes, in native byte order, in the first `dtype.size()` bytes.
+    Value([u8; 8]),
+    /// Where the element is read when the call runs (NCCL's `ncclScalarDevice`).
+    At(Buffer),
 }
 
-/// Bytes of the repeated scalar [`premultiply`] works with (a multiple of every element size).
-const PREMULTIPLY_TILE: usize = 4096;
+impl Scalar {
+    /// The scalar holding `value`.
+    pub fn of<T: DataType>(value: T) -> Scalar {
+        let mut bytes = [0u8; 8];
+        let v = bytemuck::bytes_of(&value);
+        bytes[..v.len()].copy_from_slice(v);
+        Scalar::Value(bytes)
+    }
+}
+
+/// What a reducing collective computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reduction {
+    Op(ReduceOp),
+    /// NCCL's PreMulSum: every rank's input multiplied by the scalar, then summed.
+    PreMulSum(Scalar),
+}
+
+impl Reduction {
+    /// The operator the executor combines elements with (PreMulSum sums).
+    pub fn op(self) -> ReduceOp {
+        match self {
+            Reduction::Op(op) => op,
+            Reduction::PreMulSum(_) => ReduceOp::Sum,
+        }
+    }
+
+    /// Its name in messages (`sum`, …, `premulsum`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Reduction::Op(op) => op.name(),
+            Reduction::PreMulSum(_) => "premulsum",
+        }
+    }
+}
+
+impl From<ReduceOp> for Reduction {
+    fn from(op: ReduceOp) -> Reduction {
+        Reduction::Op(op)
+    }
+}
+
+impl fmt::Display for Reduction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
 
 /// A Rust element type the typed API accepts; `DTYPE` names it on the wire and in the C ABI.
 ///
@@ -205,16 +236,5 @@ mod tests {
         assert_eq!(Dtype::from_raw(10), None);
         assert_eq!(ReduceOp::from_raw(4), Some(ReduceOp::Avg));
         assert_eq!(ReduceOp::from_raw(-1), None);
-    }
-
-    #[test]
-    fn premultiply_scales_every_element() {
-        let mut v: Vec<f32> = (0..3000).map(|i| i as f32).collect();
-        premultiply(Dtype::Float32, bytemuck::cast_slice_mut(&mut v), &0.5f32.to_ne_bytes()).unwrap();
-        assert!(v.iter().enumerate().all(|(i, x)| *x == i as f32 * 0.5));
-        let mut w: Vec<i64> = vec![3; 1001];
-        premultiply(Dtype::Int64, bytemuck::cast_slice_mut(&mut w), &(-2i64).to_ne_bytes()).unwrap();
-        assert!(w.iter().all(|x| *x == -6));
-        assert!(premultiply(Dtype::Float64, &mut [0u8; 16], &[0u8; 4]).is_err());
     }
 }

@@ -14,9 +14,10 @@ use super::check::{self, Value};
 use super::plan::{Bench, Plan};
 use super::table::{Block, MeasuredReport, MeasuredRow, Predicted, RowId, Timing};
 use crate::error::{Error, Result};
-use topoccl::comm::{CollectiveCall, CollectiveKind, Communicator, Config, UniqueId, UNIQUE_ID_BYTES};
+use topoccl::comm::{CollectiveCall, Communicator, Config, UniqueId, UNIQUE_ID_BYTES};
 use topoccl::tuner::Choice;
 use topoccl::types::{Dtype, ReduceOp};
+use topoccl::Collective;
 
 /// Where rank 0 writes.
 pub struct Output<'a> {
@@ -192,13 +193,14 @@ fn expected(op: Op, n: u32, me: u32, i: usize) -> Option<Value> {
         Op::SendRecv { .. } => Some(own((me + n - 1) % n, i, ReduceOp::Sum)),
         Op::Coll(c) => {
             let count = c.count.max(1);
-            match c.kind {
-                CollectiveKind::AllReduce => Some(check::reduced(c.op, n, i)),
-                CollectiveKind::ReduceScatter => Some(check::reduced(c.op, n, me as usize * count + i)),
-                CollectiveKind::AllGather => Some(own((i / count) as u32, i % count, c.op)),
-                CollectiveKind::Broadcast => Some(own(c.root, i, c.op)),
-                CollectiveKind::Reduce => (me == c.root).then(|| check::reduced(c.op, n, i)),
-                CollectiveKind::AllToAll => Some(own((i / count) as u32, me as usize * count + i % count, c.op)),
+            let rop = c.reduction.op();
+            match c.collective {
+                Collective::AllReduce => Some(check::reduced(rop, n, i)),
+                Collective::ReduceScatter => Some(check::reduced(rop, n, me as usize * count + i)),
+                Collective::AllGather => Some(own((i / count) as u32, i % count, rop)),
+                Collective::Broadcast { root } => Some(own(root, i, rop)),
+                Collective::Reduce { root } => (me == root).then(|| check::reduced(rop, n, i)),
+                Collective::AllToAll => Some(own((i / count) as u32, me as usize * count + i % count, rop)),
             }
         }
     }
@@ -207,18 +209,18 @@ fn expected(op: Op, n: u32, me: u32, i: usize) -> Option<Value> {
 /// Fills the input (`buf` laid out as the call reads it) with this rank's check data.
 fn fill_input(op: Op, me: u32, dtype: Dtype, buf: &mut [u8], in_place: bool) {
     let rop = match op {
-        Op::Coll(c) => c.op,
+        Op::Coll(c) => c.reduction.op(),
         Op::SendRecv { .. } => ReduceOp::Sum,
     };
     let esize = dtype.size();
     match op {
         // In place, all-gather's input is this rank's block of the output.
-        Op::Coll(c) if in_place && c.kind == CollectiveKind::AllGather => {
+        Op::Coll(c) if in_place && c.collective == Collective::AllGather => {
             let block = c.count * esize;
             let at = me as usize * block;
             check::fill(dtype, &mut buf[at..at + block], |i| Value::Exact(check::input(rop, me, i)));
         }
-        Op::Coll(c) if c.kind == CollectiveKind::Broadcast && me != c.root => {}
+        Op::Coll(c) if !c.collective.uses_input(me) => {}
         _ => check::fill(dtype, buf, |i| Value::Exact(check::input(rop, me, i))),
     }
 }
@@ -241,11 +243,11 @@ fn measure(
     let bytes = count as u64 * esize * blocks;
     let root = plan.root;
     let op = match bench {
-        Bench::Collective(kind) => Op::Coll(CollectiveCall { kind, dtype, op: rop, root, count }),
+        Bench::Collective(kind) => Op::Coll(CollectiveCall::new(kind.with_root(root), dtype, count).reduced_with(rop)),
         Bench::SendRecv => Op::SendRecv { dtype, count },
     };
     let (in_blocks, out_blocks) = match bench {
-        Bench::Collective(k) => k.blocks(n as usize),
+        Bench::Collective(k) => k.blocks(n),
         Bench::SendRecv => (1, 1),
     };
     let block_bytes = count * dtype.size();
@@ -275,12 +277,12 @@ fn measure(
             call(comm, op, send, recv, in_place)?;
             // In place, reduce-scatter's result is this rank's block of the buffer.
             let result = match op {
-                Op::Coll(c) if in_place && c.kind == CollectiveKind::ReduceScatter => {
+                Op::Coll(c) if in_place && c.collective == Collective::ReduceScatter => {
                     &recv[me as usize * block_bytes..(me as usize + 1) * block_bytes]
                 }
                 _ => &recv[..out_blocks * block_bytes],
             };
-            let has_output = !matches!(op, Op::Coll(c) if c.kind == CollectiveKind::Reduce && me != c.root);
+            let has_output = !matches!(op, Op::Coll(c) if !c.collective.uses_output(me));
             let bad = if has_output {
                 check::wrong(dtype, result, |i| expected(op, n, me, i).unwrap_or(Value::Exact(0)))
             } else {
@@ -346,7 +348,7 @@ fn aggregate(comm: &mut Communicator, mine: f64, average: u32) -> Result<f64> {
 /// The simulator's time for `algorithm` on `topo` (the schedule the runtime ran, rebuilt for
 /// the topology).
 fn predict(topo: &Topology, sim: &SimConfig, choice: &Choice, c: CollectiveCall, bytes: u64) -> Result<Predicted> {
-    let coll = c.kind.collective(c.root);
+    let coll = c.collective;
     let request = choice.request(topo, coll, bytes).follow_paths(sim.follow_paths);
     let schedule = Registry::builtin().generate(&choice.algorithm, &request)?;
     let time_us = Simulator::with_config(topo, *sim).run(&schedule, bytes)?.time_us;

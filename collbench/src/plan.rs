@@ -6,13 +6,15 @@ use topoccl_synth::algorithms::Registry;
 use super::sizes;
 use super::Args;
 use crate::error::{Error, Result};
-use topoccl::comm::{CollectiveKind, TransportPolicy};
+use topoccl::comm::TransportPolicy;
 use topoccl::types::{Dtype, ReduceOp};
+use topoccl::Collective;
 
 /// What one row group measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Bench {
-    Collective(CollectiveKind),
+    /// A collective (rooted ones with root 0 here; the sweep's root is set when it runs).
+    Collective(Collective),
     /// nccl-tests' sendrecv: every rank sends to the next and receives from the previous.
     SendRecv,
 }
@@ -32,7 +34,7 @@ impl Bench {
     /// nccl-tests' bus bandwidth factor.
     pub fn bus_factor(self, n: u32) -> f64 {
         match self {
-            Bench::Collective(k) => k.collective(0).bus_factor(n),
+            Bench::Collective(k) => k.bus_factor(n),
             Bench::SendRecv => 1.0,
         }
     }
@@ -40,7 +42,10 @@ impl Bench {
     /// Blocks of `count` elements the size column counts (n for the per-rank collectives).
     pub fn size_blocks(self, n: u32) -> u64 {
         match self {
-            Bench::Collective(k) => k.blocks(n as usize).0.max(k.blocks(n as usize).1) as u64,
+            Bench::Collective(k) => {
+                let (i, o) = k.blocks(n);
+                i.max(o) as u64
+            }
             Bench::SendRecv => 1,
         }
     }
@@ -85,11 +90,11 @@ impl Plan {
         for c in list(&args.collective) {
             match c {
                 "all" => {
-                    benches.extend(CollectiveKind::ALL.map(Bench::Collective));
+                    benches.extend(Collective::ALL.map(Bench::Collective));
                     benches.push(Bench::SendRecv);
                 }
                 "sendrecv" | "send_recv" => benches.push(Bench::SendRecv),
-                other => benches.push(Bench::Collective(other.parse().map_err(|_| {
+                other => benches.push(Bench::Collective(Collective::parse(other, 0).ok_or_else(|| {
                     Error::InvalidArgument(format!(
                         "unknown collective `{other}` (all_reduce, reduce_scatter, all_gather, broadcast, reduce, all_to_all, sendrecv, all)"
                     ))
@@ -150,9 +155,7 @@ impl Plan {
     pub fn builds(algo: &str, bench: Bench) -> bool {
         match bench {
             Bench::SendRecv => true,
-            Bench::Collective(k) => {
-                algo == "auto" || Registry::builtin().get(algo).is_ok_and(|g| g.supports(k.collective(0)))
-            }
+            Bench::Collective(k) => algo == "auto" || Registry::builtin().get(algo).is_ok_and(|g| g.supports(k)),
         }
     }
 }

@@ -10,7 +10,7 @@ use std::ffi::c_int;
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 
-use topoccl::{AbortHandle, Communicator, Dtype};
+use topoccl::{AbortHandle, Communicator, Dtype, Scalar};
 
 use crate::abi::{ncclComm, ncclComm_t, ncclResult_t, NCCL_IN_PROGRESS, NCCL_SUCCESS};
 use crate::error::{invalid, usage, Error, Result};
@@ -27,13 +27,6 @@ pub enum Phase {
 }
 
 /// A PreMulSum operator: its type and scalar (bytes, or where to read them at each call).
-#[derive(Clone, Copy)]
-pub enum Scalar {
-    Value([u8; 8]),
-    /// `ncclScalarDevice`: host memory read at each call (without CUDA), by address.
-    At(usize),
-}
-
 #[derive(Clone, Copy)]
 pub struct PreMulSum {
     pub dtype: Dtype,

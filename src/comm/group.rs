@@ -1,25 +1,23 @@
 //! Grouped point-to-point calls (`ncclGroupStart` … `ncclGroupEnd`): the sends and receives
 //! of a group run together, so exchanges that would deadlock one by one (two ranks both
-//! sending first) complete.
+//! sending first) complete. As in NCCL, a rank may send to itself within a group: the send
+//! pairs, in order, with a receive from itself, and is a local copy.
 
 use super::Communicator;
+use crate::buffer::Buffer;
 use crate::error::{Error, Result};
-use crate::exec::engine::{self, RunConfig};
-use crate::exec::memory::{MemId, Memory, Span};
-use crate::exec::program::Program;
-use crate::exec::wire::{CallHeader, CallKind};
-use crate::types::{DataType, Dtype, ReduceOp};
+use crate::exec::job::{Transfer, TransferJob};
+use crate::exec::wire::{reduction_code, CallHeader, Called};
+use crate::types::{DataType, Dtype, ReduceOp, Reduction};
 
-enum Transfer<'b> {
-    Send(&'b [u8]),
-    Recv(&'b mut [u8]),
-}
-
-struct P2p<'b> {
+/// One call of the group, checked.
+#[derive(Debug, Clone, Copy)]
+struct P2p {
+    send: bool,
     peer: u32,
     dtype: Dtype,
     count: usize,
-    data: Transfer<'b>,
+    buf: Buffer,
 }
 
 /// Sends and receives collected until [`Group::end`] runs them all.
@@ -37,110 +35,133 @@ struct P2p<'b> {
 /// ```
 pub struct Group<'c, 'b> {
     comm: &'c mut Communicator,
-    ops: Vec<P2p<'b>>,
+    ops: Vec<P2p>,
+    _buffers: std::marker::PhantomData<&'b mut [u8]>,
 }
 
 impl Communicator {
     /// Starts a group of point-to-point calls.
     pub fn group<'b>(&mut self) -> Group<'_, 'b> {
-        Group { comm: self, ops: Vec::new() }
+        Group { comm: self, ops: Vec::new(), _buffers: std::marker::PhantomData }
     }
 }
 
 impl<'b> Group<'_, 'b> {
-    fn check_peer(&self, peer: u32) -> Result<()> {
-        if peer >= self.comm.nranks || peer == self.comm.rank {
-            return Err(Error::InvalidArgument(format!(
-                "peer {peer} is not another rank of this {}-rank communicator",
-                self.comm.nranks
-            )));
+    fn push(&mut self, send: bool, buf: Buffer, dtype: Dtype, count: usize, peer: u32) -> Result<()> {
+        let n = self.comm.nranks;
+        if peer >= n {
+            return Err(Error::InvalidArgument(format!("peer {peer} is out of range for {n} ranks")));
         }
+        let bytes = count
+            .checked_mul(dtype.size())
+            .ok_or_else(|| Error::InvalidArgument(format!("count {count} overflows the address space")))?;
+        if bytes > 0 && buf.is_null() {
+            let what = if send { "send" } else { "receive" };
+            return Err(Error::InvalidArgument(format!("the {what} buffer is NULL")));
+        }
+        if buf.region(bytes).end().is_none() {
+            return Err(Error::InvalidArgument(format!("a buffer of {bytes} bytes runs past the address space")));
+        }
+        self.ops.push(P2p { send, peer, dtype, count, buf });
         Ok(())
     }
 
     pub fn send<T: DataType>(&mut self, data: &'b [T], peer: u32) -> Result<()> {
-        self.check_peer(peer)?;
-        let d = Transfer::Send(bytemuck::cast_slice(data));
-        self.ops.push(P2p { peer, dtype: T::DTYPE, count: data.len(), data: d });
-        Ok(())
+        self.push(true, Buffer::host(data.as_ptr()), T::DTYPE, data.len(), peer)
     }
 
     pub fn recv<T: DataType>(&mut self, data: &'b mut [T], peer: u32) -> Result<()> {
-        self.check_peer(peer)?;
-        let count = data.len();
-        self.ops.push(P2p { peer, dtype: T::DTYPE, count, data: Transfer::Recv(bytemuck::cast_slice_mut(data)) });
-        Ok(())
+        self.push(false, Buffer::host(data.as_mut_ptr()), T::DTYPE, data.len(), peer)
     }
 
     /// Sends `data`, `dtype` elements as bytes (the byte-level twin of [`Group::send`]).
     pub fn send_bytes(&mut self, data: &'b [u8], dtype: Dtype, peer: u32) -> Result<()> {
-        self.check_peer(peer)?;
         let count = whole_elements(data.len(), dtype)?;
-        self.ops.push(P2p { peer, dtype, count, data: Transfer::Send(data) });
-        Ok(())
+        self.push(true, Buffer::host(data.as_ptr()), dtype, count, peer)
     }
 
     /// Receives into `data`, `dtype` elements as bytes.
     pub fn recv_bytes(&mut self, data: &'b mut [u8], dtype: Dtype, peer: u32) -> Result<()> {
-        self.check_peer(peer)?;
         let count = whole_elements(data.len(), dtype)?;
-        self.ops.push(P2p { peer, dtype, count, data: Transfer::Recv(data) });
-        Ok(())
+        self.push(false, Buffer::host(data.as_mut_ptr()), dtype, count, peer)
+    }
+
+    /// Sends `count` elements at `buf` (NCCL's `ncclSend`).
+    ///
+    /// # Safety
+    /// `buf` must be valid for reads of `count` elements, and nothing may write it until the
+    /// group has ended.
+    pub unsafe fn send_raw(&mut self, buf: Buffer, dtype: Dtype, count: usize, peer: u32) -> Result<()> {
+        self.push(true, buf, dtype, count, peer)
+    }
+
+    /// Receives `count` elements into `buf` (NCCL's `ncclRecv`).
+    ///
+    /// # Safety
+    /// `buf` must be valid for writes of `count` elements, and nothing else may use it until
+    /// the group has ended; receive buffers of one group must not overlap.
+    pub unsafe fn recv_raw(&mut self, buf: Buffer, dtype: Dtype, count: usize, peer: u32) -> Result<()> {
+        self.push(false, buf, dtype, count, peer)
     }
 
     /// Runs every collected transfer; returns when all are done.
     pub fn end(self) -> Result<()> {
-        let Group { comm, ops } = self;
+        let Group { comm, ops, .. } = self;
         comm.usable()?;
         if ops.is_empty() {
             return Ok(());
         }
-        let mut prog = Program::default();
-        let mut mem = Memory::new();
+        let me = comm.rank;
+        let own = |send: bool| ops.iter().filter(move |o| o.peer == me && o.send == send);
+        let (sends, recvs) = (own(true).count(), own(false).count());
+        if sends != recvs {
+            return Err(Error::InvalidArgument(format!(
+                "{sends} sends to this rank itself but {recvs} receives from it in one group: each needs its partner"
+            )));
+        }
+        for (s, r) in own(true).zip(own(false)) {
+            if s.count != r.count || s.dtype != r.dtype {
+                return Err(Error::InvalidArgument(format!(
+                    "a send of {} × {} to this rank itself met a receive of {} × {}",
+                    s.count, s.dtype, r.count, r.dtype
+                )));
+            }
+        }
+        if let Some(o) = ops.iter().find(|o| !comm.exec.ops.reaches(o.buf.space)) {
+            return Err(Error::InvalidArgument(format!(
+                "a buffer lies in {}, which this communicator's executor cannot reach",
+                o.buf.space
+            )));
+        }
         let mut sent = comm.p2p_sent.clone();
         let mut received = comm.p2p_received.clone();
-        for (i, op) in ops.into_iter().enumerate() {
-            let id =
-                MemId::try_from(3 + i).map_err(|_| Error::InvalidArgument("too many calls in one group".into()))?;
-            let counter = match op.data {
-                Transfer::Send(_) => &mut sent[op.peer as usize],
-                Transfer::Recv(_) => &mut received[op.peer as usize],
-            };
-            let header = CallHeader {
-                seq: *counter,
-                kind: CallKind::SendRecv,
-                dtype: op.dtype,
-                op: ReduceOp::Sum,
-                root: 0,
-                count: op.count as u64,
-                schedule: 0,
-            };
-            *counter = counter.wrapping_add(1);
-            let (is_send, len) = match op.data {
-                Transfer::Send(d) => {
-                    mem.readable(id, d);
-                    (true, d.len())
+        let transfers = ops
+            .iter()
+            .map(|o| {
+                let counter = if o.send { &mut sent[o.peer as usize] } else { &mut received[o.peer as usize] };
+                let header = CallHeader {
+                    seq: *counter,
+                    called: Called::SendRecv,
+                    dtype: o.dtype,
+                    op: reduction_code(Reduction::Op(ReduceOp::Sum)),
+                    count: o.count as u64,
+                    schedule: 0,
+                };
+                if o.peer != me {
+                    *counter = counter.wrapping_add(1);
                 }
-                Transfer::Recv(d) => {
-                    let len = d.len();
-                    mem.writable(id, d);
-                    (false, len)
+                Transfer {
+                    send: o.send,
+                    peer: o.peer,
+                    region: o.buf.region(o.count * o.dtype.size()),
+                    meta: header.encode(),
                 }
-            };
-            prog.add_p2p(is_send, op.peer, Span::new(id, 0, len), header.encode());
-        }
-        let cfg = RunConfig {
-            rank: comm.rank,
-            dtype: Dtype::Uint8,
-            op: ReduceOp::Sum,
-            slice_bytes: comm.config.slice_bytes,
-            max_backlog: comm.config.max_backlog,
-            timeout: comm.config.timeout,
-            abort: &comm.abort,
-            call: None,
-            oversubscribed: comm.oversubscribed,
-        };
-        let result = engine::run(&prog, &mut mem, &mut comm.links, &cfg, &mut comm.slice_tmp);
+            })
+            .collect();
+        // SAFETY: every buffer is the caller's, valid (and, to receive into, exclusive) until
+        // the group has ended: borrowed for `'b` by the safe methods, promised by the callers of
+        // the raw ones.
+        let result = unsafe { comm.exec.run_transfers(&TransferJob { transfers }) };
         match result {
             Ok(()) => {
                 comm.p2p_sent = sent;

@@ -2,8 +2,9 @@
 //!
 //! Creation follows NCCL: [`UniqueId::new`] on one rank, the id passed to every rank out of
 //! band, then [`Communicator::init`] everywhere; or [`Communicator::from_env`] under torchrun,
-//! mpirun or srun. Calls are blocking and return once this rank's part is done; each one runs a
-//! schedule of the IR (see `topoccl_synth::schedule`) through the one executor.
+//! mpirun or srun. Calls are blocking and return once this rank's part is done; each one is
+//! validated once ([`call`]), planned ([`plan`]: the tuner's schedule, its chunk layout and
+//! this rank's program) and run by the one executor (`crate::exec`).
 //!
 //! Failure is never silent: a call that stops progressing fails after `TOPOCCL_TIMEOUT`, a
 //! peer that dies fails the call at once, ranks that call different things get a
@@ -22,37 +23,38 @@
 
 mod bootstrap;
 mod bytes;
-mod collective;
+pub(crate) mod call;
 mod config;
 mod connect;
 mod group;
 mod netif;
+pub(crate) mod plan;
 mod typed;
 
-use rustc_hash::FxHashMap;
 use std::net::{IpAddr, SocketAddr, TcpListener, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use topoccl_synth::schedule::{Collective, Schedule};
 use topoccl_synth::sim::SimConfig;
 use topoccl_synth::topology::{self, Topology};
-use topoccl_transports::Connection;
 
 use bootstrap::PeerInfo;
 pub use bootstrap::{UniqueId, UNIQUE_ID_BYTES};
-pub use bytes::{CollectiveCall, CollectiveKind};
+pub use call::CollectiveCall;
 pub use config::{Config, TransportPolicy};
 use connect::Auth;
 pub use group::Group;
 
+use crate::buffer::Buffer;
 use crate::error::{Error, Result};
-use crate::exec::layout::ChunkLayout;
-use crate::exec::program::Program;
-use crate::exec::wire::fnv1a;
+use crate::exec::job::CollectiveJob;
+use crate::exec::ops::CpuOps;
+use crate::exec::wire::{fnv1a, reduction_code, CallHeader, Called};
+use crate::exec::{Executor, Settings};
 use crate::tuner::cache::DiskCache;
-use crate::tuner::{size_bucket, Choice, Selector, SelectorOptions};
+use crate::tuner::{Choice, Selector, SelectorOptions};
+use plan::Planner;
 
 /// Stops a communicator's running call from another thread.
 #[derive(Clone, Debug)]
@@ -66,19 +68,10 @@ impl AbortHandle {
     }
 }
 
-/// A schedule chosen for a collective, with its identity on the wire.
-#[derive(Clone)]
-pub(crate) struct Chosen {
-    pub choice: Choice,
-    pub schedule: Arc<Schedule>,
-    pub hash: u32,
-}
-
 /// A group of ranks that communicate. See the module documentation.
 pub struct Communicator {
     rank: u32,
     nranks: u32,
-    links: Vec<Option<Box<dyn Connection>>>,
     peers: Vec<PeerInfo>,
     auth: Auth,
     config: Config,
@@ -87,20 +80,10 @@ pub struct Communicator {
     /// Point-to-point messages sent to / received from each peer.
     p2p_sent: Vec<u32>,
     p2p_received: Vec<u32>,
-    /// Chooses and builds schedules for this communicator's topology.
-    tuner: Selector,
-    /// Small maps looked up on every call: hashed with Fx, not SipHash (no untrusted keys).
-    /// Keyed by the collective and the size bucket of its buffer.
-    schedules: FxHashMap<(Collective, u64), Chosen>,
-    programs: FxHashMap<(Collective, u32, ChunkLayout), (ChunkLayout, Program)>,
-    scratch: Vec<u64>,
-    /// The executor's per-slice scratch, kept between calls.
-    slice_tmp: Vec<u64>,
-    abort: Arc<AtomicBool>,
+    planner: Planner,
+    exec: Executor,
     broken: Option<String>,
     splits: u32,
-    /// More ranks of this communicator on this host than cores.
-    oversubscribed: bool,
 }
 
 impl std::fmt::Debug for Communicator {
@@ -231,25 +214,26 @@ impl Communicator {
             cache: DiskCache::from_env(),
         };
         let tuner = Selector::new(topology, options)?;
+        let settings = Settings {
+            slice_bytes: config.slice_bytes,
+            max_backlog: config.max_backlog,
+            timeout: config.timeout,
+            oversubscribed: local > cores,
+        };
+        let exec = Executor::new(rank, links, Box::new(CpuOps), settings, Arc::new(AtomicBool::new(false)));
         Ok(Communicator {
             rank,
             nranks,
-            links,
             peers,
             auth,
             config,
             seq: 0,
             p2p_sent: vec![0; nranks as usize],
             p2p_received: vec![0; nranks as usize],
-            tuner,
-            schedules: FxHashMap::default(),
-            programs: FxHashMap::default(),
-            scratch: Vec::new(),
-            slice_tmp: Vec::new(),
-            abort: Arc::new(AtomicBool::new(false)),
+            planner: Planner::new(rank, nranks, tuner),
+            exec,
             broken: None,
             splits: 0,
-            oversubscribed: local > cores,
         })
     }
 
@@ -267,12 +251,12 @@ impl Communicator {
 
     /// The transport to each rank (`None` for this rank): `tcp` or `shm`.
     pub fn transports(&self) -> Vec<Option<&'static str>> {
-        self.links.iter().map(|l| l.as_ref().map(|c| c.transport())).collect()
+        self.exec.transports()
     }
 
     /// A handle that aborts this communicator's calls from another thread.
     pub fn abort_handle(&self) -> AbortHandle {
-        AbortHandle(self.abort.clone())
+        AbortHandle(self.exec.abort.clone())
     }
 
     /// The error that made the communicator unusable, if any (`ncclCommGetAsyncError`).
@@ -331,15 +315,13 @@ impl Communicator {
     }
 
     fn close_links(&mut self) {
-        for l in self.links.iter_mut().flatten() {
-            l.close();
-        }
+        self.exec.close_links();
     }
 
     fn usable(&self) -> Result<()> {
         match &self.broken {
             Some(why) => Err(Error::Broken(why.clone())),
-            None if self.abort.load(Ordering::Relaxed) => Err(Error::Aborted),
+            None if self.exec.abort.load(Ordering::Relaxed) => Err(Error::Aborted),
             None => Ok(()),
         }
     }
@@ -359,62 +341,77 @@ impl Communicator {
     /// call (calls with different schedules are reported as mismatched). An algorithm that
     /// cannot build a collective leaves that collective to the tuner.
     pub fn set_algorithm(&mut self, algo: Option<&str>) -> Result<()> {
-        self.tuner.set_forced(algo)?;
-        self.config.algo = self.tuner.forced().map(str::to_string);
-        self.schedules.clear();
-        self.programs.clear();
+        self.planner.tuner.set_forced(algo)?;
+        self.config.algo = self.planner.tuner.forced().map(str::to_string);
+        self.planner.clear();
         Ok(())
     }
 
     /// Adds a user tuner (see [`crate::tuner::Tuner`]); every rank must add the same one.
     pub fn add_tuner(&mut self, tuner: Box<dyn crate::tuner::Tuner>) -> Result<()> {
-        self.tuner.add_tuner(tuner)?;
-        self.schedules.clear();
-        self.programs.clear();
+        self.planner.tuner.add_tuner(tuner)?;
+        self.planner.clear();
         Ok(())
     }
 
     /// The topology the tuner reasons about (`TOPOCCL_TOPOLOGY`, else `host:N` for ranks of
     /// one host, `full:N` across hosts).
     pub fn topology(&self) -> &Topology {
-        self.tuner.topology()
+        self.planner.tuner.topology()
     }
 
     /// What this communicator runs `call` with: the algorithm and its knobs.
     pub fn algorithm_for(&mut self, call: &CollectiveCall) -> Result<Choice> {
         let block_bytes = call.count.saturating_mul(call.dtype.size());
-        Ok(self.schedule(call.kind.collective(call.root), block_bytes)?.choice)
+        self.planner.choice(call.collective, block_bytes)
     }
 
-    /// The schedule for `collective` with blocks of `block_bytes`, as the tuner chooses it for
-    /// the buffer's size bucket (`TOPOCCL_ALGO` restricts the choice where it applies). Every
-    /// rank decides from the same inputs, so all pick alike.
-    fn schedule(&mut self, collective: Collective, block_bytes: usize) -> Result<Chosen> {
-        let n = self.nranks;
-        let blocks = match collective {
-            Collective::ReduceScatter | Collective::AllGather | Collective::AllToAll => u64::from(n),
-            _ => 1,
+    /// Runs `call` from `send` to `recv`, as NCCL's C API does: the lengths follow from the
+    /// call, buffers only a root uses may be NULL elsewhere, and buffers may alias (NCCL's
+    /// in-place layouts run in place; any other overlap is staged).
+    ///
+    /// # Safety
+    /// Where this rank uses them, `send` must be valid for reads and `recv` for writes of the
+    /// bytes the call implies, in memory this communicator reaches, and nothing else may write
+    /// either (or read `recv`) until the call returns.
+    pub unsafe fn collective_raw(&mut self, call: &CollectiveCall, send: Buffer, recv: Buffer) -> Result<()> {
+        self.usable()?;
+        let checked = call.check(self.rank, self.nranks, send, recv)?;
+        for r in [checked.input, checked.output] {
+            if !r.is_empty() && !self.exec.ops.reaches(r.space) {
+                return Err(Error::InvalidArgument(format!(
+                    "a buffer lies in {}, which this communicator's executor ({}) cannot reach",
+                    r.space,
+                    self.exec.ops.name()
+                )));
+            }
+        }
+        if call.count == 0 {
+            self.seq = self.seq.wrapping_add(1);
+            return Ok(());
+        }
+        let plan = match self.planner.plan(call.collective, call.dtype.size(), call.count) {
+            Ok(p) => p,
+            Err(e) => return Err(self.fail(e)),
         };
-        let bytes = (block_bytes as u64).saturating_mul(blocks);
-        let bucket = size_bucket(bytes);
-        if let Some(c) = self.schedules.get(&(collective, bucket)) {
-            return Ok(c.clone());
+        let header = CallHeader {
+            seq: self.seq,
+            called: Called::Collective(call.collective),
+            dtype: call.dtype,
+            op: reduction_code(call.reduction),
+            count: call.count as u64,
+            schedule: plan.hash,
+        };
+        let job = CollectiveJob { checked, plan, header };
+        // SAFETY: the checked regions are the caller's buffers, valid and ours for the call
+        // (this fn's contract).
+        if let Err(e) = unsafe { self.exec.run_collective(&job) } {
+            return Err(self.fail(e));
         }
-        let choice = self.tuner.choose(collective, bytes)?;
-        let schedule = self.tuner.schedule(&choice, collective, bytes)?;
-        let identity =
-            format!("{}/{}/{}/{}/{choice}", schedule.name, schedule.collective, schedule.nranks, schedule.chunks);
-        let chosen = Chosen { choice, hash: fnv1a(identity.as_bytes()), schedule };
-        if self.schedules.len() >= PROGRAM_CACHE {
-            self.schedules.clear();
-        }
-        self.schedules.insert((collective, bucket), chosen.clone());
-        Ok(chosen)
+        self.seq = self.seq.wrapping_add(1);
+        Ok(())
     }
 }
-
-/// Chosen schedules kept per communicator (by collective and size bucket).
-const PROGRAM_CACHE: usize = 256;
 
 const SPLIT_RECORD: usize = 40;
 

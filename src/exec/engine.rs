@@ -16,11 +16,11 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use topoccl_transports::{wait, Connection, Meta, WaitFd};
+use topoccl_transports::{wait, Connection, Meta, Region, WaitFd};
 
-use super::memory::{Memory, Pair, Span};
+use super::memory::Memory;
+use super::ops::{LocalOps, Workspace};
 use super::program::{Action, Program, XStep};
-use super::reduce::{reduce_in_place, reduce_into};
 use super::wire::CallHeader;
 use crate::error::{Error, Result};
 use crate::types::{Dtype, ReduceOp};
@@ -32,6 +32,8 @@ const YIELD_ROUNDS: u32 = 2048;
 const INLINE_CHANNELS: usize = 16;
 /// Idle rounds between two checks of the clock and the abort flag.
 const CHECK_EVERY: u32 = 64;
+/// The header of a step that exchanges no message (a local copy or reduction).
+const NO_META: Meta = [0; topoccl_transports::META_BYTES];
 
 /// A connection per rank (`None` for this rank itself).
 pub(crate) type Links = [Option<Box<dyn Connection>>];
@@ -76,14 +78,26 @@ impl ChannelState {
     }
 }
 
-struct Run<'r, 'm> {
+struct Run<'r> {
     prog: &'r Program,
-    mem: &'r mut Memory<'m>,
+    /// Call headers the steps' messages carry (`XStep::meta` indexes them).
+    metas: &'r [Meta],
+    mem: &'r Memory,
     links: &'r mut Links,
+    ops: &'r mut dyn LocalOps,
     cfg: &'r RunConfig<'r>,
     state: &'r mut [ChannelState],
     /// Where a receive-reduce-send step reduces before sending.
-    tmp: &'r mut Vec<u64>,
+    tmp: &'r mut Option<Workspace>,
+}
+
+/// What one run works with besides its program: the buffers, the connections, the local
+/// operations and a workspace kept between runs.
+pub(crate) struct Resources<'r> {
+    pub mem: &'r Memory,
+    pub links: &'r mut Links,
+    pub ops: &'r mut dyn LocalOps,
+    pub tmp: &'r mut Option<Workspace>,
 }
 
 fn link(links: &mut Links, peer: u32) -> Result<&mut Box<dyn Connection>> {
@@ -101,14 +115,11 @@ fn transport_error(peer: u32) -> impl FnOnce(topoccl_transports::Error) -> Error
 }
 
 /// Runs `prog` to completion: every step done and every byte handed to the transports.
-/// `tmp` is scratch space kept between calls by the caller (grown to one slice on first use).
-pub(crate) fn run(
-    prog: &Program,
-    mem: &mut Memory<'_>,
-    links: &mut Links,
-    cfg: &RunConfig<'_>,
-    tmp: &mut Vec<u64>,
-) -> Result<()> {
+///
+/// # Safety
+/// Every region of `res.mem` must be valid memory the local operations and the connections
+/// reach, used by nothing else until this returns (the promise the executor's callers make).
+pub(crate) unsafe fn run(prog: &Program, metas: &[Meta], res: Resources<'_>, cfg: &RunConfig<'_>) -> Result<()> {
     // Most programs have a few channels: keep their state on the stack (no allocation per call).
     let mut inline = [ChannelState::default(); INLINE_CHANNELS];
     let mut heap = Vec::new();
@@ -119,11 +130,12 @@ pub(crate) fn run(
             &mut heap
         }
     };
-    let mut run = Run { prog, mem, links, cfg, state, tmp };
+    let Resources { mem, links, ops, tmp } = res;
+    let mut run = Run { prog, metas, mem, links, ops, cfg, state, tmp };
     run.run()
 }
 
-impl Run<'_, '_> {
+impl Run<'_> {
     fn run(&mut self) -> Result<()> {
         // Clock reads cost as much as a spin round and most idle episodes last a few rounds,
         // so the clock is first read after CHECK_EVERY idle rounds (the deadline is late by
@@ -269,18 +281,27 @@ impl Run<'_, '_> {
                 return Ok(false);
             }
         }
-        let meta = &self.prog.metas[st.meta as usize];
-        let src = st.src.slice(off, n);
-        let dst = st.dst.slice(off, n);
+        let meta = match self.metas.get(st.meta as usize) {
+            Some(m) => m,
+            None if !st.action.sends() && !st.action.receives() => &NO_META,
+            None => return Err(Error::Internal("a step without its call header".into())),
+        };
+        // Only the spans the action uses (the others are placeholders).
+        let src = if st.action.reads_src() { self.mem.span(st.src.slice(off, n), false)? } else { Region::EMPTY };
+        let dst = if st.action.writes_dst() { self.mem.span(st.dst.slice(off, n), true)? } else { Region::EMPTY };
         if st.action.receives() {
             // The receiving half runs on the message where the transport holds it (in the
             // shared ring, for large shared-memory messages); the sending half follows.
+            if st.action == Action::RecvReduceSend {
+                self.grow_tmp(n)?;
+            }
+            let tmp = self.tmp.as_ref().map_or(Region::EMPTY, |w| w.region());
             let mut done = Ok(());
-            let (cfg, mem, tmp) = (self.cfg, &mut *self.mem, &mut *self.tmp);
+            let (cfg, ops) = (self.cfg, &mut *self.ops);
             let got = link(self.links, st.from)?
                 .recv_with(tag, &mut |m, data| {
-                    done = check(cfg, st.from, meta, m, data.len(), n)
-                        .and_then(|()| receive(st.action, dtype, op, mem, tmp, src, dst, data));
+                    done = check(cfg, st.from, meta, m, data.len, n)
+                        .and_then(|()| receive(st.action, dtype, op, ops, src, dst, tmp, data));
                 })
                 .map_err(transport_error(st.from))?;
             if !got {
@@ -291,33 +312,38 @@ impl Run<'_, '_> {
             }
             done?;
         }
-        match st.action {
-            Action::Send => {
-                let bytes = self.mem.read(src)?;
-                link(self.links, st.to)?.send(tag, meta, bytes).map_err(transport_error(st.to))?;
-            }
-            Action::RecvCopySend | Action::RecvReduceCopySend => {
-                let bytes = self.mem.read(dst)?;
-                link(self.links, st.to)?.send(tag, meta, bytes).map_err(transport_error(st.to))?;
-            }
-            Action::RecvReduceSend => {
-                let bytes = &bytemuck::cast_slice::<u64, u8>(self.tmp)[..n];
-                link(self.links, st.to)?.send(tag, meta, bytes).map_err(transport_error(st.to))?;
-            }
+        let payload = match st.action {
+            Action::Send => Some(src),
+            Action::RecvCopySend | Action::RecvReduceCopySend => Some(dst),
+            Action::RecvReduceSend => self.tmp.as_ref().and_then(|w| w.region().sub(0, n)),
             Action::Copy => {
-                if let Pair::Distinct(s, d) = self.mem.pair(src, dst)? {
-                    d.copy_from_slice(s);
-                }
+                // SAFETY: spans of this run's buffers, valid and ours for the run (`run`'s
+                // contract), bounds-checked by `Memory::span`.
+                unsafe { self.ops.copy(dst, src)? };
+                None
             }
-            Action::Reduce => match self.mem.pair(src, dst)? {
-                Pair::Distinct(s, d) => reduce_in_place(dtype, op, d, s),
-                // Two empty chunks (fewer elements than chunks) lie at one address.
-                Pair::Same([]) => {}
-                Pair::Same(_) => return Err(Error::Internal("a step reduces a chunk with itself".into())),
-            },
-            Action::Recv | Action::RecvReduce => {}
+            Action::Reduce => {
+                // SAFETY: as for `Copy`.
+                unsafe { self.ops.reduce(dtype, op, dst, dst, src)? };
+                None
+            }
+            Action::Recv | Action::RecvReduce => None,
+        };
+        if let Some(bytes) = payload {
+            // SAFETY: a span of this run's buffers or its workspace, which stay valid and
+            // unchanged until the send is done: the run waits for every send before it ends,
+            // and nothing writes a buffer a send still reads.
+            unsafe { link(self.links, st.to)?.send(tag, meta, bytes) }.map_err(transport_error(st.to))?;
         }
         Ok(true)
+    }
+
+    /// Makes the receive-reduce-send workspace hold at least `n` bytes.
+    fn grow_tmp(&mut self, n: usize) -> Result<()> {
+        if self.tmp.as_ref().map_or(true, |w| w.region().len < n) {
+            *self.tmp = Some(self.ops.alloc(n.max(self.cfg.slice_bytes))?);
+        }
+        Ok(())
     }
 
     /// What every unfinished channel waits for.
@@ -355,28 +381,26 @@ fn receive(
     action: Action,
     dtype: Dtype,
     op: ReduceOp,
-    mem: &mut Memory<'_>,
-    tmp: &mut Vec<u64>,
-    src: Span,
-    dst: Span,
-    data: &[u8],
+    ops: &mut dyn LocalOps,
+    src: Region,
+    dst: Region,
+    tmp: Region,
+    data: Region,
 ) -> Result<()> {
-    match action {
-        Action::Recv | Action::RecvCopySend => mem.write(dst)?.copy_from_slice(data),
-        Action::RecvReduce | Action::RecvReduceCopySend => match mem.pair(src, dst)? {
-            Pair::Same(d) => reduce_in_place(dtype, op, d, data),
-            Pair::Distinct(s, d) => reduce_into(dtype, op, d, s, data),
-        },
-        Action::RecvReduceSend => {
-            if tmp.len() * 8 < data.len() {
-                tmp.resize(data.len().div_ceil(8), 0);
+    // SAFETY: `src` and `dst` are spans of the run's buffers (valid and ours for the run,
+    // `run`'s contract), `tmp` its workspace, `data` the message the transport lends for this
+    // call; lengths were checked against the step.
+    unsafe {
+        match action {
+            Action::Recv | Action::RecvCopySend => ops.copy(dst, data),
+            Action::RecvReduce | Action::RecvReduceCopySend => ops.reduce(dtype, op, dst, src, data),
+            Action::RecvReduceSend => {
+                let out = tmp.sub(0, data.len).ok_or_else(|| Error::Internal("workspace too small".into()))?;
+                ops.reduce(dtype, op, out, src, data)
             }
-            let out = &mut bytemuck::cast_slice_mut::<u64, u8>(tmp)[..data.len()];
-            reduce_into(dtype, op, out, mem.read(src)?, data);
+            Action::Send | Action::Copy | Action::Reduce => Ok(()),
         }
-        Action::Send | Action::Copy | Action::Reduce => {}
     }
-    Ok(())
 }
 
 /// A message must belong to this very call and have the expected length.
@@ -400,9 +424,10 @@ fn check(cfg: &RunConfig<'_>, from: u32, expected: &Meta, meta: &Meta, got: usiz
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::exec::memory::INPUT;
+    use crate::exec::memory::{Span, INPUT};
+    use crate::exec::ops::CpuOps;
     use crate::exec::program::XChannel;
-    use topoccl_transports::{Message, Result as TransportResult};
+    use topoccl_transports::{Result as TransportResult, Ticket};
 
     /// A connection that takes one queued message off its backlog per `progress` and records
     /// the tags in the order they were sent.
@@ -416,10 +441,13 @@ mod tests {
         fn transport(&self) -> &'static str {
             "drip"
         }
-        fn send(&mut self, tag: u32, _: &Meta, data: &[u8]) -> TransportResult<()> {
-            self.queued.push_back(data.len());
+        unsafe fn send(&mut self, tag: u32, _: &Meta, data: Region) -> TransportResult<Ticket> {
+            self.queued.push_back(data.len);
             self.sent.lock().unwrap().push(tag);
-            Ok(())
+            Ok(Ticket::DONE)
+        }
+        fn sent(&self, _: Ticket) -> bool {
+            true
         }
         fn backlog(&self) -> usize {
             self.queued.iter().sum()
@@ -427,10 +455,9 @@ mod tests {
         fn progress(&mut self) -> TransportResult<bool> {
             Ok(self.queued.pop_front().is_some())
         }
-        fn recv(&mut self, _: u32) -> Option<Message> {
-            None
+        fn recv_with(&mut self, _: u32, _: &mut dyn FnMut(&Meta, Region)) -> TransportResult<bool> {
+            Ok(false)
         }
-        fn recycle(&mut self, _: Vec<u8>) {}
         fn closed(&self) -> Option<&str> {
             None
         }
@@ -462,9 +489,9 @@ mod tests {
             trails: vec![false],
             ..XChannel::default()
         };
-        let prog = Program { channels: (0..3).map(channel).collect(), peers: vec![1], metas: vec![[0; 24]] };
+        let prog = Program { channels: (0..3).map(channel).collect(), peers: vec![1] };
         let mut mem = Memory::new();
-        mem.readable(INPUT, &data);
+        mem.readable(INPUT, Region::of(&data));
         let drip = Drip::default();
         let sent = drip.sent.clone();
         let mut links: Vec<Option<Box<dyn Connection>>> = vec![None, Some(Box::new(drip))];
@@ -480,7 +507,9 @@ mod tests {
             call: None,
             oversubscribed: false,
         };
-        run(&prog, &mut mem, &mut links, &cfg, &mut Vec::new()).unwrap();
+        let res = Resources { mem: &mem, links: &mut links, ops: &mut CpuOps, tmp: &mut None };
+        // SAFETY: `data` outlives the run.
+        unsafe { run(&prog, &[[0; 24]], res, &cfg) }.unwrap();
         let sent = sent.lock().unwrap().clone();
         assert_eq!(sent.len(), 12);
         // Every run of three consecutive sends has one slice of each channel.

@@ -1,10 +1,72 @@
 //! The executor: one engine that runs any schedule of the IR (and grouped point-to-point
 //! transfers) on real buffers over real connections. Nothing here knows which algorithm
-//! produced the schedule.
+//! produced the schedule, and nothing here touches a byte itself: local work goes through
+//! [`ops::LocalOps`], data movement through the connections.
 
 pub(crate) mod engine;
+pub(crate) mod job;
 pub(crate) mod layout;
 pub(crate) mod memory;
+pub mod ops;
 pub(crate) mod program;
 pub(crate) mod reduce;
 pub(crate) mod wire;
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use topoccl_transports::Connection;
+
+use ops::{LocalOps, Workspace};
+
+/// How the executor runs: the settings every run shares.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Settings {
+    pub slice_bytes: usize,
+    pub max_backlog: usize,
+    pub timeout: Duration,
+    /// More ranks share this host than it has cores: waiting ranks give their core away.
+    pub oversubscribed: bool,
+}
+
+/// One rank's executor: its connections, its local operations and the workspaces it keeps
+/// between calls.
+pub(crate) struct Executor {
+    pub rank: u32,
+    pub nranks: u32,
+    /// A connection per rank (`None` for this rank).
+    pub links: Vec<Option<Box<dyn Connection>>>,
+    pub ops: Box<dyn LocalOps>,
+    pub settings: Settings,
+    /// Set from any thread: the running call fails with `Aborted` within milliseconds.
+    pub abort: Arc<AtomicBool>,
+    scratch: Option<Workspace>,
+    tmp: Option<Workspace>,
+}
+
+impl Executor {
+    pub(crate) fn new(
+        rank: u32,
+        links: Vec<Option<Box<dyn Connection>>>,
+        ops: Box<dyn LocalOps>,
+        settings: Settings,
+        abort: Arc<AtomicBool>,
+    ) -> Executor {
+        let nranks = links.len() as u32;
+        Executor { rank, nranks, links, ops, settings, abort, scratch: None, tmp: None }
+    }
+
+    /// Closes every connection: peers see this rank gone, and no connection reads the memory
+    /// of an unfinished send any more.
+    pub(crate) fn close_links(&mut self) {
+        for l in self.links.iter_mut().flatten() {
+            l.close();
+        }
+    }
+
+    /// The transport to each rank (`None` for this rank).
+    pub(crate) fn transports(&self) -> Vec<Option<&'static str>> {
+        self.links.iter().map(|l| l.as_ref().map(|c| c.transport())).collect()
+    }
+}

@@ -2,11 +2,9 @@
 //! turned into byte spans of the call's buffers, or a set of grouped point-to-point transfers in
 //! the same shape. The engine runs only this.
 
-use topoccl_synth::schedule::{Buffer, Dep, Op, Schedule, Slot};
-use topoccl_transports::Meta;
-
 use super::layout::ChunkLayout;
 use super::memory::{MemId, Span, INPUT, OUTPUT, SCRATCH};
+use topoccl_synth::schedule::{Buffer, Dep, Op, Schedule, Slot};
 
 /// Message tag of grouped point-to-point transfers (collective channels use their index).
 pub(crate) const P2P_TAG: u32 = 1 << 30;
@@ -31,10 +29,10 @@ impl Action {
     pub(crate) fn sends(self) -> bool {
         matches!(self, Action::Send | Action::RecvCopySend | Action::RecvReduceSend | Action::RecvReduceCopySend)
     }
-    fn reads_src(self) -> bool {
+    pub(crate) fn reads_src(self) -> bool {
         !matches!(self, Action::Recv | Action::RecvCopySend)
     }
-    fn writes_dst(self) -> bool {
+    pub(crate) fn writes_dst(self) -> bool {
         !matches!(self, Action::Send | Action::RecvReduceSend)
     }
 }
@@ -48,8 +46,9 @@ pub(crate) struct XStep {
     pub src: Span,
     pub dst: Span,
     pub len: usize,
-    /// Index in [`Program::metas`] of the call header this step's messages carry (and must
-    /// arrive with).
+    /// Index of the call header this step's messages carry (and must arrive with) among those
+    /// the run is given: 0 for a collective (its one header), one per transfer for grouped
+    /// point-to-point calls.
     pub meta: u32,
 }
 
@@ -111,8 +110,6 @@ pub(crate) struct Program {
     pub channels: Vec<XChannel>,
     /// Every rank this program exchanges messages with.
     pub peers: Vec<u32>,
-    /// Call headers; a collective has one, updated for each call, so a program can be reused.
-    pub metas: Vec<Meta>,
 }
 
 impl Program {
@@ -124,8 +121,8 @@ impl Program {
 
     /// Rank `rank`'s part of `schedule`, with chunks laid out by `layout` (which must
     /// [fit](ChunkLayout::fits) the schedule).
-    pub(crate) fn from_schedule(schedule: &Schedule, rank: u32, layout: &ChunkLayout, meta: Meta) -> Program {
-        let mut prog = Program { metas: vec![meta], ..Program::default() };
+    pub(crate) fn from_schedule(schedule: &Schedule, rank: u32, layout: &ChunkLayout) -> Program {
+        let mut prog = Program::default();
         let Some(mine) = schedule.ranks.get(rank as usize) else { return prog };
         let span = |slot: Slot, count: u32| {
             let mem: MemId = match slot.buffer {
@@ -195,12 +192,11 @@ impl Program {
         prog
     }
 
-    /// Adds a point-to-point transfer: sends to one peer run in order on one channel,
-    /// receives from one peer on another, and different peers run concurrently.
-    pub(crate) fn add_p2p(&mut self, send: bool, peer: u32, span: Span, meta: Meta) {
+    /// Adds a point-to-point transfer whose messages carry header `meta`: sends to one peer run
+    /// in order on one channel, receives from one peer on another, and different peers run
+    /// concurrently.
+    pub(crate) fn add_p2p(&mut self, send: bool, peer: u32, span: Span, meta: u32) {
         self.note_peer(peer);
-        self.metas.push(meta);
-        let meta = (self.metas.len() - 1) as u32;
         let action = if send { Action::Send } else { Action::Recv };
         let none = Span::new(INPUT, 0, 0);
         let step = if send {
@@ -214,6 +210,13 @@ impl Program {
             None => self.channels.push(XChannel { tag: P2P_TAG, steps: vec![step], ..XChannel::default() }),
         }
     }
+
+    /// Adds a local copy (a send of this rank to itself met by its receive), on a channel of
+    /// its own.
+    pub(crate) fn add_copy(&mut self, dst: Span, src: Span) {
+        let step = XStep { action: Action::Copy, from: 0, to: 0, src, dst, len: dst.len, meta: 0 };
+        self.channels.push(XChannel { tag: P2P_TAG, steps: vec![step], ..XChannel::default() });
+    }
 }
 
 #[cfg(test)]
@@ -224,7 +227,7 @@ mod tests {
     fn lowered(build: impl FnOnce(&mut ScheduleBuilder)) -> Program {
         let mut b = ScheduleBuilder::new("t", Collective::AllReduce, 3, 2);
         build(&mut b);
-        Program::from_schedule(&b.build(), 1, &ChunkLayout::new(2, 8, 4), [0; 24])
+        Program::from_schedule(&b.build(), 1, &ChunkLayout::new(2, 8, 4))
     }
 
     #[test]

@@ -7,50 +7,59 @@
 
 use topoccl_transports::{Meta, META_BYTES};
 
-use crate::types::{Dtype, ReduceOp};
+use topoccl_synth::schedule::Collective;
 
-/// What kind of call a message belongs to.
+use crate::types::{Dtype, ReduceOp, Reduction};
+
+/// What a message belongs to: a collective, or a stream of point-to-point messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub(crate) enum CallKind {
-    AllReduce = 0,
-    ReduceScatter = 1,
-    AllGather = 2,
-    Broadcast = 3,
-    Reduce = 4,
-    AllToAll = 5,
-    SendRecv = 6,
+pub(crate) enum Called {
+    Collective(Collective),
+    SendRecv,
 }
 
-impl CallKind {
-    const ALL: [CallKind; 7] = [
-        CallKind::AllReduce,
-        CallKind::ReduceScatter,
-        CallKind::AllGather,
-        CallKind::Broadcast,
-        CallKind::Reduce,
-        CallKind::AllToAll,
-        CallKind::SendRecv,
-    ];
-
-    pub(crate) fn name(self) -> &'static str {
+impl Called {
+    /// The kind byte on the wire: the collective's place in [`Collective::ALL`], or one past.
+    fn code(self) -> u8 {
         match self {
-            CallKind::AllReduce => "all_reduce",
-            CallKind::ReduceScatter => "reduce_scatter",
-            CallKind::AllGather => "all_gather",
-            CallKind::Broadcast => "broadcast",
-            CallKind::Reduce => "reduce",
-            CallKind::AllToAll => "all_to_all",
-            CallKind::SendRecv => "send/recv",
+            Called::Collective(c) => {
+                Collective::ALL.iter().position(|k| k.name() == c.name()).map_or(u8::MAX, |i| i as u8)
+            }
+            Called::SendRecv => Collective::ALL.len() as u8,
         }
     }
 
-    fn reduces(self) -> bool {
-        matches!(self, CallKind::AllReduce | CallKind::ReduceScatter | CallKind::Reduce)
+    fn decode(code: u8, root: u32) -> Option<Called> {
+        match Collective::ALL.get(usize::from(code)) {
+            Some(c) => Some(Called::Collective(c.with_root(root))),
+            None if usize::from(code) == Collective::ALL.len() => Some(Called::SendRecv),
+            None => None,
+        }
     }
 
-    fn rooted(self) -> bool {
-        matches!(self, CallKind::Broadcast | CallKind::Reduce)
+    fn name(self) -> &'static str {
+        match self {
+            Called::Collective(c) => c.name(),
+            Called::SendRecv => "send/recv",
+        }
+    }
+}
+
+/// The reduction's code on the wire: NCCL's operator number, PreMulSum after them.
+pub(crate) fn reduction_code(r: Reduction) -> u8 {
+    match r {
+        Reduction::Op(op) => op as u8,
+        Reduction::PreMulSum(_) => PREMULSUM_CODE,
+    }
+}
+
+const PREMULSUM_CODE: u8 = ReduceOp::ALL.len() as u8;
+
+fn reduction_name(code: u8) -> Option<&'static str> {
+    match ReduceOp::from_raw(i64::from(code)) {
+        Some(op) => Some(op.name()),
+        None if code == PREMULSUM_CODE => Some("premulsum"),
+        None => None,
     }
 }
 
@@ -59,10 +68,10 @@ impl CallKind {
 pub(crate) struct CallHeader {
     /// Collectives: the communicator's call counter. Send/recv: the pair's message counter.
     pub seq: u32,
-    pub kind: CallKind,
+    pub called: Called,
     pub dtype: Dtype,
-    pub op: ReduceOp,
-    pub root: u32,
+    /// [`reduction_code`] of the call's reduction.
+    pub op: u8,
     /// Elements, as the user passed them.
     pub count: u64,
     /// A hash of the schedule (algorithm and chunking) the sender runs.
@@ -73,10 +82,14 @@ impl CallHeader {
     pub(crate) fn encode(&self) -> Meta {
         let mut m = [0u8; META_BYTES];
         m[0..4].copy_from_slice(&self.seq.to_le_bytes());
-        m[4] = self.kind as u8;
+        m[4] = self.called.code();
         m[5] = self.dtype as u8;
-        m[6] = self.op as u8;
-        m[8..12].copy_from_slice(&self.root.to_le_bytes());
+        m[6] = self.op;
+        let root = match self.called {
+            Called::Collective(c) => c.root().unwrap_or(0),
+            Called::SendRecv => 0,
+        };
+        m[8..12].copy_from_slice(&root.to_le_bytes());
         m[12..20].copy_from_slice(&self.count.to_le_bytes());
         m[20..24].copy_from_slice(&self.schedule.to_le_bytes());
         m
@@ -86,12 +99,12 @@ impl CallHeader {
         let u32_at = |i: usize| u32::from_le_bytes([m[i], m[i + 1], m[i + 2], m[i + 3]]);
         let mut count = [0u8; 8];
         count.copy_from_slice(&m[12..20]);
+        reduction_name(m[6])?;
         Some(CallHeader {
             seq: u32_at(0),
-            kind: *CallKind::ALL.get(usize::from(m[4]))?,
+            called: Called::decode(m[4], u32_at(8))?,
             dtype: Dtype::from_raw(i64::from(m[5]))?,
-            op: ReduceOp::from_raw(i64::from(m[6]))?,
-            root: u32_at(8),
+            op: m[6],
             count: u64::from_le_bytes(count),
             schedule: u32_at(20),
         })
@@ -99,12 +112,14 @@ impl CallHeader {
 
     /// `call #7: all_reduce of 1024 × float (sum)`.
     pub(crate) fn describe(&self) -> String {
-        let mut s = format!("call #{}: {} of {} × {}", self.seq, self.kind.name(), self.count, self.dtype);
-        if self.kind.reduces() {
-            s += &format!(" ({})", self.op);
-        }
-        if self.kind.rooted() {
-            s += &format!(" with root {}", self.root);
+        let mut s = format!("call #{}: {} of {} × {}", self.seq, self.called.name(), self.count, self.dtype);
+        if let Called::Collective(c) = self.called {
+            if c.reduces() {
+                s += &format!(" ({})", reduction_name(self.op).unwrap_or("?"));
+            }
+            if let Some(root) = c.root() {
+                s += &format!(" with root {root}");
+            }
         }
         s
     }
@@ -114,7 +129,10 @@ impl CallHeader {
         match CallHeader::decode(theirs) {
             None => "a message that is not from a topoccl call of this version".to_string(),
             Some(t)
-                if t.kind == self.kind && t.seq == self.seq && t.count == self.count && t.schedule != self.schedule =>
+                if t.called.code() == self.called.code()
+                    && t.seq == self.seq
+                    && t.count == self.count
+                    && t.schedule != self.schedule =>
             {
                 format!("{} with a different algorithm or chunking (schedule {:08x} vs {:08x}; is TOPOCCL_ALGO set alike everywhere?)", t.describe(), t.schedule, self.schedule)
             }
@@ -136,19 +154,21 @@ mod tests {
     fn headers_round_trip_and_describe_differences() {
         let h = CallHeader {
             seq: 7,
-            kind: CallKind::Reduce,
+            called: Called::Collective(Collective::Reduce { root: 3 }),
             dtype: Dtype::Bfloat16,
-            op: ReduceOp::Max,
-            root: 3,
+            op: ReduceOp::Max as u8,
             count: 1 << 40,
             schedule: 0xdead_beef,
         };
         assert_eq!(CallHeader::decode(&h.encode()), Some(h));
         assert_eq!(h.describe(), "call #7: reduce of 1099511627776 × bfloat16 (max) with root 3");
-        let other = CallHeader { kind: CallKind::AllGather, ..h };
+        let other = CallHeader { called: Called::Collective(Collective::AllGather), ..h };
         assert!(h.mismatch(&other.encode()).contains("all_gather"));
         let algo = CallHeader { schedule: 1, ..h };
         assert!(h.mismatch(&algo.encode()).contains("TOPOCCL_ALGO"));
         assert!(h.mismatch(&[0xff; 24]).contains("not from a topoccl call"));
+        let p2p = CallHeader { called: Called::SendRecv, op: reduction_code(Reduction::Op(ReduceOp::Sum)), ..h };
+        assert_eq!(CallHeader::decode(&p2p.encode()), Some(p2p));
+        assert!(p2p.describe().contains("send/recv"));
     }
 }

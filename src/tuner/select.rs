@@ -1,6 +1,7 @@
 //! [`Selector`]: the tuner as the communicator and collbench use it — candidates priced in the
 //! simulator, user tuners consulted, decisions and schedules cached in memory and on disk.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -30,6 +31,79 @@ const DISK_SCHEDULE_MIN_SECS: f64 = 0.2;
 /// size bucket).
 const MEMORY_SCHEDULES: usize = 512;
 
+/// What a decision depends on: the size bucket, the forced algorithm and every knob of the
+/// cost model (a decision priced under one model is not reused under another). Its text form
+/// is the key of the disk cache.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct DecisionKey {
+    forced: Option<String>,
+    collective: Collective,
+    bucket: u64,
+    /// The cost model's knobs, floats by their bits.
+    message_overhead_us: u64,
+    rank_message_us: u64,
+    local_gbps: Option<u64>,
+    pair_sharing: bool,
+    pair_queue_bytes: Option<u64>,
+    follow_paths: bool,
+}
+
+impl DecisionKey {
+    fn new(forced: Option<&str>, collective: Collective, bucket: u64, sim: &SimConfig) -> DecisionKey {
+        DecisionKey {
+            forced: forced.map(str::to_string),
+            collective,
+            bucket,
+            message_overhead_us: sim.message_overhead_us.to_bits(),
+            rank_message_us: sim.rank_message_us.to_bits(),
+            local_gbps: sim.local_gbps.map(f64::to_bits),
+            pair_sharing: sim.pair_sharing,
+            pair_queue_bytes: sim.pair_queue_bytes.map(f64::to_bits),
+            follow_paths: sim.follow_paths,
+        }
+    }
+}
+
+impl std::fmt::Display for DecisionKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}/{}/{}/{}/{}/{:?}/{}/{:?}/{}",
+            self.forced.as_deref().unwrap_or("auto"),
+            self.collective,
+            self.bucket,
+            f64::from_bits(self.message_overhead_us),
+            f64::from_bits(self.rank_message_us),
+            self.local_gbps.map(f64::from_bits),
+            self.pair_sharing,
+            self.pair_queue_bytes.map(f64::from_bits),
+            self.follow_paths
+        )
+    }
+}
+
+/// What a built schedule depends on; its text form is the key of the disk cache.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct ScheduleKey {
+    algorithm: String,
+    collective: Collective,
+    pipeline: u32,
+    channels: u32,
+    /// The size bucket for size-dependent generators, else 0.
+    sized: u64,
+    follow_paths: bool,
+}
+
+impl std::fmt::Display for ScheduleKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}/p{}/c{}/{}", self.algorithm, self.collective, self.pipeline, self.channels, self.sized)?;
+        if !self.follow_paths {
+            f.write_str("/one-path")?;
+        }
+        Ok(())
+    }
+}
+
 /// Chooses and builds schedules for one topology. See the module documentation of
 /// [`crate::tuner`].
 pub struct Selector {
@@ -38,8 +112,11 @@ pub struct Selector {
     registry: Registry,
     options: SelectorOptions,
     plugins: Vec<Box<dyn Tuner>>,
-    decisions: FxHashMap<String, Choice>,
-    schedules: FxHashMap<String, Arc<Schedule>>,
+    /// Decisions made or read from the disk cache this run.
+    decisions: FxHashMap<DecisionKey, Choice>,
+    /// The disk cache's decisions for this topology, by their text keys (read once).
+    stored: BTreeMap<String, Choice>,
+    schedules: FxHashMap<ScheduleKey, Arc<Schedule>>,
 }
 
 impl std::fmt::Debug for Selector {
@@ -57,14 +134,15 @@ impl Selector {
         let registry = Registry::builtin();
         check_algorithm(&registry, options.forced.as_deref())?;
         let fingerprint = topology.fingerprint();
-        let decisions = options.cache.decisions(fingerprint).into_iter().collect();
+        let stored = options.cache.decisions(fingerprint);
         Ok(Selector {
             topology,
             fingerprint,
             registry,
             options,
             plugins: Vec::new(),
-            decisions,
+            decisions: FxHashMap::default(),
+            stored,
             schedules: FxHashMap::default(),
         })
     }
@@ -101,22 +179,15 @@ impl Selector {
     /// What runs `collective` on a buffer of `bytes` (nccl-tests' size): the fastest priced
     /// candidate of its size bucket, unless a user tuner picks another.
     pub fn choose(&mut self, collective: Collective, bytes: u64) -> Result<Choice> {
+        self.check_root(collective)?;
         let bucket = size_bucket(bytes);
-        let sim = self.options.sim;
-        // Every knob of the cost model enters the key: a decision priced under one model is
-        // not reused under another.
-        let key = format!(
-            "{}/{collective}/{bucket}/{}/{}/{:?}/{}/{:?}/{}",
-            self.options.forced.as_deref().unwrap_or("auto"),
-            sim.message_overhead_us,
-            sim.rank_message_us,
-            sim.local_gbps,
-            sim.pair_sharing,
-            sim.pair_queue_bytes,
-            sim.follow_paths
-        );
+        let key = DecisionKey::new(self.options.forced.as_deref(), collective, bucket, &self.options.sim);
         if self.plugins.is_empty() {
             if let Some(c) = self.decisions.get(&key) {
+                return Ok(c.clone());
+            }
+            if let Some(c) = self.stored.get(&key.to_string()) {
+                self.decisions.insert(key, c.clone());
                 return Ok(c.clone());
             }
         }
@@ -136,7 +207,7 @@ impl Selector {
         }
         let choice = priced[best].choice.clone();
         if self.plugins.is_empty() {
-            self.options.cache.store_decision(self.fingerprint, &key, &choice);
+            self.options.cache.store_decision(self.fingerprint, &key.to_string(), &choice);
             self.decisions.insert(key, choice.clone());
         }
         Ok(choice)
@@ -200,20 +271,23 @@ impl Selector {
 
     /// The schedule `choice` stands for (built on first use, then kept).
     pub fn schedule(&mut self, choice: &Choice, collective: Collective, bytes: u64) -> Result<Arc<Schedule>> {
+        self.check_root(collective)?;
         let generator = self.registry.get(&choice.algorithm)?;
         let sized = if generator.size_dependent() { size_bucket(bytes) } else { 0 };
         let follow = self.options.sim.follow_paths;
-        let key = format!(
-            "{}/{collective}/p{}/c{}/{sized}{}",
-            choice.algorithm,
-            choice.pipeline,
-            choice.channels,
-            if follow { "" } else { "/one-path" }
-        );
+        let key = ScheduleKey {
+            algorithm: choice.algorithm.clone(),
+            collective,
+            pipeline: choice.pipeline,
+            channels: choice.channels,
+            sized,
+            follow_paths: follow,
+        };
         if let Some(s) = self.schedules.get(&key) {
             return Ok(s.clone());
         }
-        let schedule = match self.options.cache.schedule(self.fingerprint, &key) {
+        let disk_key = key.to_string();
+        let schedule = match self.options.cache.schedule(self.fingerprint, &disk_key) {
             Some(s) => s,
             None => {
                 let started = Instant::now();
@@ -225,7 +299,7 @@ impl Selector {
                     topoccl_synth::verify::verify(&s)?;
                 }
                 if started.elapsed().as_secs_f64() >= DISK_SCHEDULE_MIN_SECS {
-                    self.options.cache.store_schedule(self.fingerprint, &key, &s);
+                    self.options.cache.store_schedule(self.fingerprint, &disk_key, &s);
                 }
                 s
             }
@@ -236,6 +310,18 @@ impl Selector {
         let schedule = Arc::new(schedule);
         self.schedules.insert(key, schedule.clone());
         Ok(schedule)
+    }
+}
+
+impl Selector {
+    /// A root must be a rank of the topology (generators index by it).
+    fn check_root(&self, collective: Collective) -> Result<()> {
+        match collective.root() {
+            Some(root) if root as usize >= self.topology.nranks() => {
+                Err(Error::InvalidArgument(format!("root {root} is out of range for {} ranks", self.topology.nranks())))
+            }
+            _ => Ok(()),
+        }
     }
 }
 
@@ -340,14 +426,37 @@ mod tests {
     }
 
     #[test]
+    fn a_root_outside_the_topology_is_an_error_not_a_panic() {
+        let mut s = selector("ring:4");
+        let e = s.choose(Collective::Broadcast { root: 4 }, 4096).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+        let c = Choice::new("tree", 1, 0);
+        assert!(s.schedule(&c, Collective::Reduce { root: 9 }, 4096).is_err());
+    }
+
+    #[test]
     fn decisions_survive_in_the_disk_cache() {
         let dir = std::env::temp_dir().join(format!("topoccl-selector-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let opts = || SelectorOptions { cache: DiskCache::at(&dir), ..Default::default() };
         let mut a = Selector::new(resolve("dgx1").unwrap(), opts()).unwrap();
         let c = a.choose(Collective::AllReduce, 1 << 24).unwrap();
-        let b = Selector::new(resolve("dgx1").unwrap(), opts()).unwrap();
+        let mut b = Selector::new(resolve("dgx1").unwrap(), opts()).unwrap();
+        assert_eq!(b.stored.values().next(), Some(&c));
+        assert_eq!(b.choose(Collective::AllReduce, 1 << 24).unwrap(), c);
         assert_eq!(b.decisions.values().next(), Some(&c));
+        // The disk keys are the text forms of the typed keys, unchanged from earlier versions.
+        let key = DecisionKey::new(None, Collective::AllReduce, 1 << 24, &SimConfig::default());
+        assert_eq!(key.to_string(), "auto/all_reduce/16777216/0/0/None/false/None/true");
+        let key = ScheduleKey {
+            algorithm: "ring".into(),
+            collective: Collective::Broadcast { root: 2 },
+            pipeline: 4,
+            channels: 0,
+            sized: 0,
+            follow_paths: false,
+        };
+        assert_eq!(key.to_string(), "ring/broadcast(root 2)/p4/c0/0/one-path");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

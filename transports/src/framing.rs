@@ -9,7 +9,7 @@ use std::collections::VecDeque;
 use std::io::IoSlice;
 
 use crate::error::{Error, Result};
-use crate::{Message, Meta, MAX_MESSAGE_BYTES, META_BYTES};
+use crate::{Message, Meta, Region, MAX_MESSAGE_BYTES, META_BYTES};
 
 pub(crate) const HEADER_BYTES: usize = 8 + META_BYTES;
 const STAGING_BYTES: usize = 64 << 10;
@@ -396,6 +396,7 @@ impl<S: ByteStream> Framed<S> {
     }
 
     /// The next message of `tag`, copied out of the stream if it was left there.
+    #[cfg(test)]
     pub(crate) fn recv(&mut self, tag: u32) -> Option<Message> {
         if let Some(m) = self.queued(tag) {
             return Some(m);
@@ -405,7 +406,8 @@ impl<S: ByteStream> Framed<S> {
         let mut meta = None;
         // An error marks the connection closed, which the caller checks next.
         let _ = self.recv_with(tag, &mut |m, bytes| {
-            data.extend_from_slice(bytes);
+            // SAFETY: `recv_with` hands over host memory valid for this call.
+            data.extend_from_slice(unsafe { bytes.bytes() });
             meta = Some(*m);
         });
         match meta {
@@ -419,10 +421,10 @@ impl<S: ByteStream> Framed<S> {
 
     /// Hands the next message of `tag` to `f`, where it lies when it was left in place; false
     /// when none has arrived.
-    pub(crate) fn recv_with(&mut self, tag: u32, f: &mut dyn FnMut(&Meta, &[u8])) -> Result<bool> {
+    pub(crate) fn recv_with(&mut self, tag: u32, f: &mut dyn FnMut(&Meta, Region)) -> Result<bool> {
         loop {
             if let Some(m) = self.queued(tag) {
-                f(&m.meta, &m.data);
+                f(&m.meta, Region::of(&m.data));
                 self.recycle(m.data);
                 return Ok(true);
             }
@@ -437,7 +439,7 @@ impl<S: ByteStream> Framed<S> {
             }
             if h.tag == tag {
                 if let Some(p) = self.stream.peek(frame) {
-                    f(&h.meta, &p.bytes[HEADER_BYTES..frame]);
+                    f(&h.meta, Region::of(&p.bytes[HEADER_BYTES..frame]));
                 }
                 self.stream.consume(frame);
                 self.in_place = None;

@@ -27,6 +27,7 @@
 
 pub mod error;
 mod framing;
+mod memory;
 pub mod shm;
 pub mod tcp;
 pub mod wait;
@@ -36,9 +37,10 @@ use std::os::fd::RawFd;
 use std::time::Duration;
 
 pub use error::{Error, Result};
+pub use memory::{MemSpace, Region};
 
 /// Version of the [`Transport`] and [`Connection`] interfaces.
-pub const TRANSPORT_API_VERSION: u32 = 2;
+pub const TRANSPORT_API_VERSION: u32 = 3;
 
 /// Bytes of per-message metadata carried for the user of the connection.
 pub const META_BYTES: usize = 24;
@@ -50,7 +52,8 @@ pub type Meta = [u8; META_BYTES];
 /// Largest payload of one message (the executor slices larger transfers).
 pub const MAX_MESSAGE_BYTES: usize = u32::MAX as usize;
 
-/// A received message. Give `data` back with [`Connection::recycle`] once consumed.
+/// A received message, copied out of the connection (tests and tools; the executor takes
+/// messages in place with [`Connection::recv_with`]).
 #[derive(Debug)]
 pub struct Message {
     pub tag: u32,
@@ -65,41 +68,48 @@ pub struct WaitFd {
     pub write: bool,
 }
 
+/// Names one send until it no longer needs its memory ([`Connection::sent`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Ticket(pub u64);
+
+impl Ticket {
+    /// A send whose memory was free again when `send` returned.
+    pub const DONE: Ticket = Ticket(u64::MAX);
+}
+
 /// A point-to-point connection to one peer. See the crate documentation for the semantics.
 pub trait Connection: Send {
     /// The backend's name (`tcp`, `shm`).
     fn transport(&self) -> &'static str;
-    /// Queues one message; never blocks. Fails if the peer has gone.
-    fn send(&mut self, tag: u32, meta: &Meta, data: &[u8]) -> Result<()>;
-    /// Bytes accepted by `send` but not yet handed to the kernel or the shared ring.
+    /// Whether the connection reads and writes memory of `space` itself (host memory only,
+    /// for now).
+    fn reaches(&self, space: MemSpace) -> bool {
+        space == MemSpace::Host
+    }
+    /// Queues one message and returns at once; never blocks. Fails if the peer has gone.
+    ///
+    /// # Safety
+    /// `data` must be memory the connection [reaches](Connection::reaches), valid for reads,
+    /// and left unchanged until [`Connection::sent`] says so for the returned ticket (or the
+    /// connection is closed or dropped).
+    unsafe fn send(&mut self, tag: u32, meta: &Meta, data: Region) -> Result<Ticket>;
+    /// Whether the send `ticket` names is done with its memory.
+    fn sent(&self, ticket: Ticket) -> bool;
+    /// Bytes accepted by `send` but not yet handed to the kernel or the peer's memory.
     fn backlog(&self) -> usize;
     /// Moves bytes without blocking; true when anything moved. A peer that closes is recorded
     /// (see [`Connection::closed`]), not reported here: it may have closed after sending all
     /// this side still needs.
     fn progress(&mut self) -> Result<bool>;
-    /// The next complete message of `tag`, if one has arrived.
-    fn recv(&mut self, tag: u32) -> Option<Message>;
-    /// Hands the next complete message of `tag` to `f` and consumes it; false when none has
-    /// arrived. Shared memory hands over large payloads where they lie in the ring (one copy
-    /// less than `recv`).
-    fn recv_with(&mut self, tag: u32, f: &mut dyn FnMut(&Meta, &[u8])) -> Result<bool> {
-        match self.recv(tag) {
-            Some(m) => {
-                f(&m.meta, &m.data);
-                self.recycle(m.data);
-                Ok(true)
-            }
-            None => Ok(false),
-        }
-    }
+    /// Hands the next complete message of `tag` to `f`, where it lies (host memory, valid for
+    /// the call), and consumes it; false when none has arrived.
+    fn recv_with(&mut self, tag: u32, f: &mut dyn FnMut(&Meta, Region)) -> Result<bool>;
     /// The backlog at which the executor should hold further sends back, if the connection
     /// wants a lower one than the executor's own: shared memory holds back as soon as anything
     /// waits, since each byte that waits costs a copy more than one written to the ring.
     fn backlog_limit(&self) -> Option<usize> {
         None
     }
-    /// Returns a message buffer to the pool.
-    fn recycle(&mut self, data: Vec<u8>);
     /// Why the peer is gone, once it is.
     fn closed(&self) -> Option<&str>;
     /// Descriptors whose readiness means this connection may progress.
@@ -107,8 +117,20 @@ pub trait Connection: Send {
     /// True when progress can come without any descriptor becoming ready (shared memory):
     /// the waiter must poll rather than sleep in `poll(2)` indefinitely.
     fn needs_spin(&self) -> bool;
-    /// Shuts the connection down; the peer sees it closed.
+    /// Shuts the connection down; the peer sees it closed. Memory of sends not yet done is no
+    /// longer read once this returns.
     fn close(&mut self);
+}
+
+/// The next message of `tag`, copied out of `conn` (tests and tools).
+pub fn recv_copy(conn: &mut dyn Connection, tag: u32) -> Result<Option<Message>> {
+    let mut got = None;
+    conn.recv_with(tag, &mut |meta, data| {
+        // SAFETY: `recv_with` hands over host memory valid for the duration of this call.
+        let bytes = unsafe { data.bytes() };
+        got = Some(Message { tag, meta: *meta, data: bytes.to_vec() });
+    })?;
+    Ok(got)
 }
 
 /// What the bootstrap hands a [`Transport`] to build a connection to one peer.
@@ -131,4 +153,36 @@ pub trait Transport: Send + Sync {
     }
     fn name(&self) -> &'static str;
     fn connect(&self, setup: PeerSetup) -> Result<Box<dyn Connection>>;
+}
+
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+
+    /// Payloads kept alive for a whole test, so that connections may read them after `send`
+    /// returns. Declare it before the connections: it is then dropped after them.
+    #[derive(Default)]
+    pub(crate) struct Kept(Vec<Vec<u8>>);
+
+    impl Kept {
+        pub(crate) fn send(&mut self, c: &mut dyn Connection, tag: u32, meta: &Meta, data: &[u8]) -> Result<Ticket> {
+            let v = data.to_vec();
+            let r = Region::of(&v);
+            // Moving the Vec into the list does not move its heap block.
+            self.0.push(v);
+            // SAFETY: the bytes live in `self` until the end of the test, unchanged.
+            unsafe { c.send(tag, meta, r) }
+        }
+    }
+
+    /// The next message of `tag`, copied.
+    pub(crate) fn recv(c: &mut dyn Connection, tag: u32) -> Option<Message> {
+        recv_copy(c, tag).expect("recv")
+    }
+
+    /// The bytes a `recv_with` callback was handed.
+    pub(crate) fn bytes(r: Region) -> Vec<u8> {
+        // SAFETY: `recv_with` hands over host memory valid for the callback, where this runs.
+        unsafe { r.bytes() }.to_vec()
+    }
 }

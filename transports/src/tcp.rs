@@ -10,7 +10,7 @@ use nix::sys::socket::{sendmsg, MsgFlags};
 
 use crate::error::{Error, Result};
 use crate::framing::{ByteStream, Framed};
-use crate::{Connection, Message, Meta, PeerSetup, Transport, WaitFd};
+use crate::{Connection, Meta, PeerSetup, Region, Ticket, Transport, WaitFd};
 
 /// Messages below this size wait for the executor's next round and leave in one `sendmsg`
 /// with the others queued by then (larger ones are written at once, without a copy).
@@ -111,8 +111,15 @@ impl Connection for TcpConnection {
         "tcp"
     }
 
-    fn send(&mut self, tag: u32, meta: &Meta, data: &[u8]) -> Result<()> {
-        self.socket(tag).send(tag, meta, data)
+    unsafe fn send(&mut self, tag: u32, meta: &Meta, data: Region) -> Result<Ticket> {
+        // SAFETY: host memory valid for reads until the send is done (this fn's contract); it
+        // is copied before `send` returns.
+        self.socket(tag).send(tag, meta, unsafe { data.bytes() })?;
+        Ok(Ticket::DONE)
+    }
+
+    fn sent(&self, _: Ticket) -> bool {
+        true
     }
 
     fn backlog(&self) -> usize {
@@ -127,14 +134,8 @@ impl Connection for TcpConnection {
         Ok(moved)
     }
 
-    fn recv(&mut self, tag: u32) -> Option<Message> {
-        self.socket(tag).recv(tag)
-    }
-
-    fn recycle(&mut self, data: Vec<u8>) {
-        if let Some(s) = self.sockets.first_mut() {
-            s.recycle(data);
-        }
+    fn recv_with(&mut self, tag: u32, f: &mut dyn FnMut(&Meta, Region)) -> Result<bool> {
+        self.socket(tag).recv_with(tag, f)
     }
 
     /// Closed once every socket is: a peer that finished closes them one after the other, and
@@ -185,6 +186,7 @@ impl Transport for TcpTransport {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::{recv, Kept};
     use std::net::TcpListener;
 
     pub(crate) fn socket_pairs(k: usize) -> (Vec<TcpStream>, Vec<TcpStream>) {
@@ -201,19 +203,20 @@ mod tests {
 
     #[test]
     fn large_messages_cross_several_sockets_in_order() {
+        let mut kept = Kept::default();
         let (a, b) = socket_pairs(2);
         let mut tx = TcpConnection::new(a, "rank 1").unwrap();
         let mut rx = TcpConnection::new(b, "rank 0").unwrap();
         let big: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
         for tag in 0..4u32 {
-            tx.send(tag, &[tag as u8; 24], &big[..big.len() - tag as usize]).unwrap();
+            kept.send(&mut tx, tag, &[tag as u8; 24], &big[..big.len() - tag as usize]).unwrap();
         }
         let mut got = Vec::new();
         while got.len() < 4 {
             tx.progress().unwrap();
             rx.progress().unwrap();
             for tag in 0..4u32 {
-                if let Some(m) = rx.recv(tag) {
+                if let Some(m) = recv(&mut rx, tag) {
                     assert_eq!(m.meta, [tag as u8; 24]);
                     assert_eq!(m.data, big[..big.len() - tag as usize]);
                     got.push(tag);
@@ -230,10 +233,11 @@ mod tests {
 
     #[test]
     fn one_socket_at_its_end_does_not_lose_data_on_another() {
+        let mut kept = Kept::default();
         let (a, b) = socket_pairs(2);
         let mut tx = TcpConnection::new(a, "rank 1").unwrap();
         let mut rx = TcpConnection::new(b, "rank 0").unwrap();
-        tx.send(1, &[1; 24], b"last words").unwrap();
+        kept.send(&mut tx, 1, &[1; 24], b"last words").unwrap();
         while tx.backlog() > 0 {
             tx.progress().unwrap();
         }
@@ -246,7 +250,7 @@ mod tests {
         assert!(rx.closed().is_none(), "the connection still has a live socket");
         let m = loop {
             rx.progress().unwrap();
-            if let Some(m) = rx.recv(1) {
+            if let Some(m) = recv(&mut rx, 1) {
                 break m;
             }
         };

@@ -2,30 +2,29 @@
 
 use std::ffi::{c_int, c_void};
 
-use topoccl::{CollectiveKind, Dtype, ReduceOp};
+use topoccl::{Buffer, Collective as Kind, CollectiveCall, Dtype, ReduceOp, Reduction};
 
 use super::{export, guard};
 use crate::abi::*;
-use crate::call::{self, Collective, Op, Transfer};
+use crate::call::{self, Collective, Transfer};
 use crate::error::{invalid, Result};
 use crate::group::{self, Work};
 use crate::handle::{self, Handle};
 use crate::log::{self, Subsys};
-use crate::raw::Region;
 
 fn dtype_of(datatype: ncclDataType_t) -> Result<Dtype> {
     Dtype::from_raw(i64::from(datatype))
         .ok_or_else(|| invalid(format!("datatype {datatype} is not an ncclDataType_t (0..9)")))
 }
 
-fn op_of(h: &Handle, op: ncclRedOp_t, dtype: Dtype) -> Result<Op> {
+fn op_of(h: &Handle, op: ncclRedOp_t, dtype: Dtype) -> Result<Reduction> {
     if let Some(builtin) = ReduceOp::from_raw(i64::from(op)) {
-        return Ok(Op::Builtin(builtin));
+        return Ok(Reduction::Op(builtin));
     }
     let index = usize::try_from(op - BUILTIN_OPS).map_err(|_| invalid(format!("op {op} is not an ncclRedOp_t")))?;
     let ops = h.ops.lock().unwrap_or_else(|p| p.into_inner());
     match ops.get(index).copied().flatten() {
-        Some(p) if p.dtype == dtype => Ok(Op::PreMulSum(p)),
+        Some(p) if p.dtype == dtype => Ok(Reduction::PreMulSum(p.scalar)),
         Some(p) => Err(invalid(format!("op {op} was made for {}, the call is {}", p.dtype, dtype))),
         None => Err(invalid(format!("op {op} is not an operator of this communicator"))),
     }
@@ -39,11 +38,16 @@ fn no_stream(stream: cudaStream_t) -> Result<()> {
     }
 }
 
+/// A rank argument (`root`, `peer`) as the core takes it; the core checks its range.
+fn rank_of(what: &str, v: c_int, n: u32) -> Result<u32> {
+    u32::try_from(v).map_err(|_| invalid(format!("{what} {v} is out of range for {n} ranks")))
+}
+
 /// What every collective entry point does.
 #[allow(clippy::too_many_arguments)]
 fn collective(
     name: &str,
-    kind: CollectiveKind,
+    kind: Kind,
     send: *const c_void,
     recv: *mut c_void,
     count: usize,
@@ -57,37 +61,19 @@ fn collective(
         let h = handle::lookup(comm)?;
         no_stream(stream)?;
         let dtype = dtype_of(datatype)?;
-        let reduction = if kind.reduces() { op_of(&h, op, dtype)? } else { Op::Builtin(ReduceOp::Sum) };
+        let reduction = if kind.reduces() { op_of(&h, op, dtype)? } else { Reduction::Op(ReduceOp::Sum) };
         let (rank, n) = h.identity()?;
-        if kind.rooted() && (root < 0 || root as u32 >= n) {
-            return Err(invalid(format!("root {root} is out of range for {n} ranks")));
-        }
-        let root = if kind.rooted() { root as u32 } else { 0 };
-        let (in_blocks, out_blocks) = kind.blocks(n as usize);
-        let block = count.checked_mul(dtype.size()).ok_or_else(|| invalid(format!("count {count} is too large")))?;
-        let bytes =
-            |blocks: usize| block.checked_mul(blocks).ok_or_else(|| invalid(format!("count {count} is too large")));
-        // Buffers only the root uses are not looked at elsewhere (NULL is fine there).
-        let send = if kind == CollectiveKind::Broadcast && rank != root {
-            Region::empty()
-        } else {
-            Region::new(send, bytes(in_blocks)?, "sendbuff")?
-        };
-        let recv = if kind == CollectiveKind::Reduce && rank != root {
-            Region::empty()
-        } else {
-            Region::new(recv, bytes(out_blocks)?, "recvbuff")?
-        };
+        let kind = if kind.rooted() { kind.with_root(rank_of("root", root, n)?) } else { kind };
+        let call = CollectiveCall::new(kind, dtype, count).reduced_with(reduction);
         let seq = h.op_count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         log::info(
             Subsys::Coll,
             Some(rank),
             format_args!(
-                "{name}: opCount {seq:x} sendbuff {:#x} recvbuff {:#x} count {count} datatype {datatype} op {op} root {root} comm {comm:p} [nranks={n}] stream {stream:p}",
-                send.addr, recv.addr
+                "{name}: opCount {seq:x} sendbuff {send:p} recvbuff {recv:p} count {count} datatype {datatype} op {op} root {root} comm {comm:p} [nranks={n}] stream {stream:p}"
             ),
         );
-        let call = Collective { kind, send, recv, count, dtype, op: reduction, root };
+        let call = Collective { call, send: Buffer::host(send), recv: Buffer::host(recv) };
         if group::active() {
             group::push(Work::Collective { handle: h, call });
         } else {
@@ -113,17 +99,13 @@ fn transfer(
         no_stream(stream)?;
         let dtype = dtype_of(datatype)?;
         let (rank, n) = h.identity()?;
-        if peer < 0 || peer as u32 >= n {
-            return Err(invalid(format!("peer {peer} is out of range for {n} ranks")));
-        }
-        let bytes = count.checked_mul(dtype.size()).ok_or_else(|| invalid(format!("count {count} is too large")))?;
-        let buf = Region::new(buf, bytes, if send { "sendbuff" } else { "recvbuff" })?;
+        let peer = rank_of("peer", peer, n)?;
         log::info(
             Subsys::P2p,
             Some(rank),
-            format_args!("{name}: buff {:#x} count {count} datatype {datatype} peer {peer} comm {comm:p}", buf.addr),
+            format_args!("{name}: buff {buf:p} count {count} datatype {datatype} peer {peer} comm {comm:p}"),
         );
-        let t = Transfer { send, buf, dtype, peer: peer as u32 };
+        let t = Transfer { send, buf: Buffer::host(buf), dtype, count, peer };
         if group::active() {
             group::push(Work::Transfer { handle: h, transfer: t });
         } else {
@@ -142,7 +124,7 @@ fn all_reduce(
     comm: ncclComm_t,
     st: cudaStream_t,
 ) -> ncclResult_t {
-    collective("ncclAllReduce", CollectiveKind::AllReduce, s, r, n, t, op, 0, comm, st)
+    collective("ncclAllReduce", Kind::AllReduce, s, r, n, t, op, 0, comm, st)
 }
 
 fn reduce_scatter(
@@ -154,7 +136,7 @@ fn reduce_scatter(
     comm: ncclComm_t,
     st: cudaStream_t,
 ) -> ncclResult_t {
-    collective("ncclReduceScatter", CollectiveKind::ReduceScatter, s, r, n, t, op, 0, comm, st)
+    collective("ncclReduceScatter", Kind::ReduceScatter, s, r, n, t, op, 0, comm, st)
 }
 
 fn all_gather(
@@ -165,7 +147,7 @@ fn all_gather(
     comm: ncclComm_t,
     st: cudaStream_t,
 ) -> ncclResult_t {
-    collective("ncclAllGather", CollectiveKind::AllGather, s, r, n, t, 0, 0, comm, st)
+    collective("ncclAllGather", Kind::AllGather, s, r, n, t, 0, 0, comm, st)
 }
 
 fn broadcast(
@@ -177,11 +159,11 @@ fn broadcast(
     comm: ncclComm_t,
     st: cudaStream_t,
 ) -> ncclResult_t {
-    collective("ncclBroadcast", CollectiveKind::Broadcast, s, r, n, t, 0, root, comm, st)
+    collective("ncclBroadcast", Kind::Broadcast { root: 0 }, s, r, n, t, 0, root, comm, st)
 }
 
 fn bcast(b: *mut c_void, n: usize, t: ncclDataType_t, root: c_int, comm: ncclComm_t, st: cudaStream_t) -> ncclResult_t {
-    collective("ncclBcast", CollectiveKind::Broadcast, b, b, n, t, 0, root, comm, st)
+    collective("ncclBcast", Kind::Broadcast { root: 0 }, b, b, n, t, 0, root, comm, st)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -195,7 +177,7 @@ fn reduce(
     comm: ncclComm_t,
     st: cudaStream_t,
 ) -> ncclResult_t {
-    collective("ncclReduce", CollectiveKind::Reduce, s, r, n, t, op, root, comm, st)
+    collective("ncclReduce", Kind::Reduce { root: 0 }, s, r, n, t, op, root, comm, st)
 }
 
 fn send(

@@ -5,12 +5,12 @@ use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
-use topoccl::Dtype;
+use topoccl::{Buffer, Dtype, Scalar};
 
 use super::{export, guard};
 use crate::abi::*;
 use crate::error::{describe, invalid, Error};
-use crate::handle::{self, PreMulSum, Scalar};
+use crate::handle::{self, PreMulSum};
 use crate::log::{self, Subsys};
 use crate::raw;
 
@@ -135,7 +135,7 @@ fn create_premulsum(
                 v[..dtype.size()].copy_from_slice(&raw::read_bytes(scalar as usize, dtype.size())?);
                 Scalar::Value(v)
             }
-            SCALAR_DEVICE => Scalar::At(scalar as usize),
+            SCALAR_DEVICE => Scalar::At(Buffer::host(scalar)),
             other => return Err(invalid(format!("residence {other} is not an ncclScalarResidence_t"))),
         };
         let mut ops = h.ops.lock().unwrap_or_else(|p| p.into_inner());

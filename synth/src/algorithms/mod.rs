@@ -132,6 +132,12 @@ impl Registry {
         if !g.supports(request.collective) {
             return Err(unsupported(g.name(), request.collective, "not implemented by this algorithm"));
         }
+        if let Some(root) = request.collective.root() {
+            if root as usize >= request.topology.nranks() {
+                let why = format!("root {root} is not a rank of the {}-rank topology", request.topology.nranks());
+                return Err(unsupported(g.name(), request.collective, &why));
+            }
+        }
         g.generate(request)
     }
 }
@@ -207,6 +213,17 @@ fn search(
 mod tests {
     use super::*;
     use crate::topology::resolve;
+
+    #[test]
+    fn a_root_outside_the_topology_is_refused_by_every_generator() {
+        let t = resolve("ring:4").unwrap();
+        let reg = Registry::builtin();
+        for c in [Collective::Broadcast { root: 4 }, Collective::Reduce { root: 7 }] {
+            for g in reg.iter().filter(|g| g.supports(c)) {
+                assert!(reg.generate(g.name(), &Request::new(&t, c)).is_err(), "{}", g.name());
+            }
+        }
+    }
 
     #[test]
     fn dgx1_ring_uses_only_nvlinks() {

@@ -99,6 +99,43 @@ impl Collective {
         matches!(self, Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce { .. })
     }
 
+    /// Whether one rank, the root, takes part specially.
+    pub fn rooted(&self) -> bool {
+        self.root().is_some()
+    }
+
+    /// The same collective with root `root` (rootless collectives are unchanged).
+    pub fn with_root(self, root: Rank) -> Collective {
+        match self {
+            Collective::Broadcast { .. } => Collective::Broadcast { root },
+            Collective::Reduce { .. } => Collective::Reduce { root },
+            other => other,
+        }
+    }
+
+    /// Blocks of NCCL's `count` elements in each rank's input and output buffer: `nranks` on
+    /// the side that holds every rank's part (reduce-scatter's input, all-gather's output, both
+    /// sides of all-to-all), one elsewhere.
+    pub fn blocks(&self, nranks: u32) -> (usize, usize) {
+        let n = nranks as usize;
+        match self {
+            Collective::ReduceScatter => (n, 1),
+            Collective::AllGather => (1, n),
+            Collective::AllToAll => (n, n),
+            _ => (1, 1),
+        }
+    }
+
+    /// Whether `rank` reads its input buffer (broadcast: the root only).
+    pub fn uses_input(&self, rank: Rank) -> bool {
+        !matches!(*self, Collective::Broadcast { root } if root != rank)
+    }
+
+    /// Whether `rank` writes its output buffer (reduce: the root only).
+    pub fn uses_output(&self, rank: Rank) -> bool {
+        !matches!(*self, Collective::Reduce { root } if root != rank)
+    }
+
     /// The chunk count must be a multiple of this.
     pub fn chunk_multiple(&self, nranks: u32) -> u32 {
         match self {

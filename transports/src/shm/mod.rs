@@ -18,7 +18,7 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 use crate::framing::{ByteStream, Framed, Peeked};
 use crate::tcp::TcpConnection;
-use crate::{Connection, Message, Meta, PeerSetup, Transport, WaitFd};
+use crate::{Connection, Meta, PeerSetup, Region, Ticket, Transport, WaitFd};
 use ring::{Ring, RING_HEADER_BYTES};
 use segment::Segment;
 
@@ -99,8 +99,14 @@ impl Connection for ShmConnection {
     fn transport(&self) -> &'static str {
         "shm"
     }
-    fn send(&mut self, tag: u32, meta: &Meta, data: &[u8]) -> Result<()> {
-        self.framed.send(tag, meta, data)
+    unsafe fn send(&mut self, tag: u32, meta: &Meta, data: Region) -> Result<Ticket> {
+        // SAFETY: host memory valid for reads until the send is done (this fn's contract); it
+        // is copied before `send` returns.
+        self.framed.send(tag, meta, unsafe { data.bytes() })?;
+        Ok(Ticket::DONE)
+    }
+    fn sent(&self, _: Ticket) -> bool {
+        true
     }
     fn backlog(&self) -> usize {
         self.framed.backlog()
@@ -108,17 +114,11 @@ impl Connection for ShmConnection {
     fn progress(&mut self) -> Result<bool> {
         self.framed.progress()
     }
-    fn recv(&mut self, tag: u32) -> Option<Message> {
-        self.framed.recv(tag)
-    }
-    fn recv_with(&mut self, tag: u32, f: &mut dyn FnMut(&Meta, &[u8])) -> Result<bool> {
+    fn recv_with(&mut self, tag: u32, f: &mut dyn FnMut(&Meta, Region)) -> Result<bool> {
         self.framed.recv_with(tag, f)
     }
     fn backlog_limit(&self) -> Option<usize> {
         Some(1)
-    }
-    fn recycle(&mut self, data: Vec<u8>) {
-        self.framed.recycle(data)
     }
     fn closed(&self) -> Option<&str> {
         self.framed.closed()
@@ -233,6 +233,7 @@ impl Transport for ShmTransport {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::{bytes, recv, Kept};
     use std::net::TcpListener;
     use std::time::Duration;
 
@@ -252,20 +253,21 @@ mod tests {
 
     #[test]
     fn messages_larger_than_the_ring_arrive_intact() {
+        let mut kept = Kept::default();
         let transport = ShmTransport { ring_bytes: 64 << 10 };
         let (mut a, mut b) = pair(&transport);
         assert_eq!(a.transport(), "shm");
         let big: Vec<u8> = (0..1_000_003u32).map(|i| (i % 249) as u8).collect();
-        a.send(5, &[9; 24], &big).unwrap();
-        a.send(6, &[1; 24], &[]).unwrap();
-        b.send(0, &[2; 24], b"back").unwrap();
+        kept.send(&mut *a, 5, &[9; 24], &big).unwrap();
+        kept.send(&mut *a, 6, &[1; 24], &[]).unwrap();
+        kept.send(&mut *b, 0, &[2; 24], b"back").unwrap();
         let (mut got5, mut got6, mut back) = (None, None, None);
         while got5.is_none() || got6.is_none() || back.is_none() {
             a.progress().unwrap();
             b.progress().unwrap();
-            got5 = got5.or_else(|| b.recv(5));
-            got6 = got6.or_else(|| b.recv(6));
-            back = back.or_else(|| a.recv(0));
+            got5 = got5.or_else(|| recv(&mut *b, 5));
+            got6 = got6.or_else(|| recv(&mut *b, 6));
+            back = back.or_else(|| recv(&mut *a, 0));
         }
         assert_eq!(got5.unwrap().data, big);
         assert!(got6.unwrap().data.is_empty());
@@ -274,7 +276,7 @@ mod tests {
         a.close();
         b.progress().unwrap();
         assert!(b.closed().is_some());
-        assert!(b.send(0, &[0; 24], b"x").is_err());
+        assert!(kept.send(&mut *b, 0, &[0; 24], b"x").is_err());
     }
 
     fn payload(i: usize, len: usize) -> Vec<u8> {
@@ -285,11 +287,12 @@ mod tests {
     /// ring fills), must keep their order per tag, and may be taken in any tag order.
     #[test]
     fn frames_left_in_place_never_block_the_sender_and_keep_order() {
+        let mut kept = Kept::default();
         let transport = ShmTransport { ring_bytes: 64 << 10 };
         let (mut a, mut b) = pair(&transport);
         let lens: Vec<usize> = (0..24).map(|i| if i == 5 { 9_001 } else { 8192 + 8 * i }).collect();
         for (i, &len) in lens.iter().enumerate() {
-            a.send((i % 3) as u32, &[i as u8; 24], &payload(i, len)).unwrap();
+            kept.send(&mut *a, (i % 3) as u32, &[i as u8; 24], &payload(i, len)).unwrap();
         }
         // The receiver only progresses (takes nothing): the sender must still get rid of
         // everything, far more than the ring holds.
@@ -305,7 +308,7 @@ mod tests {
                 let mut got = None;
                 while got.is_none() {
                     b.progress().unwrap();
-                    b.recv_with(tag, &mut |m, d| got = Some((*m, d.to_vec()))).unwrap();
+                    b.recv_with(tag, &mut |m, d| got = Some((*m, bytes(d)))).unwrap();
                 }
                 let (meta, data) = got.unwrap();
                 assert_eq!(meta, [i as u8; 24], "tag {tag}: frame {i} out of order");
@@ -313,15 +316,15 @@ mod tests {
             }
         }
         // A frame of another tag in the way is queued, and the wanted one found behind it.
-        a.send(7, &[7; 24], &payload(70, 16384)).unwrap();
-        a.send(8, &[8; 24], &payload(80, 16384)).unwrap();
-        a.send(7, &[9; 24], &payload(71, 16384)).unwrap();
+        kept.send(&mut *a, 7, &[7; 24], &payload(70, 16384)).unwrap();
+        kept.send(&mut *a, 8, &[8; 24], &payload(80, 16384)).unwrap();
+        kept.send(&mut *a, 7, &[9; 24], &payload(71, 16384)).unwrap();
         let mut order = Vec::new();
         while order.len() < 3 {
             a.progress().unwrap();
             b.progress().unwrap();
             for tag in [8u32, 7] {
-                b.recv_with(tag, &mut |m, d| order.push((m[0], d.to_vec()))).unwrap();
+                b.recv_with(tag, &mut |m, d| order.push((m[0], bytes(d)))).unwrap();
             }
         }
         assert_eq!(order[0], (8, payload(80, 16384)));

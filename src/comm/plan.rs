@@ -1,0 +1,105 @@
+//! From a checked call to what the executor runs: the tuner's schedule for the call's size,
+//! the chunk layout on the call's element count, and this rank's program, kept together in one
+//! plan cache keyed by what determines them (the collective, the element size and the count).
+//! The tuner keeps its own memo of decisions per size bucket and of built schedules, which
+//! pricing shares; nothing else is cached.
+//!
+//! Every rank plans from the same inputs, so all plan alike; the plan's schedule hash rides in
+//! every message, so a rank that did not (another topology file, another `TOPOCCL_ALGO`) is
+//! caught as a mismatch instead of corrupting data.
+
+use std::sync::Arc;
+
+use rustc_hash::FxHashMap;
+use topoccl_synth::schedule::{Collective, Schedule};
+
+use crate::error::Result;
+use crate::exec::layout::ChunkLayout;
+use crate::exec::program::Program;
+use crate::exec::wire::fnv1a;
+use crate::tuner::{Choice, Selector};
+
+/// Everything the executor needs to run one collective of one size on this rank.
+#[derive(Debug)]
+pub(crate) struct Plan {
+    pub schedule: Arc<Schedule>,
+    /// The schedule's identity on the wire.
+    pub hash: u32,
+    /// Chunks per block.
+    pub k: usize,
+    /// Where the chunks lie: uneven chunks on the caller's buffers, or, for a schedule that
+    /// moves chunks between slots of unequal size, equal chunks on padded staging copies.
+    pub layout: ChunkLayout,
+    pub padded: bool,
+    pub program: Program,
+    /// Bytes of the schedule's scratch chunks.
+    pub scratch_bytes: usize,
+}
+
+/// What a plan depends on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct PlanKey {
+    collective: Collective,
+    esize: usize,
+    count: usize,
+}
+
+/// Plans kept per communicator before the cache is emptied.
+const PLAN_CACHE: usize = 256;
+
+/// The tuner and the plan cache of one communicator.
+pub(crate) struct Planner {
+    rank: u32,
+    nranks: u32,
+    pub tuner: Selector,
+    plans: FxHashMap<PlanKey, Arc<Plan>>,
+}
+
+impl Planner {
+    pub(crate) fn new(rank: u32, nranks: u32, tuner: Selector) -> Planner {
+        Planner { rank, nranks, tuner, plans: FxHashMap::default() }
+    }
+
+    /// Forgets every plan (the tuner's settings changed).
+    pub(crate) fn clear(&mut self) {
+        self.plans.clear();
+    }
+
+    /// The collective's buffer in bytes (nccl-tests' size), which the tuner decides by.
+    fn size(&self, collective: Collective, block_bytes: usize) -> u64 {
+        let (i, o) = collective.blocks(self.nranks);
+        (block_bytes as u64).saturating_mul(i.max(o) as u64)
+    }
+
+    /// What the tuner runs `collective` with on blocks of `block_bytes`.
+    pub(crate) fn choice(&mut self, collective: Collective, block_bytes: usize) -> Result<Choice> {
+        let size = self.size(collective, block_bytes);
+        self.tuner.choose(collective, size)
+    }
+
+    /// The plan for `collective` on `count` elements of `esize` bytes (`count` > 0).
+    pub(crate) fn plan(&mut self, collective: Collective, esize: usize, count: usize) -> Result<Arc<Plan>> {
+        let key = PlanKey { collective, esize, count };
+        if let Some(p) = self.plans.get(&key) {
+            return Ok(p.clone());
+        }
+        let size = self.size(collective, count.saturating_mul(esize));
+        let choice = self.tuner.choose(collective, size)?;
+        let schedule = self.tuner.schedule(&choice, collective, size)?;
+        let identity =
+            format!("{}/{}/{}/{}/{choice}", schedule.name, schedule.collective, schedule.nranks, schedule.chunks);
+        let k = (schedule.chunks / schedule.collective.chunk_multiple(schedule.nranks)).max(1) as usize;
+        let uneven = ChunkLayout::new(k, count, esize);
+        let padded = !uneven.fits(&schedule);
+        let layout = if padded { ChunkLayout::padded(k, count.div_ceil(k), esize) } else { uneven };
+        let program = Program::from_schedule(&schedule, self.rank, &layout);
+        let scratch_bytes = layout.offset(schedule.scratch_chunks as usize);
+        let plan =
+            Arc::new(Plan { hash: fnv1a(identity.as_bytes()), schedule, k, layout, padded, program, scratch_bytes });
+        if self.plans.len() >= PLAN_CACHE {
+            self.plans.clear();
+        }
+        self.plans.insert(key, plan.clone());
+        Ok(plan)
+    }
+}
