@@ -5,9 +5,16 @@
 //! the program uses, then advances every channel as far as it can. Each step is cut into
 //! slices of `slice_bytes`, so that a forwarding step (receive-reduce-send, …) passes on the
 //! first slice while the next is still on the wire, which pipelines a chunk across the hops of
-//! a ring or tree. Sends are eager (the transport copies or queues them) but held back while a
-//! connection's backlog is above `max_backlog`, so memory stays bounded without ever making a
-//! sender wait on a receiver that is itself waiting (receivers always drain).
+//! a ring or tree. Sends are eager (the transport writes them out, or queues them and reads the
+//! payload from where it lies as the connection drains) but held back while a connection's
+//! backlog is above `max_backlog`, so memory stays bounded without ever making a sender wait on
+//! a receiver that is itself waiting (receivers always drain).
+//!
+//! Because a queued send still reads its payload, the schedule's eager sends are kept eager by
+//! the engine: every send whose ticket is not done is remembered, and a step that would write
+//! bytes such a send still reads waits until it is done (a receive-reduce-send forwards from
+//! a pool of slices, taking one no send still reads). Sends always complete without this
+//! rank's other steps (the peer drains), so the wait cannot deadlock.
 //!
 //! Nothing here waits without a deadline: when no byte and no step moves for `timeout`, the
 //! call fails with what each channel is stuck on; a closed peer fails it at once; `abort`
@@ -16,7 +23,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use topoccl_transports::{wait, Connection, Meta, Region, WaitFd};
+use topoccl_transports::{wait, Connection, Meta, Region, Ticket, WaitFd};
 
 use super::memory::Memory;
 use super::ops::{LocalOps, Workspace};
@@ -34,6 +41,16 @@ const INLINE_CHANNELS: usize = 16;
 const CHECK_EVERY: u32 = 64;
 /// The header of a step that exchanges no message (a local copy or reduction).
 const NO_META: Meta = [0; topoccl_transports::META_BYTES];
+/// Slices a receive-reduce-send may have in flight at once (each waiting for its send).
+const MAX_FORWARD_SLICES: usize = 32;
+
+/// A send whose payload the connection still reads.
+#[derive(Debug, Clone, Copy)]
+struct InFlight {
+    region: Region,
+    peer: u32,
+    ticket: Ticket,
+}
 
 /// A connection per rank (`None` for this rank itself).
 pub(crate) type Links = [Option<Box<dyn Connection>>];
@@ -87,17 +104,18 @@ struct Run<'r> {
     ops: &'r mut dyn LocalOps,
     cfg: &'r RunConfig<'r>,
     state: &'r mut [ChannelState],
-    /// Where a receive-reduce-send step reduces before sending.
-    tmp: &'r mut Option<Workspace>,
+    /// Slices a receive-reduce-send step reduces into before sending them on.
+    forward: &'r mut Vec<Workspace>,
+    inflight: Vec<InFlight>,
 }
 
 /// What one run works with besides its program: the buffers, the connections, the local
-/// operations and a workspace kept between runs.
+/// operations and the forwarding slices kept between runs.
 pub(crate) struct Resources<'r> {
     pub mem: &'r Memory,
     pub links: &'r mut Links,
     pub ops: &'r mut dyn LocalOps,
-    pub tmp: &'r mut Option<Workspace>,
+    pub forward: &'r mut Vec<Workspace>,
 }
 
 fn link(links: &mut Links, peer: u32) -> Result<&mut Box<dyn Connection>> {
@@ -130,8 +148,8 @@ pub(crate) unsafe fn run(prog: &Program, metas: &[Meta], res: Resources<'_>, cfg
             &mut heap
         }
     };
-    let Resources { mem, links, ops, tmp } = res;
-    let mut run = Run { prog, metas, mem, links, ops, cfg, state, tmp };
+    let Resources { mem, links, ops, forward } = res;
+    let mut run = Run { prog, metas, mem, links, ops, cfg, state, forward, inflight: Vec::new() };
     run.run()
 }
 
@@ -289,13 +307,20 @@ impl Run<'_> {
         // Only the spans the action uses (the others are placeholders).
         let src = if st.action.reads_src() { self.mem.span(st.src.slice(off, n), false)? } else { Region::EMPTY };
         let dst = if st.action.writes_dst() { self.mem.span(st.dst.slice(off, n), true)? } else { Region::EMPTY };
+        if !self.clear_to_write(dst) {
+            return Ok(false);
+        }
+        let tmp = if st.action == Action::RecvReduceSend {
+            match self.forward_slice(n)? {
+                Some(t) => t,
+                None => return Ok(false),
+            }
+        } else {
+            Region::EMPTY
+        };
         if st.action.receives() {
             // The receiving half runs on the message where the transport holds it (in the
             // shared ring, for large shared-memory messages); the sending half follows.
-            if st.action == Action::RecvReduceSend {
-                self.grow_tmp(n)?;
-            }
-            let tmp = self.tmp.as_ref().map_or(Region::EMPTY, |w| w.region());
             let mut done = Ok(());
             let (cfg, ops) = (self.cfg, &mut *self.ops);
             let got = link(self.links, st.from)?
@@ -315,7 +340,7 @@ impl Run<'_> {
         let payload = match st.action {
             Action::Send => Some(src),
             Action::RecvCopySend | Action::RecvReduceCopySend => Some(dst),
-            Action::RecvReduceSend => self.tmp.as_ref().and_then(|w| w.region().sub(0, n)),
+            Action::RecvReduceSend => Some(tmp),
             Action::Copy => {
                 // SAFETY: spans of this run's buffers, valid and ours for the run (`run`'s
                 // contract), bounds-checked by `Memory::span`.
@@ -330,20 +355,51 @@ impl Run<'_> {
             Action::Recv | Action::RecvReduce => None,
         };
         if let Some(bytes) = payload {
-            // SAFETY: a span of this run's buffers or its workspace, which stay valid and
+            // SAFETY: a span of this run's buffers or a forwarding slice, which stay valid and
             // unchanged until the send is done: the run waits for every send before it ends,
-            // and nothing writes a buffer a send still reads.
-            unsafe { link(self.links, st.to)?.send(tag, meta, bytes) }.map_err(transport_error(st.to))?;
+            // and no step writes bytes a send in flight still reads (`clear_to_write`).
+            let ticket = unsafe { link(self.links, st.to)?.send(tag, meta, bytes) }.map_err(transport_error(st.to))?;
+            if ticket != Ticket::DONE {
+                self.inflight.push(InFlight { region: bytes, peer: st.to, ticket });
+            }
         }
         Ok(true)
     }
 
-    /// Makes the receive-reduce-send workspace hold at least `n` bytes.
-    fn grow_tmp(&mut self, n: usize) -> Result<()> {
-        if self.tmp.as_ref().map_or(true, |w| w.region().len < n) {
-            *self.tmp = Some(self.ops.alloc(n.max(self.cfg.slice_bytes))?);
+    /// Whether `r` may be written now: no send in flight still reads any of its bytes. Sends
+    /// found done are forgotten.
+    fn clear_to_write(&mut self, r: Region) -> bool {
+        if self.inflight.is_empty() || r.is_empty() {
+            return true;
         }
-        Ok(())
+        let links = &*self.links;
+        let mut clear = true;
+        self.inflight.retain(|f| {
+            let done = links.get(f.peer as usize).and_then(Option::as_ref).map_or(true, |l| l.sent(f.ticket));
+            if !done && f.region.overlaps(&r) {
+                clear = false;
+            }
+            !done
+        });
+        clear
+    }
+
+    /// A forwarding slice of `n` bytes that no send in flight reads, or `None` while every
+    /// slice the pool may hold is still being sent.
+    fn forward_slice(&mut self, n: usize) -> Result<Option<Region>> {
+        for i in 0..self.forward.len() {
+            let Some(r) = self.forward[i].region().sub(0, n) else { continue };
+            if self.clear_to_write(r) {
+                return Ok(Some(r));
+            }
+        }
+        if self.forward.len() >= MAX_FORWARD_SLICES {
+            return Ok(None);
+        }
+        let w = self.ops.alloc(n.max(self.cfg.slice_bytes))?;
+        let r = w.region().sub(0, n);
+        self.forward.push(w);
+        Ok(r)
     }
 
     /// What every unfinished channel waits for.
@@ -424,7 +480,7 @@ fn check(cfg: &RunConfig<'_>, from: u32, expected: &Meta, meta: &Meta, got: usiz
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::exec::memory::{Span, INPUT};
+    use crate::exec::memory::{Span, INPUT, OUTPUT};
     use crate::exec::ops::CpuOps;
     use crate::exec::program::XChannel;
     use topoccl_transports::{Result as TransportResult, Ticket};
@@ -507,7 +563,7 @@ mod tests {
             call: None,
             oversubscribed: false,
         };
-        let res = Resources { mem: &mem, links: &mut links, ops: &mut CpuOps, tmp: &mut None };
+        let res = Resources { mem: &mem, links: &mut links, ops: &mut CpuOps, forward: &mut Vec::new() };
         // SAFETY: `data` outlives the run.
         unsafe { run(&prog, &[[0; 24]], res, &cfg) }.unwrap();
         let sent = sent.lock().unwrap().clone();
@@ -518,5 +574,95 @@ mod tests {
             tags.sort_unstable();
             assert_eq!(tags, [0, 1, 2], "sends in order {sent:?}");
         }
+    }
+
+    /// A connection that keeps a send's payload where it lies and reads it only after a few
+    /// rounds of progress, as a socket that drains slowly does.
+    #[derive(Default)]
+    struct Slow {
+        queued: Option<(Region, u32)>,
+        delivered: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    }
+
+    impl Connection for Slow {
+        fn transport(&self) -> &'static str {
+            "slow"
+        }
+        unsafe fn send(&mut self, _: u32, _: &Meta, data: Region) -> TransportResult<Ticket> {
+            self.queued = Some((data, 0));
+            Ok(Ticket(1))
+        }
+        fn sent(&self, _: Ticket) -> bool {
+            self.queued.is_none()
+        }
+        fn backlog(&self) -> usize {
+            self.queued.map_or(0, |(r, _)| r.len)
+        }
+        fn progress(&mut self) -> TransportResult<bool> {
+            let Some((r, rounds)) = self.queued else { return Ok(false) };
+            if rounds < 5 {
+                self.queued = Some((r, rounds + 1));
+                return Ok(false);
+            }
+            // SAFETY: the engine keeps the payload valid and unchanged until `sent` is true.
+            self.delivered.lock().unwrap().extend_from_slice(unsafe { r.bytes() });
+            self.queued = None;
+            Ok(true)
+        }
+        fn recv_with(&mut self, _: u32, _: &mut dyn FnMut(&Meta, Region)) -> TransportResult<bool> {
+            Ok(false)
+        }
+        fn closed(&self) -> Option<&str> {
+            None
+        }
+        fn wait_fds(&self, _: &mut Vec<WaitFd>) {}
+        fn needs_spin(&self) -> bool {
+            true
+        }
+        fn close(&mut self) {}
+    }
+
+    #[test]
+    fn a_step_does_not_overwrite_bytes_a_queued_send_still_reads() {
+        // Rank 0 sends output[0..8] to rank 1, then copies input over it on the same channel.
+        // Sends are eager: rank 1 must get the bytes as they were when the send was posted,
+        // though the connection reads them only later.
+        let input = [7u8; 8];
+        let mut output = [1u8; 8];
+        let out = Region::of_mut(&mut output);
+        let step = |action, src, dst| XStep { action, from: 0, to: 1, src, dst, len: 8, meta: 0 };
+        let ch = XChannel {
+            tag: 0,
+            steps: vec![
+                step(Action::Send, Span::new(OUTPUT, 0, 8), Span::new(INPUT, 0, 0)),
+                step(Action::Copy, Span::new(INPUT, 0, 8), Span::new(OUTPUT, 0, 8)),
+            ],
+            trails: vec![false, false],
+            ..XChannel::default()
+        };
+        let prog = Program { channels: vec![ch], peers: vec![1] };
+        let mut mem = Memory::new();
+        mem.readable(INPUT, Region::of(&input));
+        mem.writable(OUTPUT, out);
+        let slow = Slow::default();
+        let delivered = slow.delivered.clone();
+        let mut links: Vec<Option<Box<dyn Connection>>> = vec![None, Some(Box::new(slow))];
+        let abort = AtomicBool::new(false);
+        let cfg = RunConfig {
+            rank: 0,
+            dtype: Dtype::Uint8,
+            op: ReduceOp::Sum,
+            slice_bytes: 8,
+            max_backlog: 64,
+            timeout: Duration::from_secs(5),
+            abort: &abort,
+            call: None,
+            oversubscribed: false,
+        };
+        let res = Resources { mem: &mem, links: &mut links, ops: &mut CpuOps, forward: &mut Vec::new() };
+        // SAFETY: both arrays outlive the run and are used through it only.
+        unsafe { run(&prog, &[[0; 24]], res, &cfg) }.unwrap();
+        assert_eq!(*delivered.lock().unwrap(), [1u8; 8]);
+        assert_eq!(output, [7u8; 8]);
     }
 }

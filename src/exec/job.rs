@@ -120,7 +120,7 @@ impl Executor {
             call: Some(job.header),
             oversubscribed: self.settings.oversubscribed,
         };
-        let res = Resources { mem: &mem, links: &mut self.links, ops, tmp: &mut self.tmp };
+        let res = Resources { mem: &mem, links: &mut self.links, ops, forward: &mut self.forward };
         // SAFETY: the caller's regions are valid and ours for the call (this fn's contract);
         // the rest are this executor's workspaces, alive until after the run.
         unsafe { engine::run(&plan.program, &metas, res, &cfg)? };
@@ -205,7 +205,7 @@ impl Executor {
             call: None,
             oversubscribed: self.settings.oversubscribed,
         };
-        let res = Resources { mem: &mem, links: &mut self.links, ops: &mut *self.ops, tmp: &mut self.tmp };
+        let res = Resources { mem: &mem, links: &mut self.links, ops: &mut *self.ops, forward: &mut self.forward };
         // SAFETY: the transfers' regions are valid and ours for the call (this fn's contract).
         unsafe { engine::run(&prog, &metas, res, &cfg) }
     }

@@ -42,7 +42,8 @@ pub(crate) struct Executor {
     /// Set from any thread: the running call fails with `Aborted` within milliseconds.
     pub abort: Arc<AtomicBool>,
     scratch: Option<Workspace>,
-    tmp: Option<Workspace>,
+    /// Slices receive-reduce-send steps reduce into and send on from.
+    forward: Vec<Workspace>,
 }
 
 impl Executor {
@@ -54,7 +55,7 @@ impl Executor {
         abort: Arc<AtomicBool>,
     ) -> Executor {
         let nranks = links.len() as u32;
-        Executor { rank, nranks, links, ops, settings, abort, scratch: None, tmp: None }
+        Executor { rank, nranks, links, ops, settings, abort, scratch: None, forward: Vec::new() }
     }
 
     /// Closes every connection: peers see this rank gone, and no connection reads the memory

@@ -2,6 +2,11 @@
 //! meta) before each payload; an outgoing queue for what the stream cannot take yet; incoming
 //! frames parsed into per-tag queues of pooled buffers.
 //!
+//! A large payload the stream cannot take at once stays where the caller has it: the queue
+//! holds its region and writes from it as the stream drains, and the send's [`Ticket`] is done
+//! once its last byte is written (no pending copy). Small payloads are copied into the queue
+//! (their ticket is done at once), where they are cheaper to batch than to track.
+//!
 //! Small frames are read through a staging buffer (many frames per system call); the payload
 //! of a large frame is read straight into its message buffer (no extra copy).
 
@@ -10,6 +15,10 @@ use std::io::IoSlice;
 
 use crate::error::{Error, Result};
 use crate::{Message, Meta, Region, MAX_MESSAGE_BYTES, META_BYTES};
+
+/// Payloads smaller than this are copied into the outgoing queue when they must wait; larger
+/// ones are written from the caller's memory.
+const COPY_BELOW: usize = 64 << 10;
 
 pub(crate) const HEADER_BYTES: usize = 8 + META_BYTES;
 const STAGING_BYTES: usize = 64 << 10;
@@ -83,13 +92,32 @@ struct Partial {
     got: usize,
 }
 
+/// A frame waiting to be written: bytes of its own (the header, and a copied payload), then
+/// possibly a payload still in the caller's memory.
+struct Outgoing {
+    own: Vec<u8>,
+    borrowed: Region,
+    /// Its place among the frames that borrow (0: it borrows nothing).
+    seq: u64,
+}
+
+impl Outgoing {
+    fn len(&self) -> usize {
+        self.own.len() + self.borrowed.len
+    }
+}
+
 /// Framing over one byte stream.
 pub(crate) struct Framed<S> {
     pub(crate) stream: S,
-    pending: VecDeque<Vec<u8>>,
+    pending: VecDeque<Outgoing>,
     /// Bytes of `pending[0]` already written.
     pending_off: usize,
     backlog: usize,
+    /// Frames that borrowed caller memory so far, and how many of them are fully written
+    /// (frames leave in order, so a send is done once this passes its sequence number).
+    borrowed: u64,
+    written: u64,
     staging: Vec<u8>,
     st_start: usize,
     st_end: usize,
@@ -130,6 +158,8 @@ impl<S: ByteStream> Framed<S> {
             pending: VecDeque::new(),
             pending_off: 0,
             backlog: 0,
+            borrowed: 0,
+            written: 0,
             staging: vec![0; STAGING_BYTES],
             st_start: 0,
             st_end: 0,
@@ -166,22 +196,39 @@ impl<S: ByteStream> Framed<S> {
         if self.closed.is_none() {
             self.closed = Some(why);
         }
+        // Nothing more is written: the queue lets go of the callers' memory (the backlog stays,
+        // so a run that still counted on it learns that it never left).
+        self.pending_off = 0;
+        self.pending.clear();
     }
 
     pub(crate) fn backlog(&self) -> usize {
         self.backlog
     }
 
-    pub(crate) fn send(&mut self, tag: u32, meta: &Meta, data: &[u8]) -> Result<()> {
+    /// Whether the send that [`Framed::send`] numbered `seq` no longer needs its memory.
+    pub(crate) fn sent(&self, seq: u64) -> bool {
+        seq <= self.written || self.closed.is_some()
+    }
+
+    /// Queues a frame. Returns 0 when the payload is free again at once (written, or copied),
+    /// else the number [`Framed::sent`] takes.
+    ///
+    /// # Safety
+    /// `data` must be host memory valid for reads, unchanged until `sent` says so (or the
+    /// stream is closed or dropped).
+    pub(crate) unsafe fn send(&mut self, tag: u32, meta: &Meta, data: Region) -> Result<u64> {
         if let Some(why) = &self.closed {
             return Err(Error::PeerClosed(why.clone()));
         }
-        let len = u32::try_from(data.len())
-            .map_err(|_| Error::Unsupported(format!("message of {} bytes exceeds {MAX_MESSAGE_BYTES}", data.len())))?;
+        let len = u32::try_from(data.len)
+            .map_err(|_| Error::Unsupported(format!("message of {} bytes exceeds {MAX_MESSAGE_BYTES}", data.len)))?;
         let header = encode_header(tag, len, meta);
+        // SAFETY: valid host memory for the call (this fn's contract).
+        let bytes = unsafe { data.bytes() };
         let mut written = 0;
-        if self.pending.is_empty() && data.len() >= self.stream.coalesce_below() {
-            match self.stream.write_vectored(&[IoSlice::new(&header), IoSlice::new(data)]) {
+        if self.pending.is_empty() && data.len >= self.stream.coalesce_below() {
+            match self.stream.write_vectored(&[IoSlice::new(&header), IoSlice::new(bytes)]) {
                 Ok(n) => written = n,
                 Err(Error::PeerClosed(why)) => {
                     self.mark_closed(why.clone());
@@ -190,20 +237,28 @@ impl<S: ByteStream> Framed<S> {
                 Err(e) => return Err(e),
             }
         }
-        let total = HEADER_BYTES + data.len();
+        let total = HEADER_BYTES + data.len;
         if written == total {
-            return Ok(());
+            return Ok(0);
         }
-        let mut rest = self.buffer(0);
+        let mut own = self.buffer(0);
+        let rest_of_payload = written.saturating_sub(HEADER_BYTES);
         if written < HEADER_BYTES {
-            rest.extend_from_slice(&header[written..]);
-            rest.extend_from_slice(data);
-        } else {
-            rest.extend_from_slice(&data[written - HEADER_BYTES..]);
+            own.extend_from_slice(&header[written..]);
         }
-        self.backlog += rest.len();
-        self.pending.push_back(rest);
-        Ok(())
+        let payload = &bytes[rest_of_payload..];
+        let frame = if payload.len() < COPY_BELOW {
+            own.extend_from_slice(payload);
+            Outgoing { own, borrowed: Region::EMPTY, seq: 0 }
+        } else {
+            self.borrowed += 1;
+            let borrowed = Region::of(payload);
+            Outgoing { own, borrowed, seq: self.borrowed }
+        };
+        let seq = frame.seq;
+        self.backlog += frame.len();
+        self.pending.push_back(frame);
+        Ok(seq)
     }
 
     fn progress_write(&mut self) -> Result<bool> {
@@ -213,9 +268,22 @@ impl<S: ByteStream> Framed<S> {
                 // On the stack: this runs on every progress with anything queued.
                 let mut slices = [IoSlice::new(&[]); WRITE_BATCH];
                 let mut count = 0;
-                for (slot, buf) in slices.iter_mut().zip(&self.pending) {
-                    *slot = IoSlice::new(if count == 0 { &buf[self.pending_off..] } else { buf });
-                    count += 1;
+                let mut skip = self.pending_off;
+                for f in &self.pending {
+                    if count + 2 > WRITE_BATCH {
+                        break;
+                    }
+                    // SAFETY: a borrowed payload stays valid and unchanged until its frame is
+                    // written (`send`'s contract), and it is not written yet.
+                    let borrowed = unsafe { f.borrowed.bytes() };
+                    for part in [&f.own[..], borrowed] {
+                        let from = skip.min(part.len());
+                        skip -= from;
+                        if from < part.len() {
+                            slices[count] = IoSlice::new(&part[from..]);
+                            count += 1;
+                        }
+                    }
                 }
                 match self.stream.write_vectored(&slices[..count]) {
                     Ok(n) => n,
@@ -239,7 +307,10 @@ impl<S: ByteStream> Framed<S> {
                     left -= remaining;
                     self.pending_off = 0;
                     if let Some(done) = self.pending.pop_front() {
-                        self.recycle(done);
+                        if done.seq > 0 {
+                            self.written = done.seq;
+                        }
+                        self.recycle(done.own);
                     }
                 } else {
                     self.pending_off += left;
@@ -500,7 +571,8 @@ mod tests {
                 sizes.iter().enumerate().map(|(i, &n)| (0..n).map(|b| (b * 7 + i) as u8).collect()).collect();
             for (i, p) in payloads.iter().enumerate() {
                 let meta = [i as u8; META_BYTES];
-                tx.send((i % 3) as u32, &meta, p).unwrap();
+                // SAFETY: `payloads` outlives the sender.
+                unsafe { tx.send((i % 3) as u32, &meta, Region::of(p)) }.unwrap();
             }
             while tx.backlog() > 0 {
                 tx.stream.room = 50_000;

@@ -84,6 +84,9 @@ impl ByteStream for TcpByteStream {
     }
 }
 
+/// A ticket holds the socket's index above this bit and the frame's number below.
+const SOCKET_SHIFT: u32 = 48;
+
 /// One or more sockets to one peer; tag `t` travels on socket `t % sockets`.
 pub struct TcpConnection {
     sockets: Vec<Framed<TcpByteStream>>,
@@ -112,14 +115,19 @@ impl Connection for TcpConnection {
     }
 
     unsafe fn send(&mut self, tag: u32, meta: &Meta, data: Region) -> Result<Ticket> {
-        // SAFETY: host memory valid for reads until the send is done (this fn's contract); it
-        // is copied before `send` returns.
-        self.socket(tag).send(tag, meta, unsafe { data.bytes() })?;
-        Ok(Ticket::DONE)
+        let i = tag as usize % self.sockets.len();
+        // SAFETY: host memory valid and unchanged until the ticket is done (this fn's contract,
+        // passed on).
+        let seq = unsafe { self.sockets[i].send(tag, meta, data)? };
+        Ok(if seq == 0 { Ticket::DONE } else { Ticket((i as u64) << SOCKET_SHIFT | seq) })
     }
 
-    fn sent(&self, _: Ticket) -> bool {
-        true
+    fn sent(&self, t: Ticket) -> bool {
+        if t == Ticket::DONE {
+            return true;
+        }
+        let i = (t.0 >> SOCKET_SHIFT) as usize;
+        self.sockets.get(i).map_or(true, |s| s.sent(t.0 & ((1 << SOCKET_SHIFT) - 1)))
     }
 
     fn backlog(&self) -> usize {

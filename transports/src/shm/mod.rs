@@ -100,13 +100,13 @@ impl Connection for ShmConnection {
         "shm"
     }
     unsafe fn send(&mut self, tag: u32, meta: &Meta, data: Region) -> Result<Ticket> {
-        // SAFETY: host memory valid for reads until the send is done (this fn's contract); it
-        // is copied before `send` returns.
-        self.framed.send(tag, meta, unsafe { data.bytes() })?;
-        Ok(Ticket::DONE)
+        // SAFETY: host memory valid and unchanged until the ticket is done (this fn's contract,
+        // passed on).
+        let seq = unsafe { self.framed.send(tag, meta, data)? };
+        Ok(if seq == 0 { Ticket::DONE } else { Ticket(seq) })
     }
-    fn sent(&self, _: Ticket) -> bool {
-        true
+    fn sent(&self, t: Ticket) -> bool {
+        t == Ticket::DONE || self.framed.sent(t.0)
     }
     fn backlog(&self) -> usize {
         self.framed.backlog()
