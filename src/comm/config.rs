@@ -16,6 +16,8 @@
 
 use std::time::Duration;
 
+use topoccl_transports::TransportTable;
+
 use crate::env::var;
 use crate::error::{Error, Result};
 
@@ -53,7 +55,11 @@ impl std::str::FromStr for TransportPolicy {
 #[derive(Debug, Clone)]
 pub struct Config {
     pub timeout: Duration,
+    /// Which built-in transports may connect ranks.
     pub transport: TransportPolicy,
+    /// Transports of the user's, asked before the built-in ones (highest priority first), and
+    /// a wrapper around every connection (tracing, fault injection). Empty by default.
+    pub transports: TransportTable,
     pub algo: Option<String>,
     pub sockets: usize,
     pub slice_bytes: usize,
@@ -72,6 +78,7 @@ impl Default for Config {
         Config {
             timeout: Duration::from_secs(300),
             transport: TransportPolicy::Auto,
+            transports: TransportTable::new(),
             algo: None,
             sockets: 2,
             slice_bytes: 512 << 10,

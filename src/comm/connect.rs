@@ -1,20 +1,23 @@
 //! Building a communicator's data connections once every rank's address is known.
 //!
 //! The higher rank of each pair dials the lower one's listener and presents the secret and
-//! the communicator id; the lower rank accepts and drops anything else. Each pair then picks
-//! its transport — shared memory when both ranks share a host and the policy allows, else TCP
-//! with several sockets — and both sides decide alike from the same table. Set-up handshakes
-//! run pair by pair in one global order (lexicographic by (lower, higher) rank), which every
-//! rank follows, so they cannot wait on each other in a cycle.
+//! the communicator id; the lower rank accepts and drops anything else. Each pair's backend
+//! comes from the transport table ([`TransportTable`]: the user's transports, then shared
+//! memory within a host and TCP, as `TOPOCCL_TRANSPORT` allows), asked in order whether it can
+//! connect the two; both sides decide alike from the same table and localities, and the first
+//! backend's stream count is how many sockets the pair opens. Set-up handshakes run pair by
+//! pair in one global order (lexicographic by (lower, higher) rank), which every rank follows,
+//! so they cannot wait on each other in a cycle.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use topoccl_transports::shm::ShmTransport;
 use topoccl_transports::tcp::TcpTransport;
-use topoccl_transports::{Connection, PeerSetup, Transport};
+use topoccl_transports::{Connection, Locality, PeerSetup, TransportTable};
 
 use super::bootstrap::{connect_retry, PeerInfo};
 use super::config::{Config, TransportPolicy};
@@ -30,8 +33,21 @@ pub(crate) struct Auth {
     pub comm_id: [u8; 16],
 }
 
-fn use_shm(cfg: &Config, me: &PeerInfo, peer: &PeerInfo) -> bool {
-    cfg.transport != TransportPolicy::Tcp && me.host == peer.host
+/// The table a communicator connects with: the user's transports first, then the built-in
+/// ones `TOPOCCL_TRANSPORT` allows.
+pub(crate) fn table(cfg: &Config) -> TransportTable {
+    let shm = Arc::new(ShmTransport { ring_bytes: cfg.shm_ring_bytes });
+    let tcp = Arc::new(TcpTransport { sockets: cfg.sockets.max(1) });
+    let builtin = match cfg.transport {
+        TransportPolicy::Auto => TransportTable::builtin(cfg.shm_ring_bytes, cfg.sockets.max(1)),
+        TransportPolicy::Tcp => TransportTable::new().try_with(tcp).unwrap_or_default(),
+        TransportPolicy::Shm => TransportTable::new().try_with(shm).unwrap_or_default(),
+    };
+    cfg.transports.clone().then(&builtin)
+}
+
+fn locality(p: &PeerInfo) -> Locality {
+    Locality { host: p.host }
 }
 
 /// Connections to every other rank (`None` at `rank`).
@@ -44,14 +60,23 @@ pub(crate) fn connect_all(
     deadline: Instant,
 ) -> Result<Vec<Option<Box<dyn Connection>>>> {
     let me = peers[rank as usize];
-    if cfg.transport == TransportPolicy::Shm {
-        if let Some(p) = peers.iter().position(|p| p.host != me.host) {
-            return Err(Error::InvalidArgument(format!(
-                "TOPOCCL_TRANSPORT=shm, but rank {p} is on another host than rank {rank}"
-            )));
+    let table = table(cfg);
+    let mut sockets_to = Vec::with_capacity(peers.len());
+    for (p, info) in peers.iter().enumerate() {
+        match table.select(&locality(&me), &locality(info)) {
+            Some(t) => sockets_to.push(t.streams().max(1)),
+            None if p == rank as usize => sockets_to.push(0),
+            None => {
+                return Err(Error::InvalidArgument(format!(
+                    "no transport connects rank {rank} to rank {p} (on {} host; transports: {}{})",
+                    if info.host == me.host { "the same" } else { "another" },
+                    table.names().join(", "),
+                    if cfg.transport == TransportPolicy::Shm { "; TOPOCCL_TRANSPORT=shm" } else { "" }
+                )))
+            }
         }
     }
-    let sockets = |p: usize| if use_shm(cfg, &me, &peers[p]) { 1 } else { cfg.sockets.max(1) };
+    let sockets = |p: usize| sockets_to[p];
     let mut streams: HashMap<u32, Vec<Option<TcpStream>>> = HashMap::new();
     // Dial the lower ranks.
     for (p, info) in peers.iter().enumerate().take(rank as usize) {
@@ -118,12 +143,8 @@ pub(crate) fn connect_all(
         let v = streams.remove(&p).unwrap_or_default();
         let streams: Vec<TcpStream> = v.into_iter().flatten().collect();
         let timeout = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(100));
-        let setup = PeerSetup { streams, creator: rank < p, peer: format!("rank {p}"), timeout };
-        let conn = if use_shm(cfg, &me, &peers[p as usize]) {
-            ShmTransport { ring_bytes: cfg.shm_ring_bytes }.connect(setup)
-        } else {
-            TcpTransport.connect(setup)
-        };
+        let setup = PeerSetup { streams, creator: rank < p, rank: p, peer: format!("rank {p}"), timeout };
+        let conn = table.connect(&locality(&me), &locality(&peers[p as usize]), setup);
         links[p as usize] = Some(conn.map_err(|e| Error::Transport { peer: p, source: e })?);
     }
     Ok(links)

@@ -26,3 +26,24 @@ pub fn on_ranks<R: Send>(n: u32, cfg: &Config, f: impl Fn(&mut Communicator) -> 
         handles.into_iter().map(|h| h.join().expect("rank thread panicked")).collect()
     })
 }
+
+/// Runs `f` on `n` ranks (threads), rank `r` with `cfg(r)`; their results in rank order.
+pub fn on_ranks_with<R: Send>(
+    n: u32,
+    cfg: impl Fn(u32) -> Config + Sync,
+    f: impl Fn(&mut Communicator) -> R + Sync,
+) -> Vec<R> {
+    let id = UniqueId::new().expect("unique id");
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..n)
+            .map(|r| {
+                let (id, cfg, f) = (id.clone(), &cfg, &f);
+                s.spawn(move || {
+                    let mut comm = Communicator::init_with(&id, r, n, cfg(r)).expect("init");
+                    f(&mut comm)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("rank thread panicked")).collect()
+    })
+}

@@ -26,9 +26,11 @@
 //! incompatible changes, as NCCL versions its net plugins.
 
 pub mod error;
+pub mod fault;
 mod framing;
 mod memory;
 pub mod shm;
+pub mod table;
 pub mod tcp;
 pub mod wait;
 
@@ -38,6 +40,7 @@ use std::time::Duration;
 
 pub use error::{Error, Result};
 pub use memory::{MemSpace, Region};
+pub use table::{ConnectionWrapper, TransportTable};
 
 /// Version of the [`Transport`] and [`Connection`] interfaces.
 pub const TRANSPORT_API_VERSION: u32 = 3;
@@ -133,17 +136,38 @@ pub fn recv_copy(conn: &mut dyn Connection, tag: u32) -> Result<Option<Message>>
     Ok(got)
 }
 
+/// Where a rank runs, as backends judge whether they can reach it (NCCL's peer info: the host
+/// now; GPUs and NICs join it with their backends).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Locality {
+    /// The host's identity (equal on ranks of one host, across containers sharing its kernel).
+    pub host: u64,
+}
+
 /// What the bootstrap hands a [`Transport`] to build a connection to one peer.
+#[derive(Debug)]
 pub struct PeerSetup {
     /// Connected TCP streams to the peer, already authenticated. The first is the control
     /// stream; a TCP connection uses all of them, shared memory only for set-up and liveness.
     pub streams: Vec<TcpStream>,
     /// True on exactly one side of the pair (the lower rank): that side creates shared state.
     pub creator: bool,
-    /// A label for error messages (`rank 3`).
+    /// The peer's rank, and a label for error messages (`rank 3`).
+    pub rank: u32,
     pub peer: String,
     /// Deadline for the set-up handshake.
     pub timeout: Duration,
+}
+
+/// How a [`Transport::connect`] ended.
+pub enum Connected {
+    Connection(Box<dyn Connection>),
+    /// Both sides found during set-up that this backend cannot serve the pair after all (the
+    /// peer could not map shared memory, say): the streams go to the next backend in the table.
+    Declined {
+        setup: PeerSetup,
+        why: String,
+    },
 }
 
 /// A backend: builds connections. Versioned by [`Transport::api_version`].
@@ -152,7 +176,14 @@ pub trait Transport: Send + Sync {
         TRANSPORT_API_VERSION
     }
     fn name(&self) -> &'static str;
-    fn connect(&self, setup: PeerSetup) -> Result<Box<dyn Connection>>;
+    /// Whether this backend can connect a rank at `me` to one at `peer` (NCCL's
+    /// `canConnect`). Both ranks of a pair ask, with the roles swapped, and must agree.
+    fn can_connect(&self, me: &Locality, peer: &Locality) -> bool;
+    /// TCP streams the bootstrap opens for the set-up (at least one).
+    fn streams(&self) -> usize {
+        1
+    }
+    fn connect(&self, setup: PeerSetup) -> Result<Connected>;
 }
 
 #[cfg(test)]

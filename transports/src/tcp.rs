@@ -10,7 +10,7 @@ use nix::sys::socket::{sendmsg, MsgFlags};
 
 use crate::error::{Error, Result};
 use crate::framing::{ByteStream, Framed};
-use crate::{Connection, Meta, PeerSetup, Region, Ticket, Transport, WaitFd};
+use crate::{Connected, Connection, Locality, Meta, PeerSetup, Region, Ticket, Transport, WaitFd};
 
 /// Messages below this size wait for the executor's next round and leave in one `sendmsg`
 /// with the others queued by then (larger ones are written at once, without a copy).
@@ -178,16 +178,28 @@ impl Connection for TcpConnection {
     }
 }
 
-/// The TCP backend.
-pub struct TcpTransport;
+/// The TCP backend: connects any two ranks.
+#[derive(Debug, Clone, Copy)]
+pub struct TcpTransport {
+    /// Sockets per peer.
+    pub sockets: usize,
+}
 
 impl Transport for TcpTransport {
     fn name(&self) -> &'static str {
         "tcp"
     }
 
-    fn connect(&self, setup: PeerSetup) -> Result<Box<dyn Connection>> {
-        Ok(Box::new(TcpConnection::new(setup.streams, &setup.peer)?))
+    fn can_connect(&self, _: &Locality, _: &Locality) -> bool {
+        true
+    }
+
+    fn streams(&self) -> usize {
+        self.sockets.max(1)
+    }
+
+    fn connect(&self, setup: PeerSetup) -> Result<Connected> {
+        Ok(Connected::Connection(Box::new(TcpConnection::new(setup.streams, &setup.peer)?)))
     }
 }
 

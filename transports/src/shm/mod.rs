@@ -17,8 +17,7 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::framing::{ByteStream, Framed, Peeked};
-use crate::tcp::TcpConnection;
-use crate::{Connection, Meta, PeerSetup, Region, Ticket, Transport, WaitFd};
+use crate::{Connected, Connection, Locality, Meta, PeerSetup, Region, Ticket, Transport, WaitFd};
 use ring::{Ring, RING_HEADER_BYTES};
 use segment::Segment;
 
@@ -207,7 +206,12 @@ impl Transport for ShmTransport {
         "shm"
     }
 
-    fn connect(&self, mut setup: PeerSetup) -> Result<Box<dyn Connection>> {
+    /// Ranks of one host.
+    fn can_connect(&self, me: &Locality, peer: &Locality) -> bool {
+        me.host == peer.host
+    }
+
+    fn connect(&self, mut setup: PeerSetup) -> Result<Connected> {
         let peer = setup.peer.clone();
         let Some(control) = setup.streams.first_mut() else {
             return Err(Error::Unsupported(format!("no control stream to {peer}")));
@@ -215,8 +219,9 @@ impl Transport for ShmTransport {
         control.set_read_timeout(Some(setup.timeout)).map_err(|e| hs(&peer, e))?;
         let shared = if setup.creator { self.create(control, &peer)? } else { self.join(control, &peer)? };
         let Some((segment, span)) = shared else {
-            // The peer could not map our memory: TCP over the streams we have.
-            return Ok(Box::new(TcpConnection::new(setup.streams, &peer)?));
+            // The peer could not map our memory (both sides know): the next transport.
+            let why = format!("{peer} could not map this rank's shared memory");
+            return Ok(Connected::Declined { setup, why });
         };
         let (tx_at, rx_at) = if setup.creator { (0, span) } else { (span, 0) };
         let ring_bytes = span - RING_HEADER_BYTES;
@@ -226,7 +231,7 @@ impl Transport for ShmTransport {
         let control = setup.streams.swap_remove(0);
         control.set_nonblocking(true).map_err(|e| hs(&peer, e))?;
         let stream = ShmByteStream { tx, rx, control, peer, idle: 0 };
-        Ok(Box::new(ShmConnection { framed: Framed::new(stream) }))
+        Ok(Connected::Connection(Box::new(ShmConnection { framed: Framed::new(stream) })))
     }
 }
 
@@ -244,10 +249,26 @@ mod tests {
         let t = Duration::from_secs(10);
         std::thread::scope(|s| {
             let h = s.spawn(|| {
-                transport.connect(PeerSetup { streams: vec![b], creator: false, peer: "rank 0".into(), timeout: t })
+                transport.connect(PeerSetup {
+                    streams: vec![b],
+                    creator: false,
+                    rank: 0,
+                    peer: "rank 0".into(),
+                    timeout: t,
+                })
             });
-            let x = transport.connect(PeerSetup { streams: vec![a], creator: true, peer: "rank 1".into(), timeout: t });
-            (x.unwrap(), h.join().unwrap().unwrap())
+            let x = transport.connect(PeerSetup {
+                streams: vec![a],
+                creator: true,
+                rank: 1,
+                peer: "rank 1".into(),
+                timeout: t,
+            });
+            let made = |c: Result<Connected>| match c.unwrap() {
+                Connected::Connection(c) => c,
+                Connected::Declined { why, .. } => panic!("declined: {why}"),
+            };
+            (made(x), made(h.join().unwrap()))
         })
     }
 
