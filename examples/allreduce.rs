@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use topoccl::{Communicator, ReduceOp};
 
 fn run() -> topoccl::Result<()> {
-    let mut comm = Communicator::from_env()?;
+    let comm = Communicator::from_env()?;
     let (rank, n) = (comm.rank(), comm.nranks());
     let mut data = vec![rank as f32 + 1.0; 8];
     comm.all_reduce_in_place(&mut data, ReduceOp::Sum)?;

@@ -17,7 +17,7 @@ fn iterations(bytes: usize) -> usize {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let arg = |i: usize, d: usize| std::env::args().nth(i).and_then(|s| s.parse().ok()).unwrap_or(d);
     let (min, max, factor) = (arg(1, 8), arg(2, 64 << 20), arg(3, 4).max(2));
-    let mut comm = Communicator::from_env()?;
+    let comm = Communicator::from_env()?;
     let n = comm.nranks() as f64;
     // Warm up for 300 ms (rank 0 decides when to stop), as the peer programs do: processes
     // that just started run slowly at first on a virtual machine. The decision travels by

@@ -43,4 +43,34 @@ impl Error {
     pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Error {
         Error::Io { context: context.into(), source }
     }
+
+    /// The same error (one failure reported to several waiters); an I/O source keeps its kind
+    /// and message.
+    pub fn duplicate(&self) -> Error {
+        match self {
+            Error::Synth(e) => Error::Synth(e.clone()),
+            Error::InvalidArgument(m) => Error::InvalidArgument(m.clone()),
+            Error::Io { context, source } => {
+                Error::Io { context: context.clone(), source: std::io::Error::new(source.kind(), source.to_string()) }
+            }
+            Error::Bootstrap(m) => Error::Bootstrap(m.clone()),
+            Error::Transport { peer, source } => Error::Transport { peer: *peer, source: source.clone() },
+            Error::PeerFailed { peer, reason } => Error::PeerFailed { peer: *peer, reason: reason.clone() },
+            Error::Timeout { rank, secs, call, waiting } => {
+                Error::Timeout { rank: *rank, secs: *secs, call: call.clone(), waiting: waiting.clone() }
+            }
+            Error::Mismatch { rank, peer, theirs, ours } => {
+                Error::Mismatch { rank: *rank, peer: *peer, theirs: theirs.clone(), ours: ours.clone() }
+            }
+            Error::Aborted => Error::Aborted,
+            Error::Broken(m) => Error::Broken(m.clone()),
+            Error::Internal(m) => Error::Internal(m.clone()),
+        }
+    }
+}
+
+impl Clone for Error {
+    fn clone(&self) -> Error {
+        self.duplicate()
+    }
 }

@@ -16,7 +16,7 @@ pub mod tuner;
 pub mod types;
 
 pub use buffer::{Buffer, MemSpace, Region};
-pub use comm::{AbortHandle, CollectiveCall, Communicator, Config, Group, TransportPolicy, UniqueId};
+pub use comm::{AbortHandle, CollectiveCall, Communicator, Config, Group, Pending, TransportPolicy, UniqueId, Work};
 pub use error::{Error, Result};
 pub use exec::ops;
 pub use topoccl_synth as synth;

@@ -100,7 +100,7 @@ fn split_makes_working_sub_communicators() {
         // Evens and odds, reversed by key; rank 4 sits out.
         let color = if r == 4 { None } else { Some(r % 2) };
         let sub = comm.split(color, -(r as i32)).unwrap();
-        let mut sub = sub?;
+        let sub = sub?;
         let mut sum = [0u32];
         sub.all_reduce(&[r], &mut sum, ReduceOp::Sum).unwrap();
         // The parent still works afterwards.
@@ -239,7 +239,7 @@ fn strangers_at_the_rendezvous_are_ignored() {
             .map(|r| {
                 let id = id2.clone();
                 sc.spawn(move || {
-                    let mut comm = Communicator::init_with(&id, r, 2, cfg()).unwrap();
+                    let comm = Communicator::init_with(&id, r, 2, cfg()).unwrap();
                     let mut out = [0u64];
                     comm.all_reduce(&[u64::from(r) + 1], &mut out, ReduceOp::Sum).unwrap();
                     out[0]

@@ -95,7 +95,7 @@ fn child_rank() {
         return;
     }
     let result = (|| -> topoccl::Result<()> {
-        let mut comm = Communicator::from_env()?;
+        let comm = Communicator::from_env()?;
         let send = vec![1.0f32; 1 << 18];
         let mut recv = vec![0.0f32; 1 << 18];
         comm.all_reduce(&send, &mut recv, ReduceOp::Sum)?;

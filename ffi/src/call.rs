@@ -5,7 +5,7 @@
 
 use topoccl::{Buffer, CollectiveCall, Dtype};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::handle::Handle;
 use crate::log::{self, Subsys};
 
@@ -63,4 +63,43 @@ pub fn run_transfers(h: &Handle, transfers: &[Transfer]) -> Result<()> {
         }
         group.end().map_err(Into::into)
     })
+}
+
+/// Queues a communicator's share of a group: its sends and receives as one batch, then its
+/// collectives in call order. The works to wait for ([`finish`]).
+pub fn submit_all(h: &Handle, transfers: &[Transfer], collectives: &[Collective]) -> Result<Vec<topoccl::Work>> {
+    h.with_comm(|comm| {
+        let mut works = Vec::with_capacity(collectives.len() + 1);
+        if !transfers.is_empty() {
+            let mut group = comm.group();
+            for t in transfers {
+                // SAFETY: the caller's buffers, valid until the group's end returns (NCCL's
+                // contract), which waits for these works first.
+                unsafe {
+                    if t.send {
+                        group.send_raw(t.buf, t.dtype, t.count, t.peer)?;
+                    } else {
+                        group.recv_raw(t.buf, t.dtype, t.count, t.peer)?;
+                    }
+                }
+            }
+            // SAFETY: as above.
+            works.push(unsafe { group.submit()? });
+        }
+        for c in collectives {
+            // SAFETY: as above.
+            works.push(unsafe { comm.submit(&c.call, c.send, c.recv)? });
+        }
+        Ok(works)
+    })
+}
+
+/// Waits for a queued work; a failure that broke the communicator becomes its asynchronous
+/// error.
+pub fn finish(h: &Handle, w: &topoccl::Work) -> Result<()> {
+    let r = w.wait().map_err(Error::from);
+    if let Err(e) = &r {
+        h.note_failure(e.code());
+    }
+    r
 }

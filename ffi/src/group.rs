@@ -3,10 +3,13 @@
 //! communicators (one per device, as `ncclCommInitAll` users do) or exchange in both
 //! directions without deadlock.
 //!
-//! At the end, the work is split by communicator; each communicator's share runs on its own
-//! thread (inline when there is one): inits and splits first, then every send and receive as
-//! one batch, then the collectives in call order. Any order that is the same on every rank is
-//! correct, because NCCL's group semantics is that the calls run concurrently.
+//! At the end, the work is split by communicator. Inits and splits come first, each
+//! communicator's on a thread of its own (their rendezvous blocks until every rank arrives).
+//! Then each communicator's sends and receives, as one batch, and its collectives in call order
+//! are queued on it ([`topoccl::Communicator::submit`]), so every communicator's progress
+//! thread runs its share at once, and the group's end waits for all of them. Any order that is
+//! the same on every rank is correct, because NCCL's group semantics is that the calls run
+//! concurrently.
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -131,57 +134,95 @@ fn run(work: Vec<Work>) -> Result<()> {
             None => lanes.push((lane, vec![w])),
         }
     }
-    let results: Vec<Result<()>> = if lanes.len() <= 1 {
-        lanes.into_iter().map(|(_, w)| run_lane(w)).collect()
-    } else {
-        std::thread::scope(|s| {
-            let running: Vec<_> = lanes.into_iter().map(|(_, w)| s.spawn(move || run_lane(w))).collect();
-            running
-                .into_iter()
-                .map(|t| t.join().unwrap_or_else(|_| Err(Error::Panic("a group's thread panicked".into()))))
-                .collect()
-        })
-    };
-    results.into_iter().collect()
-}
-
-/// One communicator's share of a group, in the order the module documentation gives.
-fn run_lane(work: Vec<Work>) -> Result<()> {
     let mut first_error: Option<Error> = None;
     let mut note = |r: Result<()>| {
         if let Err(e) = r {
             first_error.get_or_insert(e);
         }
     };
-    let mut transfers: Vec<Transfer> = Vec::new();
-    let mut transfer_handle: Option<Arc<Handle>> = None;
-    let mut collectives = Vec::new();
+    // Inits and splits, concurrently across communicators.
+    let (starts, calls): (Vec<Vec<Work>>, Vec<Vec<Work>>) = lanes
+        .into_iter()
+        .map(|(_, w)| w.into_iter().partition(|w| matches!(w, Work::Init { .. } | Work::Split { .. })))
+        .unzip();
+    let starts: Vec<Vec<Work>> = starts.into_iter().filter(|s| !s.is_empty()).collect();
+    if starts.len() == 1 {
+        starts.into_iter().for_each(|s| note(run_starts(s)));
+    } else if !starts.is_empty() {
+        let results: Vec<Result<()>> = std::thread::scope(|sc| {
+            let running: Vec<_> = starts.into_iter().map(|s| sc.spawn(move || run_starts(s))).collect();
+            running
+                .into_iter()
+                .map(|t| t.join().unwrap_or_else(|_| Err(Error::Panic("a group's thread panicked".into()))))
+                .collect()
+        });
+        results.into_iter().for_each(&mut note);
+    }
+    // Every communicator's calls queued, then all waited for.
+    let mut pending = Vec::new();
+    for lane in calls.into_iter().filter(|c| !c.is_empty()) {
+        match submit_lane(lane) {
+            Ok(p) => pending.push(p),
+            Err(e) => note(Err(e)),
+        }
+    }
+    for (handle, works) in pending {
+        for w in works {
+            note(call::finish(&handle, &w));
+        }
+    }
+    first_error.map_or(Ok(()), Err)
+}
+
+/// One communicator's inits and splits, in call order.
+fn run_starts(work: Vec<Work>) -> Result<()> {
+    let mut first_error: Option<Error> = None;
     for w in work {
-        match w {
+        let r = match w {
             Work::Init { handle, id, rank, nranks, config } => {
                 match Communicator::init_with(&id, rank, nranks, *config).map_err(Error::from) {
-                    Ok(comm) => handle.finish_start(Ok(comm)),
+                    Ok(comm) => {
+                        handle.finish_start(Ok(comm));
+                        Ok(())
+                    }
                     Err(e) => {
                         handle.finish_start(Err(e.duplicate()));
-                        note(Err(e));
+                        Err(e)
                     }
                 }
             }
-            Work::Split { parent, child, color, key } => note(split(&parent, child, color, key)),
-            Work::Transfer { handle, transfer } => {
-                transfers.push(transfer);
-                transfer_handle = Some(handle);
-            }
-            Work::Collective { handle, call } => collectives.push((handle, call)),
+            Work::Split { parent, child, color, key } => split(&parent, child, color, key),
+            _ => Ok(()),
+        };
+        if let Err(e) = r {
+            first_error.get_or_insert(e);
         }
     }
-    if let Some(h) = transfer_handle {
-        note(call::run_transfers(&h, &transfers));
-    }
-    for (h, c) in collectives {
-        note(call::run_collective(&h, &c));
-    }
     first_error.map_or(Ok(()), Err)
+}
+
+/// Queues one communicator's sends and receives (one batch) and its collectives (in call
+/// order); the handle and the queued works.
+fn submit_lane(work: Vec<Work>) -> Result<(Arc<Handle>, Vec<topoccl::Work>)> {
+    let mut transfers: Vec<Transfer> = Vec::new();
+    let mut collectives = Vec::new();
+    let mut handle: Option<Arc<Handle>> = None;
+    for w in work {
+        match w {
+            Work::Transfer { handle: h, transfer } => {
+                transfers.push(transfer);
+                handle = Some(h);
+            }
+            Work::Collective { handle: h, call } => {
+                collectives.push(call);
+                handle = Some(h);
+            }
+            Work::Init { .. } | Work::Split { .. } => {}
+        }
+    }
+    let handle = handle.ok_or_else(|| Error::Panic("a group lane without a communicator".into()))?;
+    let works = call::submit_all(&handle, &transfers, &collectives)?;
+    Ok((handle, works))
 }
 
 /// Runs a split on `parent`; the new communicator settles `child`.

@@ -124,6 +124,15 @@ impl Handle {
         result
     }
 
+    /// Records a failure's code as the communicator's asynchronous error, if it broke it.
+    pub fn note_failure(&self, code: ncclResult_t) {
+        if let Phase::Ready(comm) = &*self.settled() {
+            if comm.error().is_some() {
+                self.async_error.store(code, Ordering::Release);
+            }
+        }
+    }
+
     /// This rank and the rank count, once init has finished (also after finalize).
     pub fn identity(&self) -> Result<(u32, u32)> {
         let phase = self.settled();

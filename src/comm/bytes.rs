@@ -20,7 +20,7 @@ fn length(which: &str, got: usize, want: usize, esize: usize) -> Error {
 impl Communicator {
     /// Runs `call` from `send` into `recv` (lengths as the call implies, in bytes; buffers only
     /// a root uses may be empty on other ranks).
-    pub fn collective_bytes(&mut self, call: &CollectiveCall, send: &[u8], recv: &mut [u8]) -> Result<()> {
+    pub fn collective_bytes(&self, call: &CollectiveCall, send: &[u8], recv: &mut [u8]) -> Result<()> {
         let (_, in_bytes, out_bytes) = call.bytes(self.nranks)?;
         let esize = call.dtype.size();
         if call.collective.uses_input(self.rank) && send.len() != in_bytes {
@@ -36,7 +36,7 @@ impl Communicator {
 
     /// Runs `call` in place, on one buffer aliased as NCCL aliases in-place calls: for
     /// reduce-scatter the output is this rank's block of `buf`, for all-gather the input is.
-    pub fn collective_bytes_in_place(&mut self, call: &CollectiveCall, buf: &mut [u8]) -> Result<()> {
+    pub fn collective_bytes_in_place(&self, call: &CollectiveCall, buf: &mut [u8]) -> Result<()> {
         let (block, in_bytes, out_bytes) = call.bytes(self.nranks)?;
         let whole = in_bytes.max(out_bytes);
         if buf.len() != whole {

@@ -3,7 +3,8 @@
 //! sending first) complete. As in NCCL, a rank may send to itself within a group: the send
 //! pairs, in order, with a receive from itself, and is a local copy.
 
-use super::Communicator;
+use super::work::{Admitted, Job, Work};
+use super::{Communicator, Front};
 use crate::buffer::Buffer;
 use crate::error::{Error, Result};
 use crate::exec::job::{Transfer, TransferJob};
@@ -34,14 +35,14 @@ struct P2p {
 /// # Ok(()) }
 /// ```
 pub struct Group<'c, 'b> {
-    comm: &'c mut Communicator,
+    comm: &'c Communicator,
     ops: Vec<P2p>,
     _buffers: std::marker::PhantomData<&'b mut [u8]>,
 }
 
 impl Communicator {
     /// Starts a group of point-to-point calls.
-    pub fn group<'b>(&mut self) -> Group<'_, 'b> {
+    pub fn group<'b>(&self) -> Group<'_, 'b> {
         Group { comm: self, ops: Vec::new(), _buffers: std::marker::PhantomData }
     }
 }
@@ -106,10 +107,33 @@ impl<'b> Group<'_, 'b> {
 
     /// Runs every collected transfer; returns when all are done.
     pub fn end(self) -> Result<()> {
+        let comm = self.comm;
+        match self.admit(true)? {
+            Some(admitted) => admitted.finish(&comm.shared),
+            None => Ok(()),
+        }
+    }
+
+    /// Queues every collected transfer and returns at once; the [`Work`] says when they are
+    /// done (`ncclGroupEnd` with a stream).
+    ///
+    /// # Safety
+    /// Every buffer of the group must stay valid (and receive buffers unused by anything else)
+    /// until the work has completed, not only until this returns.
+    pub unsafe fn submit(self) -> Result<Work> {
+        let comm = self.comm;
+        match self.admit(false)? {
+            Some(admitted) => Ok(admitted.into_work(&comm.shared)),
+            None => Ok(Work::done(&comm.shared)),
+        }
+    }
+
+    /// Checks the group and admits its transfers in call order.
+    fn admit(self, blocking: bool) -> Result<Option<Admitted>> {
         let Group { comm, ops, .. } = self;
         comm.usable()?;
         if ops.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         let me = comm.rank;
         let own = |send: bool| ops.iter().filter(move |o| o.peer == me && o.send == send);
@@ -127,18 +151,12 @@ impl<'b> Group<'_, 'b> {
                 )));
             }
         }
-        if let Some(o) = ops.iter().find(|o| !comm.exec.ops.reaches(o.buf.space)) {
-            return Err(Error::InvalidArgument(format!(
-                "a buffer lies in {}, which this communicator's executor cannot reach",
-                o.buf.space
-            )));
-        }
-        let mut sent = comm.p2p_sent.clone();
-        let mut received = comm.p2p_received.clone();
+        let mut front = comm.front();
+        let Front { p2p_sent, p2p_received, .. } = &mut *front;
         let transfers = ops
             .iter()
             .map(|o| {
-                let counter = if o.send { &mut sent[o.peer as usize] } else { &mut received[o.peer as usize] };
+                let counter = if o.send { &mut p2p_sent[o.peer as usize] } else { &mut p2p_received[o.peer as usize] };
                 let header = CallHeader {
                     seq: *counter,
                     called: Called::SendRecv,
@@ -158,18 +176,10 @@ impl<'b> Group<'_, 'b> {
                 }
             })
             .collect();
-        // SAFETY: every buffer is the caller's, valid (and, to receive into, exclusive) until
-        // the group has ended: borrowed for `'b` by the safe methods, promised by the callers of
-        // the raw ones.
-        let result = unsafe { comm.exec.run_transfers(&TransferJob { transfers }) };
-        match result {
-            Ok(()) => {
-                comm.p2p_sent = sent;
-                comm.p2p_received = received;
-                Ok(())
-            }
-            Err(e) => Err(comm.fail(e)),
-        }
+        // The buffers are the caller's, valid (and, to receive into, exclusive) until the
+        // transfers complete: borrowed for `'b` by the safe methods, which wait; promised by
+        // the callers of the raw ones and of `submit`.
+        Ok(Some(comm.shared.admit(Job::Transfers(TransferJob { transfers }), blocking)))
     }
 }
 

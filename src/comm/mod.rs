@@ -2,9 +2,11 @@
 //!
 //! Creation follows NCCL: [`UniqueId::new`] on one rank, the id passed to every rank out of
 //! band, then [`Communicator::init`] everywhere; or [`Communicator::from_env`] under torchrun,
-//! mpirun or srun. Calls are blocking and return once this rank's part is done; each one is
-//! validated once ([`call`]), planned ([`plan`]: the tuner's schedule, its chunk layout and
-//! this rank's program) and run by the one executor (`crate::exec`).
+//! mpirun or srun. Every call is validated once ([`call`]), planned ([`plan`]: the tuner's
+//! schedule, its chunk layout and this rank's program), and queued in call order for the one
+//! executor (`crate::exec`), which the communicator's progress thread or a waiting caller
+//! runs ([`work`]). The typed and byte-level calls are blocking (queued, then waited for);
+//! [`Communicator::submit`] and the `*_async` calls return a [`Work`] at once.
 //!
 //! Failure is never silent: a call that stops progressing fails after `TOPOCCL_TIMEOUT`, a
 //! peer that dies fails the call at once, ranks that call different things get a
@@ -29,11 +31,14 @@ mod connect;
 mod group;
 mod netif;
 pub(crate) mod plan;
+mod submit;
 mod typed;
+pub(crate) mod work;
 
 use std::net::{IpAddr, SocketAddr, TcpListener, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
 use std::time::Instant;
 
 use topoccl_synth::sim::SimConfig;
@@ -45,16 +50,17 @@ pub use call::CollectiveCall;
 pub use config::{Config, TransportPolicy};
 use connect::Auth;
 pub use group::Group;
+pub use submit::Pending;
+pub use work::Work;
 
-use crate::buffer::Buffer;
 use crate::error::{Error, Result};
-use crate::exec::job::CollectiveJob;
 use crate::exec::ops::CpuOps;
-use crate::exec::wire::{fnv1a, reduction_code, CallHeader, Called};
+use crate::exec::wire::fnv1a;
 use crate::exec::{Executor, Settings};
 use crate::tuner::cache::DiskCache;
-use crate::tuner::{Choice, Selector, SelectorOptions};
+use crate::tuner::{Selector, SelectorOptions};
 use plan::Planner;
+use work::Shared;
 
 /// Stops a communicator's running call from another thread.
 #[derive(Clone, Debug)]
@@ -68,21 +74,31 @@ impl AbortHandle {
     }
 }
 
-/// A group of ranks that communicate. See the module documentation.
+/// A group of ranks that communicate. See the module documentation. Calls take `&self`: a
+/// communicator may be shared between threads, its calls running in the order they were made.
 pub struct Communicator {
     rank: u32,
     nranks: u32,
     peers: Vec<PeerInfo>,
     auth: Auth,
     config: Config,
+    topology: Topology,
+    transports: Vec<Option<&'static str>>,
+    /// Where calls are checked, planned and numbered; held while a call is admitted to the
+    /// queue, so the queue's order is the call order.
+    front: Mutex<Front>,
+    shared: Arc<Shared>,
+    progress: Option<JoinHandle<()>>,
+}
+
+/// The submitting side's state.
+struct Front {
+    planner: Planner,
     /// Collective calls so far (identical on every rank when they agree).
     seq: u32,
     /// Point-to-point messages sent to / received from each peer.
     p2p_sent: Vec<u32>,
     p2p_received: Vec<u32>,
-    planner: Planner,
-    exec: Executor,
-    broken: Option<String>,
     splits: u32,
 }
 
@@ -213,7 +229,7 @@ impl Communicator {
             sim: runtime_sim_config(&config),
             cache: DiskCache::from_env(),
         };
-        let tuner = Selector::new(topology, options)?;
+        let tuner = Selector::new(topology.clone(), options)?;
         let settings = Settings {
             slice_bytes: config.slice_bytes,
             max_backlog: config.max_backlog,
@@ -221,20 +237,37 @@ impl Communicator {
             oversubscribed: local > cores,
         };
         let exec = Executor::new(rank, links, Box::new(CpuOps), settings, Arc::new(AtomicBool::new(false)));
+        let transports = exec.transports();
+        let shared = Shared::new(exec);
+        let runner = shared.clone();
+        let progress = std::thread::Builder::new()
+            .name(format!("topoccl-r{rank}"))
+            .spawn(move || runner.progress_loop())
+            .map_err(|e| Error::io("starting the progress thread", e))?;
+        let front = Front {
+            planner: Planner::new(rank, nranks, tuner),
+            seq: 0,
+            p2p_sent: vec![0; nranks as usize],
+            p2p_received: vec![0; nranks as usize],
+            splits: 0,
+        };
         Ok(Communicator {
             rank,
             nranks,
             peers,
             auth,
             config,
-            seq: 0,
-            p2p_sent: vec![0; nranks as usize],
-            p2p_received: vec![0; nranks as usize],
-            planner: Planner::new(rank, nranks, tuner),
-            exec,
-            broken: None,
-            splits: 0,
+            topology,
+            transports,
+            front: Mutex::new(front),
+            shared,
+            progress: Some(progress),
         })
+    }
+
+    fn front(&self) -> MutexGuard<'_, Front> {
+        // Every critical section leaves `Front` consistent, so a poisoned lock is usable.
+        self.front.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn rank(&self) -> u32 {
@@ -249,25 +282,25 @@ impl Communicator {
         &self.config
     }
 
-    /// The transport to each rank (`None` for this rank): `tcp` or `shm`.
+    /// The transport to each rank (`None` for this rank): `tcp`, `shm`, or a user's.
     pub fn transports(&self) -> Vec<Option<&'static str>> {
-        self.exec.transports()
+        self.transports.clone()
     }
 
     /// A handle that aborts this communicator's calls from another thread.
     pub fn abort_handle(&self) -> AbortHandle {
-        AbortHandle(self.exec.abort.clone())
+        AbortHandle(self.shared.abort.clone())
     }
 
     /// The error that made the communicator unusable, if any (`ncclCommGetAsyncError`).
-    pub fn error(&self) -> Option<&str> {
-        self.broken.as_deref()
+    pub fn error(&self) -> Option<String> {
+        self.shared.broken()
     }
 
     /// Splits into sub-communicators (`ncclCommSplit`): ranks passing the same `color` form
     /// one, ordered by `key` then by rank here; `None` takes part but joins none. Every rank
     /// must call it.
-    pub fn split(&mut self, color: Option<u32>, key: i32) -> Result<Option<Communicator>> {
+    pub fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Communicator>> {
         self.usable()?;
         let deadline = Instant::now() + self.config.timeout;
         let ip = self.peers[self.rank as usize].addr.ip();
@@ -279,8 +312,11 @@ impl Communicator {
         record.resize(SPLIT_RECORD, 0);
         let mut all = vec![0u8; SPLIT_RECORD * self.nranks as usize];
         self.all_gather(&record, &mut all)?;
-        let split_no = self.splits;
-        self.splits += 1;
+        let split_no = {
+            let mut front = self.front();
+            front.splits += 1;
+            front.splits - 1
+        };
         let Some(color) = color else { return Ok(None) };
         let mut members: Vec<(i32, u32, PeerInfo)> = all
             .chunks_exact(SPLIT_RECORD)
@@ -299,41 +335,45 @@ impl Communicator {
         Communicator::connect(new_rank, peers, listener, auth, self.config.clone(), deadline).map(Some)
     }
 
-    /// Closes every connection at once, without waiting for peers (`ncclCommAbort`): they see
-    /// this rank gone and fail their calls.
+    /// Ends the communicator at once (`ncclCommAbort`): the running call fails with
+    /// [`Error::Aborted`] within milliseconds, queued ones fail without running, and the
+    /// connections close, so peers see this rank gone and fail their calls.
     pub fn abort(mut self) {
-        self.close_links();
+        self.shutdown(true);
     }
 
-    /// Releases the communicator (`ncclCommDestroy`). Every call has already completed, so
-    /// nothing is in flight; connections are closed.
-    pub fn destroy(self) -> Result<()> {
-        match &self.broken {
-            Some(why) => Err(Error::Broken(why.clone())),
+    /// Releases the communicator (`ncclCommDestroy`) once every queued call has completed;
+    /// connections are closed. The error that broke it, if one did.
+    pub fn destroy(mut self) -> Result<()> {
+        self.shared.flush();
+        let broken = self.shared.broken();
+        self.shutdown(false);
+        match broken {
+            Some(why) => Err(Error::Broken(why)),
             None => Ok(()),
         }
     }
 
-    fn close_links(&mut self) {
-        self.exec.close_links();
+    /// Stops the progress thread (aborting what runs or waits, with `abort`) and closes the
+    /// connections.
+    fn shutdown(&mut self, abort: bool) {
+        let Some(progress) = self.progress.take() else { return };
+        if abort {
+            self.shared.abort.store(true, Ordering::Relaxed);
+            self.shared.drain(|| Error::Aborted);
+        }
+        self.shared.close();
+        // The thread ends once the queue is empty; a running call ends within the deadline
+        // (or at once, aborted).
+        let _ = progress.join();
+        self.shared.with_executor(|e| e.close_links());
     }
 
     fn usable(&self) -> Result<()> {
-        match &self.broken {
-            Some(why) => Err(Error::Broken(why.clone())),
-            None if self.exec.abort.load(Ordering::Relaxed) => Err(Error::Aborted),
+        match self.shared.unusable() {
+            Some(e) => Err(e),
             None => Ok(()),
         }
-    }
-
-    /// Records a failure that leaves the ranks out of step: connections close so every peer
-    /// learns of it promptly, and later calls are refused.
-    fn fail(&mut self, e: Error) -> Error {
-        if !matches!(e, Error::InvalidArgument(_)) {
-            self.broken = Some(e.to_string());
-            self.close_links();
-        }
-        e
     }
 
     /// Forces an algorithm for later calls (`None` or `auto`: the tuner's choice), as
@@ -341,82 +381,37 @@ impl Communicator {
     /// call (calls with different schedules are reported as mismatched). An algorithm that
     /// cannot build a collective leaves that collective to the tuner.
     pub fn set_algorithm(&mut self, algo: Option<&str>) -> Result<()> {
-        self.planner.tuner.set_forced(algo)?;
-        self.config.algo = self.planner.tuner.forced().map(str::to_string);
-        self.planner.clear();
+        let mut front = self.front();
+        front.planner.tuner.set_forced(algo)?;
+        let forced = front.planner.tuner.forced().map(str::to_string);
+        front.planner.clear();
+        drop(front);
+        self.config.algo = forced;
         Ok(())
     }
 
     /// Adds a user tuner (see [`crate::tuner::Tuner`]); every rank must add the same one.
     pub fn add_tuner(&mut self, tuner: Box<dyn crate::tuner::Tuner>) -> Result<()> {
-        self.planner.tuner.add_tuner(tuner)?;
-        self.planner.clear();
+        let mut front = self.front();
+        front.planner.tuner.add_tuner(tuner)?;
+        front.planner.clear();
         Ok(())
     }
 
     /// The topology the tuner reasons about (`TOPOCCL_TOPOLOGY`, else `host:N` for ranks of
     /// one host, `full:N` across hosts).
     pub fn topology(&self) -> &Topology {
-        self.planner.tuner.topology()
-    }
-
-    /// What this communicator runs `call` with: the algorithm and its knobs.
-    pub fn algorithm_for(&mut self, call: &CollectiveCall) -> Result<Choice> {
-        let block_bytes = call.count.saturating_mul(call.dtype.size());
-        self.planner.choice(call.collective, block_bytes)
-    }
-
-    /// Runs `call` from `send` to `recv`, as NCCL's C API does: the lengths follow from the
-    /// call, buffers only a root uses may be NULL elsewhere, and buffers may alias (NCCL's
-    /// in-place layouts run in place; any other overlap is staged).
-    ///
-    /// # Safety
-    /// Where this rank uses them, `send` must be valid for reads and `recv` for writes of the
-    /// bytes the call implies, in memory this communicator reaches, and nothing else may write
-    /// either (or read `recv`) until the call returns.
-    pub unsafe fn collective_raw(&mut self, call: &CollectiveCall, send: Buffer, recv: Buffer) -> Result<()> {
-        self.usable()?;
-        let checked = call.check(self.rank, self.nranks, send, recv)?;
-        for r in [checked.input, checked.output] {
-            if !r.is_empty() && !self.exec.ops.reaches(r.space) {
-                return Err(Error::InvalidArgument(format!(
-                    "a buffer lies in {}, which this communicator's executor ({}) cannot reach",
-                    r.space,
-                    self.exec.ops.name()
-                )));
-            }
-        }
-        if call.count == 0 {
-            self.seq = self.seq.wrapping_add(1);
-            return Ok(());
-        }
-        let plan = match self.planner.plan(call.collective, call.dtype.size(), call.count) {
-            Ok(p) => p,
-            Err(e) => return Err(self.fail(e)),
-        };
-        let header = CallHeader {
-            seq: self.seq,
-            called: Called::Collective(call.collective),
-            dtype: call.dtype,
-            op: reduction_code(call.reduction),
-            count: call.count as u64,
-            schedule: plan.hash,
-        };
-        let job = CollectiveJob { checked, plan, header };
-        // SAFETY: the checked regions are the caller's buffers, valid and ours for the call
-        // (this fn's contract).
-        if let Err(e) = unsafe { self.exec.run_collective(&job) } {
-            return Err(self.fail(e));
-        }
-        self.seq = self.seq.wrapping_add(1);
-        Ok(())
+        &self.topology
     }
 }
 
 const SPLIT_RECORD: usize = 40;
 
 impl Drop for Communicator {
+    /// Without [`Communicator::destroy`]: calls still queued or running are aborted (nothing
+    /// waits on a peer that may never come), then the connections close.
     fn drop(&mut self) {
-        self.close_links();
+        let busy = self.shared.busy();
+        self.shutdown(busy);
     }
 }

@@ -64,6 +64,7 @@ impl Executor {
     /// else until this returns.
     pub(crate) unsafe fn run_collective(&mut self, job: &CollectiveJob) -> Result<()> {
         let Checked { call, block_bytes, input, output, placement } = job.checked;
+        self.reach(&[input, output])?;
         let plan = &*job.plan;
         let nranks = self.nranks;
         let (in_blocks, out_blocks) = call.collective.blocks(nranks);
@@ -140,6 +141,18 @@ impl Executor {
         Ok(())
     }
 
+    /// Refuses buffers in memory the local operations cannot reach (before anything moves).
+    fn reach(&self, regions: &[Region]) -> Result<()> {
+        match regions.iter().find(|r| !r.is_empty() && !self.ops.reaches(r.space)) {
+            Some(r) => Err(Error::InvalidArgument(format!(
+                "a buffer lies in {}, which this communicator's executor ({}) cannot reach",
+                r.space,
+                self.ops.name()
+            ))),
+            None => Ok(()),
+        }
+    }
+
     /// A PreMulSum scalar's bytes.
     fn scalar(&mut self, dtype: Dtype, s: Scalar) -> Result<Vec<u8>> {
         let n = dtype.size();
@@ -166,6 +179,8 @@ impl Executor {
     /// # Safety
     /// As for [`Executor::run_collective`].
     pub(crate) unsafe fn run_transfers(&mut self, job: &TransferJob) -> Result<()> {
+        let regions: Vec<Region> = job.transfers.iter().map(|t| t.region).collect();
+        self.reach(&regions)?;
         let mut prog = Program::default();
         let mut mem = Memory::new();
         let mut metas = Vec::with_capacity(job.transfers.len());

@@ -41,3 +41,41 @@ pub enum Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// An I/O error with the same kind and message (`std::io::Error` is not `Clone`).
+fn copy_io(e: &std::io::Error) -> std::io::Error {
+    std::io::Error::new(e.kind(), e.to_string())
+}
+
+impl Clone for Error {
+    /// The same error; an I/O source keeps its kind and message.
+    fn clone(&self) -> Error {
+        match self {
+            Error::TopologyFile { file, line, message } => {
+                Error::TopologyFile { file: file.clone(), line: *line, message: message.clone() }
+            }
+            Error::InvalidTopology { name, message } => {
+                Error::InvalidTopology { name: name.clone(), message: message.clone() }
+            }
+            Error::UnknownTopology(a, b) => Error::UnknownTopology(a.clone(), b.clone()),
+            Error::UnknownAlgorithm(a, b) => Error::UnknownAlgorithm(a.clone(), b.clone()),
+            Error::Unsupported { algorithm, collective, reason } => Error::Unsupported {
+                algorithm: algorithm.clone(),
+                collective: collective.clone(),
+                reason: reason.clone(),
+            },
+            Error::MalformedSchedule(m) => Error::MalformedSchedule(m.clone()),
+            Error::Verification { schedule, message } => {
+                Error::Verification { schedule: schedule.clone(), message: message.clone() }
+            }
+            Error::Deadlock { schedule, message } => {
+                Error::Deadlock { schedule: schedule.clone(), message: message.clone() }
+            }
+            Error::RankMismatch { schedule, topology, ranks } => {
+                Error::RankMismatch { schedule: *schedule, topology: topology.clone(), ranks: *ranks }
+            }
+            Error::Format(m) => Error::Format(m.clone()),
+            Error::Io { path, source } => Error::Io { path: path.clone(), source: copy_io(source) },
+        }
+    }
+}

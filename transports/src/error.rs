@@ -26,3 +26,17 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Clone for Error {
+    /// The same error; an I/O source keeps its kind and message (`io::Error` is not `Clone`).
+    fn clone(&self) -> Error {
+        match self {
+            Error::Io { context, source } => {
+                Error::Io { context: context.clone(), source: io::Error::new(source.kind(), source.to_string()) }
+            }
+            Error::PeerClosed(m) => Error::PeerClosed(m.clone()),
+            Error::Protocol(m) => Error::Protocol(m.clone()),
+            Error::Unsupported(m) => Error::Unsupported(m.clone()),
+        }
+    }
+}

@@ -1,0 +1,158 @@
+//! Submitting calls: checked and planned under the communicator's front lock (so the queue's
+//! order is the call order on every thread), then run on the caller's thread or queued
+//! ([`super::work`]). The blocking calls of the typed and byte-level APIs come through
+//! [`Communicator::collective_raw`]; [`Communicator::submit`] returns at once.
+//!
+//! The asynchronous calls either take raw buffers (`unsafe`: the caller keeps them valid until
+//! the work completes, NCCL's contract) or own theirs ([`Pending`]): the buffers travel with
+//! the work and come back from [`Pending::wait`], and a `Pending` dropped early waits for its
+//! call first, so its memory is never freed while the executor still uses it.
+
+use super::call::CollectiveCall;
+use super::work::{Admitted, Job, Work};
+use super::{Communicator, Front};
+use crate::buffer::Buffer;
+use crate::error::{Error, Result};
+use crate::exec::job::CollectiveJob;
+use crate::exec::wire::{reduction_code, CallHeader, Called};
+use crate::tuner::Choice;
+use crate::types::DataType;
+
+impl Communicator {
+    /// What this communicator runs `call` with: the algorithm and its knobs.
+    pub fn algorithm_for(&self, call: &CollectiveCall) -> Result<Choice> {
+        let block_bytes = call.count.saturating_mul(call.dtype.size());
+        self.front().planner.choice(call.collective, block_bytes)
+    }
+
+    /// Checks and plans `call` and admits it in call order; `None` for an empty call (it
+    /// only counts).
+    fn admit(&self, call: &CollectiveCall, send: Buffer, recv: Buffer, blocking: bool) -> Result<Option<Admitted>> {
+        self.usable()?;
+        let checked = call.check(self.rank, self.nranks, send, recv)?;
+        let mut front = self.front();
+        let Front { planner, seq, .. } = &mut *front;
+        if call.count == 0 {
+            *seq = seq.wrapping_add(1);
+            return Ok(None);
+        }
+        // Planning depends only on what every rank shares, so it fails alike everywhere and
+        // leaves the ranks in step.
+        let plan = planner.plan(call.collective, call.dtype.size(), call.count)?;
+        let header = CallHeader {
+            seq: *seq,
+            called: Called::Collective(call.collective),
+            dtype: call.dtype,
+            op: reduction_code(call.reduction),
+            count: call.count as u64,
+            schedule: plan.hash,
+        };
+        *seq = seq.wrapping_add(1);
+        let job = Job::Collective(CollectiveJob { checked, plan, header });
+        Ok(Some(self.shared.admit(job, blocking)))
+    }
+
+    /// Runs `call` from `send` to `recv`, as NCCL's C API does: the lengths follow from the
+    /// call, buffers only a root uses may be NULL elsewhere, and buffers may alias (NCCL's
+    /// in-place layouts run in place; any other overlap is staged). Returns once the call is
+    /// done.
+    ///
+    /// # Safety
+    /// Where this rank uses them, `send` must be valid for reads and `recv` for writes of the
+    /// bytes the call implies, in memory this communicator reaches, and nothing else may write
+    /// either (or read `recv`) until the call returns.
+    pub unsafe fn collective_raw(&self, call: &CollectiveCall, send: Buffer, recv: Buffer) -> Result<()> {
+        match self.admit(call, send, recv, true)? {
+            Some(admitted) => admitted.finish(&self.shared),
+            None => Ok(()),
+        }
+    }
+
+    /// Queues `call` from `send` to `recv` and returns at once; the [`Work`] says when it is
+    /// done. Calls run in the order they were submitted, blocking ones included.
+    ///
+    /// # Safety
+    /// As for [`Communicator::collective_raw`], until the work has completed (its `wait`
+    /// returned, or its `test` said it is done) rather than until this returns.
+    pub unsafe fn submit(&self, call: &CollectiveCall, send: Buffer, recv: Buffer) -> Result<Work> {
+        match self.admit(call, send, recv, false)? {
+            Some(admitted) => Ok(admitted.into_work(&self.shared)),
+            None => Ok(Work::done(&self.shared)),
+        }
+    }
+
+    /// Queues `call` on buffers it owns until the call is done: `send` is read, `recv`
+    /// written (lengths as [`Communicator::collective_bytes`] requires); both come back from
+    /// [`Pending::wait`]. In place: pass an empty `send` and the one buffer as `recv`.
+    pub fn submit_owned<T: DataType>(
+        &self,
+        call: &CollectiveCall,
+        send: Vec<T>,
+        mut recv: Vec<T>,
+    ) -> Result<Pending<(Vec<T>, Vec<T>)>> {
+        if call.dtype != T::DTYPE {
+            return Err(Error::InvalidArgument(format!("a call of {} on a buffer of {}", call.dtype, T::DTYPE)));
+        }
+        let (block, in_bytes, out_bytes) = call.bytes(self.nranks)?;
+        let in_place = send.is_empty() && call.count > 0;
+        let (sent, recv_bytes) = (std::mem::size_of_val(&send[..]), std::mem::size_of_val(&recv[..]));
+        let base = Buffer::host(recv.as_mut_ptr());
+        let (s, r) = if in_place {
+            if recv_bytes != in_bytes.max(out_bytes) {
+                return Err(Error::InvalidArgument(format!(
+                    "the in-place buffer holds {recv_bytes} bytes, the call needs {}",
+                    in_bytes.max(out_bytes)
+                )));
+            }
+            let mine = base.offset(self.rank as usize * block).unwrap_or(base);
+            match call.collective {
+                crate::Collective::AllGather => (mine, base),
+                crate::Collective::ReduceScatter => (base, mine),
+                _ => (base, base),
+            }
+        } else {
+            let uses = (call.collective.uses_input(self.rank), call.collective.uses_output(self.rank));
+            if (uses.0 && sent != in_bytes) || (uses.1 && recv_bytes != out_bytes) {
+                return Err(Error::InvalidArgument(format!(
+                    "buffers of {sent} and {recv_bytes} bytes, the call needs {in_bytes} and {out_bytes}"
+                )));
+            }
+            (Buffer::host(send.as_ptr()), base)
+        };
+        // SAFETY: both vectors move into the `Pending`, which keeps their heap blocks alive
+        // (moving a Vec does not move its elements) and waits for the call before handing them
+        // back or dropping them.
+        let work = unsafe { self.submit(call, s, r)? };
+        Ok(Pending { work, buffers: Some((send, recv)) })
+    }
+}
+
+/// A queued call that owns its buffers; see the module documentation.
+#[must_use = "a pending call is waited for when dropped"]
+pub struct Pending<B> {
+    work: Work,
+    buffers: Option<B>,
+}
+
+impl<B> Pending<B> {
+    /// Waits for the call; its buffers back, or its error (the buffers are dropped then).
+    pub fn wait(mut self) -> Result<B> {
+        let r = self.work.wait();
+        let b = self.buffers.take().ok_or_else(|| Error::Internal("buffers taken twice".into()))?;
+        r.map(|()| b)
+    }
+
+    /// The call's handle (test, error, a wait with a timeout).
+    pub fn work(&self) -> &Work {
+        &self.work
+    }
+}
+
+impl<B> Drop for Pending<B> {
+    fn drop(&mut self) {
+        if self.buffers.is_some() {
+            // The executor may still use the buffers: wait before they are freed.
+            let _ = self.work.wait();
+        }
+    }
+}
