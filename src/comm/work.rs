@@ -77,6 +77,11 @@ struct Queue {
     closing: bool,
     /// Why the communicator cannot run anything any more.
     broken: Option<String>,
+    /// Threads asleep on `progressed`, and whether the progress thread sleeps on
+    /// `work_ready`: a condition variable's notify is a system call even when nobody waits,
+    /// so the hot path (a blocking call on an idle communicator) notifies only sleepers.
+    waiters: u32,
+    progress_asleep: bool,
 }
 
 /// What callers and the progress thread share.
@@ -89,6 +94,8 @@ pub(crate) struct Shared {
     /// Held by whoever runs a job (uncontended: only the holder of `running` takes it).
     exec: Mutex<Executor>,
     pub abort: Arc<AtomicBool>,
+    /// Set once `Queue::broken` is, for a check without the queue's lock.
+    is_broken: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -106,13 +113,37 @@ impl Shared {
             progressed: Condvar::new(),
             exec: Mutex::new(exec),
             abort,
+            is_broken: AtomicBool::new(false),
         })
+    }
+
+    /// Sleeps on `progressed` (counted, so that wakers know someone sleeps).
+    fn sleep<'q>(&self, mut q: MutexGuard<'q, Queue>, timeout: Option<Duration>) -> MutexGuard<'q, Queue> {
+        q.waiters += 1;
+        let mut q = match timeout {
+            None => self.progressed.wait(q).unwrap_or_else(|p| p.into_inner()),
+            Some(t) => self.progressed.wait_timeout(q, t).unwrap_or_else(|p| p.into_inner()).0,
+        };
+        q.waiters -= 1;
+        q
+    }
+
+    /// Wakes whoever waits for progress, and the progress thread when it has work.
+    fn wake(&self, q: &Queue) {
+        if q.progress_asleep && (!q.jobs.is_empty() || q.closing) && !q.running {
+            self.work_ready.notify_one();
+        }
+        if q.waiters > 0 {
+            self.progressed.notify_all();
+        }
     }
 
     /// Why nothing can run, if so.
     pub(crate) fn unusable(&self) -> Option<Error> {
-        if let Some(why) = &lock(&self.queue).broken {
-            return Some(Error::Broken(why.clone()));
+        if self.is_broken.load(Ordering::Acquire) {
+            if let Some(why) = &lock(&self.queue).broken {
+                return Some(Error::Broken(why.clone()));
+            }
         }
         self.abort.load(Ordering::Relaxed).then_some(Error::Aborted)
     }
@@ -121,7 +152,7 @@ impl Shared {
     pub(crate) fn with_executor<R>(&self, f: impl FnOnce(&mut Executor) -> R) -> R {
         let mut q = lock(&self.queue);
         while q.running {
-            q = self.progressed.wait(q).unwrap_or_else(|p| p.into_inner());
+            q = self.sleep(q, None);
         }
         q.running = true;
         drop(q);
@@ -135,9 +166,7 @@ impl Shared {
         let state = Arc::new(WorkState::default());
         let mut q = lock(&self.queue);
         q.jobs.push_back(Queued { job, state: state.clone() });
-        if !q.running {
-            self.work_ready.notify_one();
-        }
+        self.wake(&q);
         Work { state, shared: self.clone() }
     }
 
@@ -159,48 +188,42 @@ impl Shared {
     fn release(&self) {
         let mut q = lock(&self.queue);
         q.running = false;
-        if !q.jobs.is_empty() || q.closing {
-            self.work_ready.notify_one();
-        }
-        drop(q);
-        self.progressed.notify_all();
+        self.wake(&q);
     }
 
-    /// Runs one job with `running` already set; records its result, releases the executor,
-    /// and returns the result too.
-    fn execute(&self, item: Queued) -> Option<Result<()>> {
-        let result = {
-            let mut exec = lock(&self.exec);
-            match self.unusable() {
-                Some(e) => Err(e),
-                None => {
-                    // SAFETY: the job's regions are the submitter's buffers, valid until the
-                    // job completes: the promise every submission path makes (the safe APIs
-                    // wait before their borrows end; the raw ones are `unsafe fn`s that pass the
-                    // promise to their callers).
-                    let r = unsafe {
-                        match &item.job {
-                            Job::Collective(c) => exec.run_collective(c),
-                            Job::Transfers(t) => exec.run_transfers(t),
-                        }
-                    };
-                    if let Err(e) = &r {
-                        if !matches!(e, Error::InvalidArgument(_)) {
-                            // The ranks are out of step: close the connections so the peers
-                            // learn at once, and refuse what follows.
-                            exec.close_links();
-                            let mut q = lock(&self.queue);
-                            q.broken.get_or_insert_with(|| e.to_string());
-                        }
-                    }
-                    r
-                }
+    /// Runs `job` with `running` already set (without releasing it).
+    fn run_job(&self, job: &Job) -> Result<()> {
+        let mut exec = lock(&self.exec);
+        if let Some(e) = self.unusable() {
+            return Err(e);
+        }
+        // SAFETY: the job's regions are the submitter's buffers, valid until the job completes:
+        // the promise every submission path makes (the safe APIs wait before their borrows end;
+        // the raw ones are `unsafe fn`s that pass the promise to their callers).
+        let r = unsafe {
+            match job {
+                Job::Collective(c) => exec.run_collective(c),
+                Job::Transfers(t) => exec.run_transfers(t),
             }
         };
-        let copy = result.as_ref().map(|_| ()).map_err(Error::duplicate);
+        if let Err(e) = &r {
+            if !matches!(e, Error::InvalidArgument(_)) {
+                // The ranks are out of step: close the connections so the peers learn at once,
+                // and refuse what follows.
+                exec.close_links();
+                lock(&self.queue).broken.get_or_insert_with(|| e.to_string());
+                self.is_broken.store(true, Ordering::Release);
+            }
+        }
+        r
+    }
+
+    /// Runs a queued job with `running` already set; records its result and releases the
+    /// executor.
+    fn execute(&self, item: Queued) {
+        let result = self.run_job(&item.job);
         item.state.finish(result);
         self.release();
-        Some(copy)
     }
 
     /// Takes the next job if nothing runs: the caller must `execute` it.
@@ -224,7 +247,9 @@ impl Shared {
                 if q.closing && q.jobs.is_empty() && !q.running {
                     break None;
                 }
+                q.progress_asleep = true;
                 q = self.work_ready.wait(q).unwrap_or_else(|p| p.into_inner());
+                q.progress_asleep = false;
             };
             drop(q);
             match item {
@@ -238,7 +263,9 @@ impl Shared {
 
     /// Asks the progress thread to end once the queue is empty.
     pub(crate) fn close(&self) {
-        lock(&self.queue).closing = true;
+        let mut q = lock(&self.queue);
+        q.closing = true;
+        drop(q);
         self.work_ready.notify_all();
     }
 
@@ -252,7 +279,7 @@ impl Shared {
     pub(crate) fn flush(&self) {
         let mut q = lock(&self.queue);
         while q.running || !q.jobs.is_empty() {
-            q = self.progressed.wait(q).unwrap_or_else(|p| p.into_inner());
+            q = self.sleep(q, None);
         }
     }
 
@@ -267,7 +294,7 @@ impl Shared {
         for item in jobs {
             item.state.finish(Err(why()));
         }
-        self.progressed.notify_all();
+        self.wake(&lock(&self.queue));
     }
 }
 
@@ -283,8 +310,9 @@ impl Admitted {
     pub(crate) fn finish(self, shared: &Shared) -> Result<()> {
         match self {
             Admitted::Run(job) => {
-                let state = Arc::new(WorkState::default());
-                shared.execute(Queued { job, state }).unwrap_or(Ok(()))
+                let r = shared.run_job(&job);
+                shared.release();
+                r
             }
             Admitted::Queued(work) => work.wait(),
         }
@@ -296,7 +324,8 @@ impl Admitted {
             Admitted::Queued(work) => work,
             Admitted::Run(job) => {
                 let state = Arc::new(WorkState::default());
-                shared.execute(Queued { job, state: state.clone() });
+                state.finish(shared.run_job(&job));
+                shared.release();
                 Work { state, shared: shared.clone() }
             }
         }
@@ -370,14 +399,13 @@ impl Work {
                 }
             }
             match deadline {
-                None => drop(shared.progressed.wait(q).unwrap_or_else(|p| p.into_inner())),
+                None => drop(shared.sleep(q, None)),
                 Some(d) => {
                     let left = d.saturating_duration_since(Instant::now());
                     if left.is_zero() {
                         return None;
                     }
-                    let (q, _) = shared.progressed.wait_timeout(q, left).unwrap_or_else(|p| p.into_inner());
-                    drop(q);
+                    drop(shared.sleep(q, Some(left)));
                 }
             }
         }
