@@ -12,6 +12,7 @@
 //! | `TOPOCCL_SLICE_BYTES` | pipelining slice | 512 KiB |
 //! | `TOPOCCL_MAX_BACKLOG` | bytes queued to a peer before sends wait (at least one slice) | 4 MiB |
 //! | `TOPOCCL_SHM_BYTES` | shared-memory ring per direction | 4 MiB |
+//! | `TOPOCCL_SHM_DIRECT` | `1`: shared memory puts large payloads straight into offered receive buffers where the processes may write each other's memory; `0`: always through the ring (faster on all-reduce here, see the README) | 0 |
 //! | `TOPOCCL_SOCKET_IFNAME` / `NCCL_SOCKET_IFNAME` | interfaces to use (prefixes; `^` excludes, `=` exact) | first non-loopback |
 
 use std::time::Duration;
@@ -64,6 +65,9 @@ pub struct Config {
     pub sockets: usize,
     pub slice_bytes: usize,
     pub shm_ring_bytes: usize,
+    /// Shared memory puts large payloads straight into offered receive buffers (one-sided)
+    /// where the processes may write each other's memory.
+    pub shm_direct: bool,
     /// A send waits while this many bytes are queued to its peer.
     pub max_backlog: usize,
     /// The machine model the tuner reasons about (`None`: `full:N`).
@@ -83,6 +87,7 @@ impl Default for Config {
             sockets: 2,
             slice_bytes: 512 << 10,
             shm_ring_bytes: topoccl_transports::shm::DEFAULT_RING_BYTES,
+            shm_direct: false,
             max_backlog: 4 << 20,
             topology: None,
             tuner_message_us: 4.0,
@@ -117,6 +122,9 @@ impl Config {
         }
         if let Some(b) = number("TOPOCCL_SHM_BYTES", 4096.0, (1u64 << 30) as f64)? {
             c.shm_ring_bytes = b as usize;
+        }
+        if let Some(d) = number("TOPOCCL_SHM_DIRECT", 0.0, 1.0)? {
+            c.shm_direct = d == 1.0;
         }
         if let Some(b) = number("TOPOCCL_MAX_BACKLOG", 4096.0, (1u64 << 34) as f64)? {
             c.max_backlog = b as usize;

@@ -36,13 +36,14 @@ pub(crate) struct Auth {
 /// The table a communicator connects with: the user's transports first, then the built-in
 /// ones `TOPOCCL_TRANSPORT` allows.
 pub(crate) fn table(cfg: &Config) -> TransportTable {
-    let shm = Arc::new(ShmTransport { ring_bytes: cfg.shm_ring_bytes });
+    let shm = Arc::new(ShmTransport { ring_bytes: cfg.shm_ring_bytes, direct: cfg.shm_direct });
     let tcp = Arc::new(TcpTransport { sockets: cfg.sockets.max(1) });
     let builtin = match cfg.transport {
-        TransportPolicy::Auto => TransportTable::builtin(cfg.shm_ring_bytes, cfg.sockets.max(1)),
-        TransportPolicy::Tcp => TransportTable::new().try_with(tcp).unwrap_or_default(),
-        TransportPolicy::Shm => TransportTable::new().try_with(shm).unwrap_or_default(),
-    };
+        TransportPolicy::Auto => TransportTable::new().try_with(shm).and_then(|t| t.try_with(tcp)),
+        TransportPolicy::Tcp => TransportTable::new().try_with(tcp),
+        TransportPolicy::Shm => TransportTable::new().try_with(shm),
+    }
+    .unwrap_or_default();
     cfg.transports.clone().then(&builtin)
 }
 

@@ -2,10 +2,10 @@
 //!
 //! Creation follows NCCL: [`UniqueId::new`] on one rank, the id passed to every rank out of
 //! band, then [`Communicator::init`] everywhere; or [`Communicator::from_env`] under torchrun,
-//! mpirun or srun. Every call is validated once ([`call`]), planned ([`plan`]: the tuner's
-//! schedule, its chunk layout and this rank's program), and queued in call order for the one
-//! executor (`crate::exec`), which the communicator's progress thread or a waiting caller
-//! runs ([`work`]). The typed and byte-level calls are blocking (queued, then waited for);
+//! mpirun or srun. Every call is validated once ([`CollectiveCall`]'s check), planned (the
+//! tuner's schedule, its chunk layout and this rank's program, in one plan cache), and queued in
+//! call order for the one executor, which the communicator's progress thread or a waiting
+//! caller runs ([`Work`]). The typed and byte-level calls are blocking (queued, then waited for);
 //! [`Communicator::submit`] and the `*_async` calls return a [`Work`] at once.
 //!
 //! Failure is never silent: a call that stops progressing fails after `TOPOCCL_TIMEOUT`, a

@@ -84,6 +84,8 @@ struct ChannelState {
     step: usize,
     slice: usize,
     trail: usize,
+    /// The destination of slice `slice` was offered to the sender ([`Connection::offer`]).
+    offered: bool,
 }
 
 impl ChannelState {
@@ -150,7 +152,12 @@ pub(crate) unsafe fn run(prog: &Program, metas: &[Meta], res: Resources<'_>, cfg
     };
     let Resources { mem, links, ops, forward } = res;
     let mut run = Run { prog, metas, mem, links, ops, cfg, state, forward, inflight: Vec::new() };
-    run.run()
+    // A run that fails part-way leaves the ranks out of step, whatever the cause: never an
+    // error a caller could take for a rejected argument (which leaves the communicator usable).
+    run.run().map_err(|e| match e {
+        Error::InvalidArgument(m) => Error::Internal(m),
+        e => e,
+    })
 }
 
 impl Run<'_> {
@@ -261,25 +268,34 @@ impl Run<'_> {
         let mut moved = false;
         let sb = self.cfg.slice_bytes;
         loop {
-            let ChannelState { step, slice, trail } = self.state[c];
+            let ChannelState { step, slice, trail, mut offered } = self.state[c];
             let Some(st) = ch.steps.get(step) else { return Ok(moved) };
             let slices = st.len.div_ceil(sb).max(1);
-            if self.deps_done(c, step, slice) && self.slice(st, ch.tag, slice * sb, sb.min(st.len - slice * sb))? {
+            if self.deps_done(c, step, slice)
+                && self.slice(st, ch.tag, slice * sb, sb.min(st.len - slice * sb), &mut offered)?
+            {
                 moved = true;
                 self.state[c] = if slice + 1 == slices {
                     // The trailing step carries on from where it got to.
-                    ChannelState { step: step + 1, slice: trail, trail: 0 }
+                    ChannelState { step: step + 1, slice: trail, trail: 0, offered: false }
                 } else {
-                    ChannelState { step, slice: slice + 1, trail }
+                    ChannelState { step, slice: slice + 1, trail, offered: false }
                 };
                 continue;
             }
+            self.state[c].offered = offered;
             // The step waits: the next one may still do the slices this one has done.
             let next = step + 1;
             if trail < slice
                 && ch.trails.get(next).copied().unwrap_or(false)
                 && self.deps_done(c, next, trail)
-                && self.slice(&ch.steps[next], ch.tag, trail * sb, sb.min(ch.steps[next].len - trail * sb))?
+                && self.slice(
+                    &ch.steps[next],
+                    ch.tag,
+                    trail * sb,
+                    sb.min(ch.steps[next].len - trail * sb),
+                    &mut true,
+                )?
             {
                 moved = true;
                 self.state[c].trail = trail + 1;
@@ -289,8 +305,10 @@ impl Run<'_> {
         }
     }
 
-    /// Does bytes `[off, off + n)` of step `st`; false when it must wait.
-    fn slice(&mut self, st: &XStep, tag: u32, off: usize, n: usize) -> Result<bool> {
+    /// Does bytes `[off, off + n)` of step `st`; false when it must wait. A receive that only
+    /// copies, whose message has not come yet, offers its destination to the sender first
+    /// (once: `offered` records it), so a one-sided connection can put the payload there.
+    fn slice(&mut self, st: &XStep, tag: u32, off: usize, n: usize, offered: &mut bool) -> Result<bool> {
         let (dtype, op) = (self.cfg.dtype, self.cfg.op);
         if st.action.sends() {
             let l = link(self.links, st.to)?;
@@ -330,8 +348,17 @@ impl Run<'_> {
                 })
                 .map_err(transport_error(st.from))?;
             if !got {
-                if let Some(why) = link(self.links, st.from)?.closed() {
+                let l = link(self.links, st.from)?;
+                if let Some(why) = l.closed() {
                     return Err(Error::PeerFailed { peer: st.from, reason: why.to_string() });
+                }
+                if !*offered && matches!(st.action, Action::Recv | Action::RecvCopySend) {
+                    // SAFETY: `dst` is this step's slice of the run's buffers, valid for the run
+                    // (`run`'s contract); no other step reads or writes it before this receive
+                    // completes (the schedule orders them), and a run that ends early closes
+                    // its connections, which revokes the offer.
+                    unsafe { l.offer(tag, dst) }.map_err(transport_error(st.from))?;
+                    *offered = true;
                 }
                 return Ok(false);
             }

@@ -99,6 +99,14 @@ impl Connection for Faulty {
         self.inner.recv_with(tag, f)
     }
 
+    unsafe fn offer(&mut self, tag: u32, dst: Region) -> Result<()> {
+        if self.stalled() {
+            return Ok(());
+        }
+        // SAFETY: passed on under the same contract.
+        unsafe { self.inner.offer(tag, dst) }
+    }
+
     fn backlog_limit(&self) -> Option<usize> {
         self.inner.backlog_limit()
     }

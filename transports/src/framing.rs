@@ -127,7 +127,10 @@ pub(crate) struct Framed<S> {
     /// newest frame known).
     in_place: Option<InPlace>,
     /// Arrived messages per tag (few tags, so a list beats hashing).
-    queues: Vec<(u32, VecDeque<Message>)>,
+    /// Each message with its place in the stream (`arrived`), so the first of several tags can
+    /// be found.
+    queues: Vec<(u32, VecDeque<(u64, Message)>)>,
+    arrived: u64,
     pool: Vec<Vec<u8>>,
     closed: Option<String>,
 }
@@ -166,6 +169,7 @@ impl<S: ByteStream> Framed<S> {
             partial: None,
             in_place: None,
             queues: Vec::new(),
+            arrived: 0,
             pool: Vec::new(),
             closed: None,
         }
@@ -337,7 +341,8 @@ impl<S: ByteStream> Framed<S> {
     }
 
     fn complete(&mut self, p: Partial) {
-        let m = Message { tag: p.tag, meta: p.meta, data: p.data };
+        let m = (self.arrived, Message { tag: p.tag, meta: p.meta, data: p.data });
+        self.arrived += 1;
         match self.queues.iter_mut().find(|(t, _)| *t == p.tag) {
             Some((_, q)) => q.push_back(m),
             None => self.queues.push((p.tag, VecDeque::from([m]))),
@@ -462,8 +467,35 @@ impl<S: ByteStream> Framed<S> {
         Ok(wrote || read)
     }
 
+    #[cfg(test)]
     fn queued(&mut self, tag: u32) -> Option<Message> {
-        self.queues.iter_mut().find(|(t, _)| *t == tag).and_then(|(_, q)| q.pop_front())
+        self.queued_first(&[tag])
+    }
+
+    /// The message that came first among those queued under any of `tags`.
+    fn queued_first(&mut self, tags: &[u32]) -> Option<Message> {
+        let mut first: Option<(usize, u64)> = None;
+        for (i, (t, q)) in self.queues.iter().enumerate() {
+            if let (true, Some((at, _))) = (tags.contains(t), q.front()) {
+                if first.map_or(true, |(_, f)| *at < f) {
+                    first = Some((i, *at));
+                }
+            }
+        }
+        first.and_then(|(i, _)| self.queues[i].1.pop_front()).map(|(_, m)| m)
+    }
+
+    /// Hands the next message of `tag` to `f` if it has already been read from the stream
+    /// (never looks further, and never moves a frame left in the stream); whether it did.
+    pub(crate) fn recv_queued(&mut self, tag: u32, f: &mut dyn FnMut(&Meta, Region)) -> bool {
+        match self.queued_first(&[tag]) {
+            Some(m) => {
+                f(&m.meta, Region::of(&m.data));
+                self.recycle(m.data);
+                true
+            }
+            None => false,
+        }
     }
 
     /// The next message of `tag`, copied out of the stream if it was left there.
@@ -493,24 +525,32 @@ impl<S: ByteStream> Framed<S> {
     /// Hands the next message of `tag` to `f`, where it lies when it was left in place; false
     /// when none has arrived.
     pub(crate) fn recv_with(&mut self, tag: u32, f: &mut dyn FnMut(&Meta, Region)) -> Result<bool> {
+        self.recv_first(&[tag], &mut |_, m, r| f(m, r))
+    }
+
+    /// Hands the message that came first among those of any of `tags` to `f` (with its tag),
+    /// where it lies when it was left in place; false when none has arrived.
+    pub(crate) fn recv_first(&mut self, tags: &[u32], f: &mut dyn FnMut(u32, &Meta, Region)) -> Result<bool> {
         loop {
-            if let Some(m) = self.queued(tag) {
-                f(&m.meta, Region::of(&m.data));
+            // Queued messages came before the one left in place (it is the newest known).
+            if let Some(m) = self.queued_first(tags) {
+                f(m.tag, &m.meta, Region::of(&m.data));
                 self.recycle(m.data);
                 return Ok(true);
             }
             let Some(h) = self.in_place else { return Ok(false) };
             let frame = HEADER_BYTES + h.len;
             let complete = self.stream.peek(frame).is_some_and(|p| p.bytes.len() >= frame);
-            if h.tag == tag && !complete {
+            let wanted = tags.contains(&h.tag);
+            if wanted && !complete {
                 if let Err(Error::PeerClosed(why)) = self.stream.check_alive() {
                     self.mark_closed(why);
                 }
                 return Ok(false);
             }
-            if h.tag == tag {
+            if wanted {
                 if let Some(p) = self.stream.peek(frame) {
-                    f(&h.meta, Region::of(&p.bytes[HEADER_BYTES..frame]));
+                    f(h.tag, &h.meta, Region::of(&p.bytes[HEADER_BYTES..frame]));
                 }
                 self.stream.consume(frame);
                 self.in_place = None;

@@ -4,26 +4,34 @@
 //! or topology (it must never depend on `topoccl-synth`). The executor in the core crate talks
 //! to every backend through one small trait, [`Connection`]:
 //!
-//! - `send` hands a message (a tag, a 24-byte opaque `meta` the executor uses for its checks,
-//!   and the payload) to the connection and returns at once. Sends are **eager**: the payload
-//!   is copied into the kernel, the shared ring, or a pending buffer, so the caller's memory
-//!   is free again when `send` returns, and a send never waits for the matching receive.
+//! - `send` queues a message (a tag, a 24-byte opaque `meta` the executor uses for its checks,
+//!   and a [`Region`] of payload) and returns at once with a [`Ticket`]. Sends are **eager**: a
+//!   send never waits for the matching receive. The payload is read from where the caller has
+//!   it, now or as the connection drains (`sent(ticket)` says when the memory is free again),
+//!   never copied into a pending buffer when large.
 //! - `progress` moves bytes both ways without blocking. Arriving messages are drained into
 //!   pooled buffers, so a sender never waits on a receiver that is busy elsewhere (this is what
 //!   makes every deadlock-free schedule of the IR deadlock-free on the wire). The one exception
 //!   saves a copy: shared memory leaves a large message where it lies in the ring while the
 //!   ring has room, and moves it out as soon as the ring fills up.
-//! - `recv(tag)` takes the next complete message of a tag (messages of one tag stay in order);
-//!   `recycle` gives its buffer back so the hot path allocates nothing. `recv_with(tag, f)`
-//!   hands the message to a closure instead, in place where the backend can.
+//! - `recv_with(tag, f)` hands the next complete message of a tag (messages of one tag stay in
+//!   order) to a closure, in place where the backend can.
+//! - `offer(tag, dst)` is the one-sided half: the receiver exposes where the next message of a
+//!   tag should land, and a backend that can write the receiver's memory puts the payload
+//!   there and signals (shared memory with cross-memory attach now; CUDA IPC and RDMA later).
+//!   Others ignore it: TCP keeps two-sided messages underneath the same interface.
 //! - `backlog` says how many bytes wait to be handed over, so the executor can apply
 //!   back-pressure; `wait_fds`/`needs_spin` tell it how to sleep when nothing moves.
 //!
-//! Backends mirror one shape (as Gloo's `transport/tcp` and `transport/ibverbs` do): a byte
-//! stream ([`tcp`] sockets, [`shm`] rings in shared memory) under one framing layer. A
-//! [`Transport`] turns the TCP streams the bootstrap opened to a peer into a [`Connection`];
-//! later backends (CUDA IPC, RDMA verbs) plug in there. [`TRANSPORT_API_VERSION`] is bumped on
-//! incompatible changes, as NCCL versions its net plugins.
+//! Backends mirror one shape (as Gloo's `transport/tcp` and `transport/ibverbs` do): [`tcp`]
+//! sockets, and [`shm`] rings in shared memory, each ring a window the receiver exposes and the
+//! sender writes into (with head and tail counters as the signals), under one framing layer. A
+//! [`Transport`] turns the TCP streams the bootstrap opened to a peer into a [`Connection`] when
+//! it [can connect](Transport::can_connect) the two; the [`TransportTable`] asks the registered
+//! ones in order (NCCL's `canConnect` table) and may wrap every connection ([`fault`] injects
+//! faults that way). Later backends (CUDA IPC, RDMA verbs) plug in there.
+//! [`TRANSPORT_API_VERSION`] is bumped on incompatible changes, as NCCL versions its net
+//! plugins.
 
 pub mod error;
 pub mod fault;
@@ -107,6 +115,20 @@ pub trait Connection: Send {
     /// Hands the next complete message of `tag` to `f`, where it lies (host memory, valid for
     /// the call), and consumes it; false when none has arrived.
     fn recv_with(&mut self, tag: u32, f: &mut dyn FnMut(&Meta, Region)) -> Result<bool>;
+    /// Offers `dst` as where the next message of `tag` to arrive may be put: a backend that
+    /// can write this rank's memory from the peer's side (one-sided: shared memory with
+    /// cross-memory attach now, CUDA IPC and RDMA later) tells the peer, which then writes the
+    /// payload straight there and signals; the message then comes through
+    /// [`Connection::recv_with`] as `dst` itself, already written. Other backends ignore it,
+    /// and an offer the peer sees too late goes unused (the message comes the usual way).
+    ///
+    /// # Safety
+    /// `dst` must be valid host memory, of exactly the message's length to be used, that
+    /// nothing else reads or writes until that message has been received or the connection is
+    /// closed (closing revokes every offer before it returns).
+    unsafe fn offer(&mut self, _tag: u32, _dst: Region) -> Result<()> {
+        Ok(())
+    }
     /// The backlog at which the executor should hold further sends back, if the connection
     /// wants a lower one than the executor's own: shared memory holds back as soon as anything
     /// waits, since each byte that waits costs a copy more than one written to the ring.

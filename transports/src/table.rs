@@ -52,7 +52,7 @@ impl TransportTable {
     /// Shared memory between ranks of one host, then TCP (`sockets` per peer) for the rest.
     pub fn builtin(shm_ring_bytes: usize, sockets: usize) -> TransportTable {
         TransportTable::new()
-            .with(Arc::new(ShmTransport { ring_bytes: shm_ring_bytes }))
+            .with(Arc::new(ShmTransport { ring_bytes: shm_ring_bytes, direct: false }))
             .with(Arc::new(TcpTransport { sockets }))
     }
 

@@ -1,153 +1,75 @@
-//! Shared memory between ranks on one host: a pair of single-producer single-consumer byte
-//! rings (one per direction) in one memfd segment, under the same framing as TCP.
+//! Shared memory between ranks on one host: one-sided transfers into memory the receiver
+//! exposes. Each direction is a single-producer single-consumer ring in one memfd segment: the
+//! receiver's staging window, which the sender writes frames into (the framing TCP uses) and
+//! signals by advancing the ring's head; the receiver signals back by advancing its tail. Where
+//! the two processes may write each other's memory, large payloads go straight into a
+//! destination the receiver offered ([`ShmConnection`], and `direct`).
 //!
 //! The TCP stream the bootstrap opened to the peer stays open beside the rings as a liveness
 //! line: when the peer's process dies the kernel closes it, and a rank waiting on the ring
 //! notices within milliseconds instead of spinning until its deadline. If the peer cannot map
-//! the segment (another container, `/proc` hidden), both sides fall back to TCP on the streams
-//! they already have.
+//! the segment (another container, `/proc` hidden), both sides decline, and the transport table
+//! gives the pair to the next transport on the streams they already have.
 
+mod connection;
+mod direct;
 mod ring;
 mod segment;
 
-use std::io::{self, IoSlice, Read, Write};
-use std::net::{Shutdown, TcpStream};
-use std::os::fd::AsRawFd;
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::framing::{ByteStream, Framed, Peeked};
-use crate::{Connected, Connection, Locality, Meta, PeerSetup, Region, Ticket, Transport, WaitFd};
+use crate::{Connected, Locality, PeerSetup, Transport};
+use connection::ShmByteStream;
+pub use connection::ShmConnection;
 use ring::{Ring, RING_HEADER_BYTES};
 use segment::Segment;
 
 /// Default data bytes per direction.
 pub const DEFAULT_RING_BYTES: usize = 4 << 20;
 const HANDSHAKE_MAGIC: &[u8; 4] = b"TSHM";
-/// How many empty reads between two checks of the liveness line.
-const LIVENESS_EVERY: u32 = 512;
-
-struct ShmByteStream {
-    tx: Ring,
-    rx: Ring,
-    control: TcpStream,
-    peer: String,
-    idle: u32,
-}
-
-impl ShmByteStream {
-    /// Checks the liveness line now and then; an error once the peer is gone.
-    fn check_peer(&mut self) -> Result<()> {
-        if self.rx.is_closed() {
-            return Err(Error::PeerClosed(format!("{} closed its shared-memory connection", self.peer)));
-        }
-        self.idle += 1;
-        if self.idle < LIVENESS_EVERY {
-            return Ok(());
-        }
-        self.idle = 0;
-        let mut byte = [0u8; 1];
-        match self.control.read(&mut byte) {
-            Ok(0) => Err(Error::PeerClosed(format!("{} is gone (its liveness socket closed)", self.peer))),
-            Ok(_) => Err(Error::Protocol(format!("unexpected byte from {} on the liveness socket", self.peer))),
-            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => Ok(()),
-            Err(e) => Err(Error::PeerClosed(format!("{} is gone: {e}", self.peer))),
-        }
-    }
-}
-
-impl ByteStream for ShmByteStream {
-    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> Result<usize> {
-        let n = self.tx.write(bufs);
-        if n == 0 {
-            self.check_peer()?;
-        }
-        Ok(n)
-    }
-
-    fn read(&mut self, buf: &mut [u8]) -> Result<usize> {
-        let n = self.rx.read(buf);
-        if n == 0 && !buf.is_empty() {
-            self.check_peer()?;
-        } else {
-            self.idle = 0;
-        }
-        Ok(n)
-    }
-
-    fn peek(&mut self, want: usize) -> Option<Peeked<'_>> {
-        Some(self.rx.peek(want))
-    }
-
-    fn consume(&mut self, n: usize) {
-        self.idle = 0;
-        self.rx.consume(n);
-    }
-
-    fn check_alive(&mut self) -> Result<()> {
-        self.check_peer()
-    }
-}
-
-/// A shared-memory connection.
-pub struct ShmConnection {
-    framed: Framed<ShmByteStream>,
-}
-
-impl Connection for ShmConnection {
-    fn transport(&self) -> &'static str {
-        "shm"
-    }
-    unsafe fn send(&mut self, tag: u32, meta: &Meta, data: Region) -> Result<Ticket> {
-        // SAFETY: host memory valid and unchanged until the ticket is done (this fn's contract,
-        // passed on).
-        let seq = unsafe { self.framed.send(tag, meta, data)? };
-        Ok(if seq == 0 { Ticket::DONE } else { Ticket(seq) })
-    }
-    fn sent(&self, t: Ticket) -> bool {
-        t == Ticket::DONE || self.framed.sent(t.0)
-    }
-    fn backlog(&self) -> usize {
-        self.framed.backlog()
-    }
-    fn progress(&mut self) -> Result<bool> {
-        self.framed.progress()
-    }
-    fn recv_with(&mut self, tag: u32, f: &mut dyn FnMut(&Meta, Region)) -> Result<bool> {
-        self.framed.recv_with(tag, f)
-    }
-    fn backlog_limit(&self) -> Option<usize> {
-        Some(1)
-    }
-    fn closed(&self) -> Option<&str> {
-        self.framed.closed()
-    }
-    fn wait_fds(&self, out: &mut Vec<WaitFd>) {
-        if self.framed.closed().is_none() {
-            out.push(WaitFd { fd: self.framed.stream.control.as_raw_fd(), write: false });
-        }
-    }
-    fn needs_spin(&self) -> bool {
-        self.framed.closed().is_none()
-    }
-    fn close(&mut self) {
-        self.framed.stream.tx.close();
-        self.framed.stream.rx.close();
-        let _ = self.framed.stream.control.shutdown(Shutdown::Both);
-        self.framed.mark_closed("closed locally".to_string());
-    }
-}
 
 /// The shared-memory backend.
+#[derive(Debug, Clone, Copy)]
 pub struct ShmTransport {
     /// Data bytes per direction.
     pub ring_bytes: usize,
+    /// Whether to put large payloads straight into offered destinations where the processes
+    /// may write each other's memory (probed; the ring alone otherwise).
+    pub direct: bool,
 }
 
 impl Default for ShmTransport {
     fn default() -> ShmTransport {
-        ShmTransport { ring_bytes: DEFAULT_RING_BYTES }
+        ShmTransport { ring_bytes: DEFAULT_RING_BYTES, direct: false }
     }
+}
+
+/// Whether each side can write the other's memory: each writes a probe into the other's
+/// process and reports; the peer's process id where both succeeded.
+fn probe_direct(control: &mut TcpStream, peer: &str) -> Result<Option<u32>> {
+    let probe = direct::Probe::new();
+    let mut me = [0u8; 12];
+    me[..4].copy_from_slice(&std::process::id().to_le_bytes());
+    me[4..].copy_from_slice(&(probe.addr() as u64).to_le_bytes());
+    control.write_all(&me).map_err(|e| hs(peer, e))?;
+    let mut them = [0u8; 12];
+    control.read_exact(&mut them).map_err(|e| hs(peer, e))?;
+    let pid = u32::from_le_bytes([them[0], them[1], them[2], them[3]]);
+    let mut addr = [0u8; 8];
+    addr.copy_from_slice(&them[4..]);
+    let wrote = direct::write(pid, u64::from_le_bytes(addr) as usize, &direct::PROBE_MAGIC);
+    control.write_all(&[u8::from(wrote)]).map_err(|e| hs(peer, e))?;
+    let mut theirs = [0u8; 1];
+    control.read_exact(&mut theirs).map_err(|e| hs(peer, e))?;
+    // The peer wrote (or failed to) before it said so; both verdicts are in now.
+    let landed = probe.written();
+    control.write_all(&[u8::from(landed)]).map_err(|e| hs(peer, e))?;
+    let mut their_landed = [0u8; 1];
+    control.read_exact(&mut their_landed).map_err(|e| hs(peer, e))?;
+    Ok((wrote && landed && theirs[0] == 1 && their_landed[0] == 1).then_some(pid))
 }
 
 fn hs(peer: &str, e: io::Error) -> Error {
@@ -228,10 +150,11 @@ impl Transport for ShmTransport {
         let bad = || Error::Protocol("shared segment too small for its rings".into());
         let tx = Ring::new(segment.clone(), tx_at, ring_bytes).ok_or_else(bad)?;
         let rx = Ring::new(segment, rx_at, ring_bytes).ok_or_else(bad)?;
-        let control = setup.streams.swap_remove(0);
+        let mut control = setup.streams.swap_remove(0);
+        let direct = if self.direct { probe_direct(&mut control, &peer)? } else { None };
         control.set_nonblocking(true).map_err(|e| hs(&peer, e))?;
         let stream = ShmByteStream { tx, rx, control, peer, idle: 0 };
-        Ok(Connected::Connection(Box::new(ShmConnection { framed: Framed::new(stream) })))
+        Ok(Connected::Connection(Box::new(ShmConnection::new(stream, direct))))
     }
 }
 
@@ -239,6 +162,7 @@ impl Transport for ShmTransport {
 mod tests {
     use super::*;
     use crate::testing::{bytes, recv, Kept};
+    use crate::{Connection, Region};
     use std::net::TcpListener;
     use std::time::Duration;
 
@@ -275,7 +199,7 @@ mod tests {
     #[test]
     fn messages_larger_than_the_ring_arrive_intact() {
         let mut kept = Kept::default();
-        let transport = ShmTransport { ring_bytes: 64 << 10 };
+        let transport = ShmTransport { ring_bytes: 64 << 10, direct: true };
         let (mut a, mut b) = pair(&transport);
         assert_eq!(a.transport(), "shm");
         let big: Vec<u8> = (0..1_000_003u32).map(|i| (i % 249) as u8).collect();
@@ -309,7 +233,7 @@ mod tests {
     #[test]
     fn frames_left_in_place_never_block_the_sender_and_keep_order() {
         let mut kept = Kept::default();
-        let transport = ShmTransport { ring_bytes: 64 << 10 };
+        let transport = ShmTransport { ring_bytes: 64 << 10, direct: true };
         let (mut a, mut b) = pair(&transport);
         let lens: Vec<usize> = (0..24).map(|i| if i == 5 { 9_001 } else { 8192 + 8 * i }).collect();
         for (i, &len) in lens.iter().enumerate() {
@@ -351,5 +275,63 @@ mod tests {
         assert_eq!(order[0], (8, payload(80, 16384)));
         assert_eq!(order[1], (7, payload(70, 16384)));
         assert_eq!(order[2], (9, payload(71, 16384)));
+    }
+
+    /// A receive whose destination was offered in advance: the sender puts the payload
+    /// straight there (one copy) and the message arrives as the destination itself; a send
+    /// that comes before the offer, or one too small, goes through the ring.
+    #[test]
+    fn offered_destinations_are_written_directly_one_sided() {
+        let mut kept = Kept::default();
+        let transport = ShmTransport { ring_bytes: 1 << 20, direct: true };
+        let (mut a, mut b) = pair(&transport);
+        let big = payload(3, 300_000);
+        let mut dst = vec![0u8; big.len()];
+        let dst_region = Region::of_mut(&mut dst);
+        // SAFETY: `dst` outlives the connections' use of it and is not touched meanwhile.
+        unsafe { b.offer(4, dst_region).unwrap() };
+        // The offer travels to the sender.
+        for _ in 0..100 {
+            b.progress().unwrap();
+            a.progress().unwrap();
+        }
+        kept.send(&mut *a, 4, &[1; 24], &big).unwrap();
+        let mut got = None;
+        while got.is_none() {
+            a.progress().unwrap();
+            b.progress().unwrap();
+            b.recv_with(4, &mut |m, r| got = Some((*m, r))).unwrap();
+        }
+        let (meta, region) = got.unwrap();
+        assert_eq!(meta, [1; 24]);
+        let direct = region == dst_region;
+        if !direct {
+            eprintln!("skipped the direct check: process_vm_writev is not permitted here");
+        }
+        assert_eq!(dst == big, direct);
+        // The next message of the tag was not offered: it comes through the ring.
+        kept.send(&mut *a, 4, &[2; 24], &big).unwrap();
+        let mut second = None;
+        while second.is_none() {
+            a.progress().unwrap();
+            b.progress().unwrap();
+            b.recv_with(4, &mut |m, r| second = Some((*m, bytes(r)))).unwrap();
+        }
+        assert_eq!(second.unwrap(), ([2; 24], big.clone()));
+        // An offer made after the message was sent goes unused; the message still arrives.
+        kept.send(&mut *a, 5, &[3; 24], &big).unwrap();
+        let mut late = vec![0u8; big.len()];
+        // SAFETY: as above.
+        unsafe { b.offer(5, Region::of_mut(&mut late)).unwrap() };
+        let mut third = None;
+        while third.is_none() {
+            a.progress().unwrap();
+            b.progress().unwrap();
+            b.recv_with(5, &mut |m, r| third = Some((*m, bytes(r)))).unwrap();
+        }
+        assert_eq!(third.unwrap(), ([3; 24], big));
+        assert!(late.iter().all(|&x| x == 0));
+        a.close();
+        b.close();
     }
 }

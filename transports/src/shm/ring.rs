@@ -1,8 +1,9 @@
 //! A single-producer single-consumer byte ring in shared memory.
 //!
 //! Layout: a header of two 128-byte lines (the producer's `head` and the consumer's `tail`, apart
-//! so the two processes do not bounce one cache line), a `closed` flag, then `capacity` bytes of
-//! data. `head` and `tail` count bytes ever written and read; the data region holds
+//! so the two processes do not bounce one cache line), a `closed` flag and the direct-write
+//! flags of this direction (`writing`, raised by the producer, and `revoked`, by the consumer;
+//! see `direct`), then `capacity` bytes of data. `head` and `tail` count bytes ever written and read; the data region holds
 //! `head - tail` bytes. The producer publishes with a release store of `head` after copying;
 //! the consumer acquires `head` before copying out and releases `tail` after.
 
@@ -19,6 +20,8 @@ pub(crate) const RING_HEADER_BYTES: usize = 256;
 const HEAD_OFFSET: usize = 0;
 const TAIL_OFFSET: usize = 128;
 const CLOSED_OFFSET: usize = 192;
+const WRITING_OFFSET: usize = 196;
+const REVOKED_OFFSET: usize = 200;
 
 /// One direction of a shared-memory connection.
 pub(crate) struct Ring {
@@ -59,9 +62,19 @@ impl Ring {
         unsafe { &*(self.header.as_ptr().add(offset) as *const AtomicU64) }
     }
 
+    fn flag(&self, offset: usize) -> &AtomicU32 {
+        // SAFETY: offsets 192, 196 and 200 of the header are 4-aligned, in the mapping, and only
+        // ever accessed atomically by both processes.
+        unsafe { &*(self.header.as_ptr().add(offset) as *const AtomicU32) }
+    }
+
     fn closed_flag(&self) -> &AtomicU32 {
-        // SAFETY: as for `word`; offset 192 is 4-aligned.
-        unsafe { &*(self.header.as_ptr().add(CLOSED_OFFSET) as *const AtomicU32) }
+        self.flag(CLOSED_OFFSET)
+    }
+
+    /// This direction's direct-write flags.
+    pub(crate) fn direct_flags(&self) -> super::direct::Flags<'_> {
+        super::direct::Flags { writing: self.flag(WRITING_OFFSET), revoked: self.flag(REVOKED_OFFSET) }
     }
 
     pub(crate) fn close(&self) {

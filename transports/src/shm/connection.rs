@@ -1,0 +1,302 @@
+//! A shared-memory connection: framing over the pair of rings, and the one-sided path beside
+//! it.
+//!
+//! The rings are each receiver's staging window: the sender writes frames into the ring its
+//! peer reads (memory the peer exposed at set-up) and advances its `head`; the receiver takes
+//! them, in place where it can, and advances `tail`. Where both processes may write each other's
+//! memory ([`direct`](super::direct)), a receive whose destination is known in advance goes
+//! further: the receiver offers the destination ([`Connection::offer`]), and the sender puts a
+//! large payload straight there and signals with a frame that carries none, one copy in all.
+//!
+//! Tags with the top bit set are this module's: offers travel as [`OFFER_TAG`], and a message
+//! put straight into its destination arrives as its tag with [`DIRECT_BIT`]. Offers and puts are
+//! numbered per tag (the n-th message of a tag), so an offer the sender sees too late is simply
+//! not used: that message went through the ring.
+
+use std::io::{self, IoSlice, Read};
+use std::net::{Shutdown, TcpStream};
+use std::os::fd::AsRawFd;
+
+use super::direct::{self, DIRECT_MIN_BYTES};
+use super::ring::Ring;
+use crate::error::{Error, Result};
+use crate::framing::{ByteStream, Framed, Peeked};
+use crate::{Connection, Meta, Region, Ticket, WaitFd, META_BYTES};
+
+/// How many empty reads between two checks of the liveness line.
+const LIVENESS_EVERY: u32 = 512;
+/// The tag offers travel under.
+const OFFER_TAG: u32 = u32::MAX;
+/// Marks a message that was put straight into its offered destination.
+const DIRECT_BIT: u32 = 1 << 31;
+
+pub(crate) struct ShmByteStream {
+    pub(crate) tx: Ring,
+    pub(crate) rx: Ring,
+    pub(crate) control: TcpStream,
+    pub(crate) peer: String,
+    pub(crate) idle: u32,
+}
+
+impl ShmByteStream {
+    /// Checks the liveness line now and then; an error once the peer is gone.
+    fn check_peer(&mut self) -> Result<()> {
+        if self.rx.is_closed() {
+            return Err(Error::PeerClosed(format!("{} closed its shared-memory connection", self.peer)));
+        }
+        self.idle += 1;
+        if self.idle < LIVENESS_EVERY {
+            return Ok(());
+        }
+        self.idle = 0;
+        let mut byte = [0u8; 1];
+        match self.control.read(&mut byte) {
+            Ok(0) => Err(Error::PeerClosed(format!("{} is gone (its liveness socket closed)", self.peer))),
+            Ok(_) => Err(Error::Protocol(format!("unexpected byte from {} on the liveness socket", self.peer))),
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => Ok(()),
+            Err(e) => Err(Error::PeerClosed(format!("{} is gone: {e}", self.peer))),
+        }
+    }
+}
+
+impl ByteStream for ShmByteStream {
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> Result<usize> {
+        let n = self.tx.write(bufs);
+        if n == 0 {
+            self.check_peer()?;
+        }
+        Ok(n)
+    }
+
+    fn read(&mut self, buf: &mut [u8]) -> Result<usize> {
+        let n = self.rx.read(buf);
+        if n == 0 && !buf.is_empty() {
+            self.check_peer()?;
+        } else {
+            self.idle = 0;
+        }
+        Ok(n)
+    }
+
+    fn peek(&mut self, want: usize) -> Option<Peeked<'_>> {
+        Some(self.rx.peek(want))
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.idle = 0;
+        self.rx.consume(n);
+    }
+
+    fn check_alive(&mut self) -> Result<()> {
+        self.check_peer()
+    }
+}
+
+/// A shared-memory connection.
+pub struct ShmConnection {
+    framed: Framed<ShmByteStream>,
+    /// The peer's process id, where direct puts work both ways (probed at set-up).
+    direct: Option<u32>,
+    /// Messages sent and received so far, per tag (they number offers and puts).
+    sent: Vec<(u32, u32)>,
+    received: Vec<(u32, u32)>,
+    /// Destinations the peer offered and this side has not used: (tag, message, region).
+    offers: Vec<(u32, u32, Region)>,
+    /// Destinations this side offered for messages not yet received.
+    offered: Vec<(u32, u32, Region)>,
+}
+
+/// The count of `tag` in `counts`.
+fn count(counts: &mut Vec<(u32, u32)>, tag: u32) -> &mut u32 {
+    let i = match counts.iter().position(|(t, _)| *t == tag) {
+        Some(i) => i,
+        None => {
+            counts.push((tag, 0));
+            counts.len() - 1
+        }
+    };
+    &mut counts[i].1
+}
+
+fn reserved(tag: u32) -> Result<()> {
+    if tag & DIRECT_BIT != 0 {
+        return Err(Error::Unsupported(format!("tag {tag:#x}: tags with the top bit set are reserved")));
+    }
+    Ok(())
+}
+
+fn encode_offer(tag: u32, message: u32, dst: Region) -> Meta {
+    let mut m = [0u8; META_BYTES];
+    m[0..4].copy_from_slice(&tag.to_le_bytes());
+    m[4..8].copy_from_slice(&message.to_le_bytes());
+    m[8..16].copy_from_slice(&(dst.addr as u64).to_le_bytes());
+    m[16..24].copy_from_slice(&(dst.len as u64).to_le_bytes());
+    m
+}
+
+fn decode_offer(m: &Meta) -> (u32, u32, Region) {
+    let word = |i: usize| u32::from_le_bytes([m[i], m[i + 1], m[i + 2], m[i + 3]]);
+    let mut q = [0u8; 8];
+    q.copy_from_slice(&m[8..16]);
+    let addr = u64::from_le_bytes(q) as usize;
+    q.copy_from_slice(&m[16..24]);
+    let len = u64::from_le_bytes(q) as usize;
+    (word(0), word(4), Region::host(addr, len))
+}
+
+impl ShmConnection {
+    pub(crate) fn new(stream: ShmByteStream, direct: Option<u32>) -> ShmConnection {
+        ShmConnection {
+            framed: Framed::new(stream),
+            direct,
+            sent: Vec::new(),
+            received: Vec::new(),
+            offers: Vec::new(),
+            offered: Vec::new(),
+        }
+    }
+
+    /// Whether messages may be put straight into offered destinations.
+    pub fn direct(&self) -> bool {
+        self.direct.is_some()
+    }
+
+    /// Takes the offers that have arrived (never spilling a frame left in the ring for the
+    /// executor: an offer stuck behind one is used late or not at all).
+    fn take_offers(&mut self) {
+        let offers = &mut self.offers;
+        while self.framed.recv_queued(OFFER_TAG, &mut |m, _| offers.push(decode_offer(m))) {}
+    }
+
+    /// Puts `data` straight into the offer for message `message` of `tag`, if there is one
+    /// and the peer still accepts it; whether it did.
+    fn put(&mut self, tag: u32, message: u32, data: Region) -> bool {
+        let Some(pid) = self.direct else { return false };
+        if data.len < DIRECT_MIN_BYTES {
+            return false;
+        }
+        self.take_offers();
+        self.offers.retain(|o| o.0 != tag || o.1 >= message);
+        let Some(i) = self.offers.iter().position(|o| o.0 == tag && o.1 == message && o.2.len == data.len) else {
+            return false;
+        };
+        let dst = self.offers.swap_remove(i).2;
+        // SAFETY: host memory valid for reads now (`send`'s contract).
+        let bytes = unsafe { data.bytes() };
+        direct::put(&self.framed.stream.tx.direct_flags(), pid, dst, bytes)
+    }
+}
+
+impl Connection for ShmConnection {
+    fn transport(&self) -> &'static str {
+        "shm"
+    }
+
+    unsafe fn send(&mut self, tag: u32, meta: &Meta, data: Region) -> Result<Ticket> {
+        reserved(tag)?;
+        let n = count(&mut self.sent, tag);
+        let message = *n;
+        *n = n.wrapping_add(1);
+        if self.put(tag, message, data) {
+            // In place at the peer: the frame only says so.
+            // SAFETY: an empty region.
+            unsafe { self.framed.send(tag | DIRECT_BIT, meta, Region::EMPTY)? };
+            return Ok(Ticket::DONE);
+        }
+        // SAFETY: host memory valid and unchanged until the ticket is done (this fn's contract,
+        // passed on).
+        let seq = unsafe { self.framed.send(tag, meta, data)? };
+        Ok(if seq == 0 { Ticket::DONE } else { Ticket(seq) })
+    }
+
+    fn sent(&self, t: Ticket) -> bool {
+        t == Ticket::DONE || self.framed.sent(t.0)
+    }
+
+    fn backlog(&self) -> usize {
+        self.framed.backlog()
+    }
+
+    fn progress(&mut self) -> Result<bool> {
+        self.framed.progress()
+    }
+
+    fn recv_with(&mut self, tag: u32, f: &mut dyn FnMut(&Meta, Region)) -> Result<bool> {
+        reserved(tag)?;
+        let message = *count(&mut self.received, tag);
+        let got = match self.offered.iter().position(|o| o.0 == tag && o.1 == message) {
+            // The message comes either through the ring or, put straight into the destination
+            // this side offered, as a frame under the direct tag: whichever of the two comes
+            // first in the stream is this message (the next one of the tag comes after it).
+            Some(i) => {
+                let dst = self.offered[i].2;
+                let got = self
+                    .framed
+                    .recv_first(&[tag, tag | DIRECT_BIT], &mut |t, m, r| f(m, if t == tag { r } else { dst }))?;
+                if got {
+                    self.offered.swap_remove(i);
+                }
+                got
+            }
+            None => self.framed.recv_with(tag, f)?,
+        };
+        if got {
+            *count(&mut self.received, tag) = message.wrapping_add(1);
+        }
+        Ok(got)
+    }
+
+    unsafe fn offer(&mut self, tag: u32, dst: Region) -> Result<()> {
+        reserved(tag)?;
+        if self.direct.is_none() || dst.len < DIRECT_MIN_BYTES {
+            return Ok(());
+        }
+        let message = *count(&mut self.received, tag);
+        if self.offered.iter().any(|o| o.0 == tag && o.1 == message) {
+            return Ok(());
+        }
+        self.offered.retain(|o| o.0 != tag);
+        self.offered.push((tag, message, dst));
+        // SAFETY: an empty region.
+        unsafe { self.framed.send(OFFER_TAG, &encode_offer(tag, message, dst), Region::EMPTY)? };
+        Ok(())
+    }
+
+    fn backlog_limit(&self) -> Option<usize> {
+        Some(1)
+    }
+
+    fn closed(&self) -> Option<&str> {
+        self.framed.closed()
+    }
+
+    fn wait_fds(&self, out: &mut Vec<WaitFd>) {
+        if self.framed.closed().is_none() {
+            out.push(WaitFd { fd: self.framed.stream.control.as_raw_fd(), write: false });
+        }
+    }
+
+    fn needs_spin(&self) -> bool {
+        self.framed.closed().is_none()
+    }
+
+    fn close(&mut self) {
+        // No put lands in memory this side offered once the connection is closed.
+        if self.direct.is_some() {
+            direct::revoke(&self.framed.stream.rx.direct_flags());
+        }
+        self.offered.clear();
+        self.framed.stream.tx.close();
+        self.framed.stream.rx.close();
+        let _ = self.framed.stream.control.shutdown(Shutdown::Both);
+        self.framed.mark_closed("closed locally".to_string());
+    }
+}
+
+impl Drop for ShmConnection {
+    fn drop(&mut self) {
+        if self.direct.is_some() {
+            direct::revoke(&self.framed.stream.rx.direct_flags());
+        }
+    }
+}
