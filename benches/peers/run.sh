@@ -5,6 +5,9 @@
 #   benches/peers/run.sh                # 2 ranks, 8 B .. 64 MiB, x4
 #   NP=4 benches/peers/run.sh           # 4 ranks
 #   SKIP_GLOO=1 benches/peers/run.sh
+#   BASELINE=../old/target/release/examples/allreduce_sweep benches/peers/run.sh
+#                                       # also an earlier build, in the same rounds: the
+#                                       # table adds its times and the ratio now/before
 #
 # Every program runs the same sweep (float32 sum, same sizes, iterations and timing: rank 0's
 # mean over the timed iterations after warm-up and a barrier), ROUNDS times (default 3) taking
@@ -27,6 +30,10 @@ fi
 if [ -z "${SKIP_GLOO:-}" ] && ! python3 -c "import torch" 2>/dev/null; then
     echo "installing PyTorch (for Gloo)..." >&2
     pip install torch >/dev/null
+fi
+if [ -n "${BASELINE:-}" ] && [ ! -x "$BASELINE" ]; then
+    echo "BASELINE=$BASELINE is not an executable allreduce_sweep" >&2
+    exit 1
 fi
 
 cargo build --release --example allreduce_sweep >&2
@@ -57,6 +64,10 @@ for round in $(seq 1 "$ROUNDS"); do
     "${mpi[@]}" "$OUT/mpi_allreduce" "${args[@]}" >>"$OUT/ompi_shm.txt"
     TOPOCCL_TRANSPORT=tcp launch topoccl_tcp target/release/examples/allreduce_sweep "${args[@]}"
     "${mpi[@]}" --mca btl tcp,self --mca pml ob1 "$OUT/mpi_allreduce" "${args[@]}" >>"$OUT/ompi_tcp.txt"
+    if [ -n "${BASELINE:-}" ]; then
+        TOPOCCL_TRANSPORT=shm launch before_shm "$BASELINE" "${args[@]}"
+        TOPOCCL_TRANSPORT=tcp launch before_tcp "$BASELINE" "${args[@]}"
+    fi
     if [ -z "${SKIP_GLOO:-}" ]; then
         OMP_NUM_THREADS=1 launch gloo python3 benches/peers/gloo_allreduce.py "${args[@]}"
     fi
@@ -78,7 +89,7 @@ def load(name):
             if size not in rows or row[0] < rows[size][0]:  # best of the rounds
                 rows[size] = row
     return rows
-t = {k: load(k) for k in ["topoccl_shm", "ompi_shm", "topoccl_tcp", "ompi_tcp", "gloo"]}
+t = {k: load(k) for k in ["topoccl_shm", "ompi_shm", "topoccl_tcp", "ompi_tcp", "gloo", "before_shm", "before_tcp"]}
 def human(b):
     for unit in ["B", "KiB", "MiB", "GiB"]:
         if b < 1024: return f"{b:g}{unit}"
@@ -115,4 +126,14 @@ for size in sorted(t["topoccl_shm"]):
     print(" ".join(row))
 print("# gloo columns: time(gloo)/time(topoccl), want >= 1")
 print("# targets missed: " + (", ".join(misses) if misses else "none"))
+if t["before_shm"]:
+    print(f"\n# this build against BASELINE, same rounds (best of {rounds}): time in us; ratio = time(before)/time(now), > 1 is faster now")
+    print(f"{'size':>8} | {'shm now':>9} {'before':>9} {'ratio':>6} | {'tcp now':>9} {'before':>9} {'ratio':>6}")
+    for size in sorted(t["topoccl_shm"]):
+        row = [f"{human(size):>8} |"]
+        for k in ["shm", "tcp"]:
+            o, b = t["topoccl_" + k].get(size), t["before_" + k].get(size)
+            r = f"{b[0] / o[0]:6.2f}" if o and b and o[0] else "     -"
+            row.append(f"{o[0] if o else 0:9.1f} {b[0] if b else 0:9.1f} {r} |")
+        print(" ".join(row).rstrip("|"))
 PY

@@ -25,13 +25,11 @@ impl Communicator {
         self.front().planner.choice(call.collective, block_bytes)
     }
 
-    /// Checks and plans `call` and admits it in call order; `None` for an empty call (it
-    /// only counts).
-    fn admit(&self, call: &CollectiveCall, send: Buffer, recv: Buffer, blocking: bool) -> Result<Option<Admitted>> {
-        self.usable()?;
+    /// Checks and plans `call` and numbers it, under the front lock (`front`); `None` for an
+    /// empty call (it only counts).
+    fn prepare(&self, front: &mut Front, call: &CollectiveCall, send: Buffer, recv: Buffer) -> Result<Option<Job>> {
         let checked = call.check(self.rank, self.nranks, send, recv)?;
-        let mut front = self.front();
-        let Front { planner, seq, .. } = &mut *front;
+        let Front { planner, seq, .. } = front;
         if call.count == 0 {
             *seq = seq.wrapping_add(1);
             return Ok(None);
@@ -48,8 +46,14 @@ impl Communicator {
             schedule: plan.hash,
         };
         *seq = seq.wrapping_add(1);
-        let job = Job::Collective(CollectiveJob { checked, plan, header });
-        Ok(Some(self.shared.admit(job, blocking)))
+        Ok(Some(Job::Collective(CollectiveJob { checked, plan, header })))
+    }
+
+    /// Checks and plans `call` and admits it in call order; `None` for an empty call.
+    fn admit(&self, call: &CollectiveCall, send: Buffer, recv: Buffer, blocking: bool) -> Result<Option<Admitted>> {
+        self.usable()?;
+        let mut front = self.front();
+        Ok(self.prepare(&mut front, call, send, recv)?.map(|job| self.shared.admit(job, blocking)))
     }
 
     /// Runs `call` from `send` to `recv`, as NCCL's C API does: the lengths follow from the
@@ -62,10 +66,17 @@ impl Communicator {
     /// bytes the call implies, in memory this communicator reaches, and nothing else may write
     /// either (or read `recv`) until the call returns.
     pub unsafe fn collective_raw(&self, call: &CollectiveCall, send: Buffer, recv: Buffer) -> Result<()> {
-        match self.admit(call, send, recv, true)? {
-            Some(admitted) => admitted.finish(&self.shared),
-            None => Ok(()),
+        self.usable()?;
+        let mut front = self.front();
+        let Some(job) = self.prepare(&mut front, call, send, recv)? else { return Ok(()) };
+        if self.shared.claim_idle() {
+            // Next in call order, on this thread: the job runs from here, unmoved.
+            drop(front);
+            return self.shared.run_claimed(&job);
         }
+        let work = self.shared.submit(job);
+        drop(front);
+        work.wait()
     }
 
     /// Queues `call` from `send` to `recv` and returns at once; the [`Work`] says when it is

@@ -23,8 +23,9 @@
 //! call within milliseconds and every queued one at once. Waiting has no deadline of its own
 //! but never hangs: the executor's `TOPOCCL_TIMEOUT` and abort end every running call.
 
+use std::cell::UnsafeCell;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -54,7 +55,7 @@ struct WorkState {
 impl WorkState {
     fn finish(&self, r: Result<()>) {
         *lock(&self.result) = Some(r);
-        self.done.store(true, Ordering::Release);
+        self.done.store(true, Ordering::SeqCst);
     }
 
     fn outcome(&self) -> Option<Result<()>> {
@@ -71,32 +72,43 @@ impl WorkState {
 #[derive(Default)]
 struct Queue {
     jobs: VecDeque<Queued>,
-    /// Some thread holds the executor and runs a job.
-    running: bool,
     /// The communicator is going away: the progress thread ends once the queue is empty.
     closing: bool,
     /// Why the communicator cannot run anything any more.
     broken: Option<String>,
-    /// Threads asleep on `progressed`, and whether the progress thread sleeps on
-    /// `work_ready`: a condition variable's notify is a system call even when nobody waits,
-    /// so the hot path (a blocking call on an idle communicator) notifies only sleepers.
-    waiters: u32,
+    /// Whether the progress thread sleeps on `work_ready`.
     progress_asleep: bool,
 }
 
 /// What callers and the progress thread share.
+///
+/// One thread at a time runs jobs: the one that set `running`. The hot path — a blocking call
+/// on an idle communicator — claims `running` with one compare-and-swap and lets it go with one
+/// store, touching the queue's lock only when someone needs telling: `attention` counts the
+/// queued jobs and the threads asleep on `progressed`. A party that starts to wait raises
+/// `attention` and then looks at what it waits for; a runner changes what it looks at and then
+/// reads `attention`. Both sides use sequentially consistent operations, so at least one sees
+/// the other (Dekker): no wake-up is lost.
 pub(crate) struct Shared {
     queue: Mutex<Queue>,
+    running: AtomicBool,
+    attention: AtomicU32,
     /// Signalled when work is queued for the progress thread, or it should end.
     work_ready: Condvar,
     /// Signalled when a job finishes or the executor is free again.
     progressed: Condvar,
-    /// Held by whoever runs a job (uncontended: only the holder of `running` takes it).
-    exec: Mutex<Executor>,
+    /// Used only by the thread that holds `running` (see [`Shared::executor`]).
+    exec: UnsafeCell<Executor>,
     pub abort: Arc<AtomicBool>,
     /// Set once `Queue::broken` is, for a check without the queue's lock.
     is_broken: AtomicBool,
 }
+
+// SAFETY: every field but `exec` is Sync by itself; `exec` is only touched through
+// `Shared::executor`, by the one thread that holds `running` (a compare-and-swap hands it out to
+// one thread at a time), so the executor is never used from two threads at once. `Executor` is
+// Send, which is what moving its use between threads needs.
+unsafe impl Sync for Shared {}
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding these locks cannot leave them inconsistent (every critical section
@@ -109,33 +121,49 @@ impl Shared {
         let abort = exec.abort.clone();
         Arc::new(Shared {
             queue: Mutex::new(Queue::default()),
+            running: AtomicBool::new(false),
+            attention: AtomicU32::new(0),
             work_ready: Condvar::new(),
             progressed: Condvar::new(),
-            exec: Mutex::new(exec),
+            exec: UnsafeCell::new(exec),
             abort,
             is_broken: AtomicBool::new(false),
         })
     }
 
-    /// Sleeps on `progressed` (counted, so that wakers know someone sleeps).
-    fn sleep<'q>(&self, mut q: MutexGuard<'q, Queue>, timeout: Option<Duration>) -> MutexGuard<'q, Queue> {
-        q.waiters += 1;
-        let mut q = match timeout {
-            None => self.progressed.wait(q).unwrap_or_else(|p| p.into_inner()),
-            Some(t) => self.progressed.wait_timeout(q, t).unwrap_or_else(|p| p.into_inner()).0,
+    /// Claims the executor's turn if nobody holds it.
+    fn claim(&self) -> bool {
+        self.running.compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst).is_ok()
+    }
+
+    /// Sleeps on `progressed` until woken (or `timeout` passes), unless `ready` already holds
+    /// once this thread is counted as waiting.
+    fn sleep<'q>(
+        &self,
+        q: MutexGuard<'q, Queue>,
+        timeout: Option<Duration>,
+        ready: impl Fn() -> bool,
+    ) -> MutexGuard<'q, Queue> {
+        self.attention.fetch_add(1, Ordering::SeqCst);
+        let q = if ready() {
+            q
+        } else {
+            match timeout {
+                None => self.progressed.wait(q).unwrap_or_else(|p| p.into_inner()),
+                Some(t) => self.progressed.wait_timeout(q, t).unwrap_or_else(|p| p.into_inner()).0,
+            }
         };
-        q.waiters -= 1;
+        self.attention.fetch_sub(1, Ordering::SeqCst);
         q
     }
 
-    /// Wakes whoever waits for progress, and the progress thread when it has work.
+    /// Wakes whoever waits for progress, and the progress thread when there is work it could
+    /// take.
     fn wake(&self, q: &Queue) {
-        if q.progress_asleep && (!q.jobs.is_empty() || q.closing) && !q.running {
+        if q.progress_asleep && (!q.jobs.is_empty() || q.closing) && !self.running.load(Ordering::SeqCst) {
             self.work_ready.notify_one();
         }
-        if q.waiters > 0 {
-            self.progressed.notify_all();
-        }
+        self.progressed.notify_all();
     }
 
     /// Why nothing can run, if so.
@@ -151,22 +179,25 @@ impl Shared {
     /// Runs `f` on the executor with nothing running (waits for the running job to end).
     pub(crate) fn with_executor<R>(&self, f: impl FnOnce(&mut Executor) -> R) -> R {
         let mut q = lock(&self.queue);
-        while q.running {
-            q = self.sleep(q, None);
+        while !self.claim() {
+            q = self.sleep(q, None, || !self.running.load(Ordering::SeqCst));
         }
-        q.running = true;
         drop(q);
-        let r = f(&mut lock(&self.exec));
+        // SAFETY: this thread holds `running` (claimed above) until `release` below.
+        let r = f(unsafe { self.executor() });
         self.release();
         r
     }
 
     /// Queues `job` for the progress thread; its handle.
-    fn submit(self: &Arc<Shared>, job: Job) -> Work {
+    pub(crate) fn submit(self: &Arc<Shared>, job: Job) -> Work {
         let state = Arc::new(WorkState::default());
         let mut q = lock(&self.queue);
         q.jobs.push_back(Queued { job, state: state.clone() });
-        self.wake(&q);
+        self.attention.fetch_add(1, Ordering::SeqCst);
+        if !self.running.load(Ordering::SeqCst) {
+            self.wake(&q);
+        }
         Work { state, shared: self.clone() }
     }
 
@@ -174,26 +205,62 @@ impl Shared {
     /// or, for a blocking call on an idle communicator, claimed for the caller to run on its
     /// own thread once it has let go of that lock ([`Admitted::finish`]).
     pub(crate) fn admit(self: &Arc<Shared>, job: Job, blocking: bool) -> Admitted {
-        let mut q = lock(&self.queue);
-        if blocking && q.jobs.is_empty() && !q.running {
-            q.running = true;
+        if blocking && self.claim_idle() {
             return Admitted::Run(job);
         }
-        drop(q);
         Admitted::Queued(self.submit(job))
     }
 
-    /// Gives the executor up after a job: the progress thread takes what is queued, waiters
-    /// look again.
+    /// Gives the executor's turn up: the progress thread takes what is queued, waiters look
+    /// again (the queue's lock only when someone needs telling).
     fn release(&self) {
-        let mut q = lock(&self.queue);
-        q.running = false;
-        self.wake(&q);
+        self.running.store(false, Ordering::SeqCst);
+        if self.attention.load(Ordering::SeqCst) > 0 {
+            self.wake(&lock(&self.queue));
+        }
+    }
+
+    /// For a blocking call, admitted under the lock that orders calls: whether the caller may
+    /// run it now on its own thread ([`Shared::run_claimed`] after letting go of that lock),
+    /// which is so when nothing is queued or running.
+    pub(crate) fn claim_idle(&self) -> bool {
+        // Nothing queued (submissions hold the caller's lock, so none can be added meanwhile)
+        // and nobody running: this call is next.
+        if self.attention.load(Ordering::SeqCst) == 0 && self.claim() {
+            if self.attention.load(Ordering::SeqCst) == 0 {
+                return true;
+            }
+            // Someone started waiting meanwhile: take the common path.
+            self.release();
+        }
+        false
+    }
+
+    /// Runs `job` after [`Shared::claim_idle`] succeeded, and releases the executor.
+    pub(crate) fn run_claimed(&self, job: &Job) -> Result<()> {
+        let r = self.run_job(job);
+        self.release();
+        r
+    }
+
+    /// The executor.
+    ///
+    /// # Safety
+    /// The calling thread must hold `running` (have claimed it and not released it), and use
+    /// the reference only until it releases it.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn executor(&self) -> &mut Executor {
+        // SAFETY: `running` is held by one thread at a time, and only that thread calls this
+        // (this fn's contract), so no other reference to the executor exists meanwhile.
+        unsafe { &mut *self.exec.get() }
     }
 
     /// Runs `job` with `running` already set (without releasing it).
     fn run_job(&self, job: &Job) -> Result<()> {
-        let mut exec = lock(&self.exec);
+        debug_assert!(self.running.load(Ordering::Relaxed), "a job run without the executor's turn");
+        // SAFETY: every caller holds `running` (claimed by `claim_idle`, `take` or
+        // `with_executor`) and releases it only after this returns.
+        let exec = unsafe { self.executor() };
         if let Some(e) = self.unusable() {
             return Err(e);
         }
@@ -226,14 +293,15 @@ impl Shared {
         self.release();
     }
 
-    /// Takes the next job if nothing runs: the caller must `execute` it.
+    /// Takes the next queued job, claiming the executor's turn; none if the queue is empty or
+    /// someone runs.
     fn take(&self, q: &mut Queue) -> Option<Queued> {
-        if q.running {
+        if q.jobs.is_empty() || !self.claim() {
             return None;
         }
-        let item = q.jobs.pop_front()?;
-        q.running = true;
-        Some(item)
+        let item = q.jobs.pop_front();
+        self.attention.fetch_sub(1, Ordering::SeqCst);
+        item
     }
 
     /// The progress thread: runs queued work until the communicator closes.
@@ -244,7 +312,7 @@ impl Shared {
                 if let Some(item) = self.take(&mut q) {
                     break Some(item);
                 }
-                if q.closing && q.jobs.is_empty() && !q.running {
+                if q.closing && q.jobs.is_empty() && !self.running.load(Ordering::SeqCst) {
                     break None;
                 }
                 q.progress_asleep = true;
@@ -253,9 +321,7 @@ impl Shared {
             };
             drop(q);
             match item {
-                Some(item) => {
-                    self.execute(item);
-                }
+                Some(item) => self.execute(item),
                 None => return,
             }
         }
@@ -272,14 +338,23 @@ impl Shared {
     /// Whether anything is queued or running.
     pub(crate) fn busy(&self) -> bool {
         let q = lock(&self.queue);
-        q.running || !q.jobs.is_empty()
+        self.running.load(Ordering::SeqCst) || !q.jobs.is_empty()
     }
 
-    /// Waits until nothing is queued or running.
+    /// Waits until nothing is queued or running, running queued work meanwhile when nobody
+    /// else does.
     pub(crate) fn flush(&self) {
-        let mut q = lock(&self.queue);
-        while q.running || !q.jobs.is_empty() {
-            q = self.sleep(q, None);
+        loop {
+            let mut q = lock(&self.queue);
+            if let Some(item) = self.take(&mut q) {
+                drop(q);
+                self.execute(item);
+                continue;
+            }
+            if q.jobs.is_empty() && !self.running.load(Ordering::SeqCst) {
+                return;
+            }
+            drop(self.sleep(q, None, || !self.running.load(Ordering::SeqCst)));
         }
     }
 
@@ -290,11 +365,13 @@ impl Shared {
 
     /// Fails every queued job with `why` (an abort), without running it.
     pub(crate) fn drain(&self, why: impl Fn() -> Error) {
-        let jobs: Vec<Queued> = lock(&self.queue).jobs.drain(..).collect();
+        let mut q = lock(&self.queue);
+        let jobs: Vec<Queued> = q.jobs.drain(..).collect();
+        self.attention.fetch_sub(jobs.len() as u32, Ordering::SeqCst);
         for item in jobs {
             item.state.finish(Err(why()));
         }
-        self.wake(&lock(&self.queue));
+        self.wake(&q);
     }
 }
 
@@ -309,11 +386,7 @@ impl Admitted {
     /// Runs or waits for the call; its result.
     pub(crate) fn finish(self, shared: &Shared) -> Result<()> {
         match self {
-            Admitted::Run(job) => {
-                let r = shared.run_job(&job);
-                shared.release();
-                r
-            }
+            Admitted::Run(job) => shared.run_claimed(&job),
             Admitted::Queued(work) => work.wait(),
         }
     }
@@ -386,7 +459,7 @@ impl Work {
                 return Some(r);
             }
             let mut q = lock(&shared.queue);
-            if self.state.done.load(Ordering::Acquire) {
+            if self.state.done.load(Ordering::SeqCst) {
                 continue;
             }
             // Help: run the oldest queued job while nobody else runs one (it is ours, or one
@@ -398,14 +471,18 @@ impl Work {
                     continue;
                 }
             }
+            let done = || self.state.done.load(Ordering::SeqCst);
             match deadline {
-                None => drop(shared.sleep(q, None)),
+                // Woken when a job finishes: ours, or one before it, which frees the executor
+                // for this thread to help.
+                None => drop(shared.sleep(q, None, || done() || !shared.running.load(Ordering::SeqCst))),
+                // Without helping (a job run here could outlast the deadline): ours only.
                 Some(d) => {
                     let left = d.saturating_duration_since(Instant::now());
                     if left.is_zero() {
                         return None;
                     }
-                    drop(shared.sleep(q, Some(left)));
+                    drop(shared.sleep(q, Some(left), done));
                 }
             }
         }

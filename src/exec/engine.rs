@@ -323,12 +323,16 @@ impl Run<'_> {
             None => return Err(Error::Internal("a step without its call header".into())),
         };
         // Only the spans the action uses (the others are placeholders).
-        let src = if st.action.reads_src() { self.mem.span(st.src.slice(off, n), false)? } else { Region::EMPTY };
-        let dst = if st.action.writes_dst() { self.mem.span(st.dst.slice(off, n), true)? } else { Region::EMPTY };
-        if !self.clear_to_write(dst) {
+        let (mem, action) = (self.mem, st.action);
+        let spans = move || -> Result<(Region, Region)> {
+            let src = if action.reads_src() { mem.span(st.src.slice(off, n), false)? } else { Region::EMPTY };
+            let dst = if action.writes_dst() { mem.span(st.dst.slice(off, n), true)? } else { Region::EMPTY };
+            Ok((src, dst))
+        };
+        if !self.inflight.is_empty() && !self.clear_to_write(spans()?.1) {
             return Ok(false);
         }
-        let tmp = if st.action == Action::RecvReduceSend {
+        let tmp = if action == Action::RecvReduceSend {
             match self.forward_slice(n)? {
                 Some(t) => t,
                 None => return Ok(false),
@@ -336,15 +340,19 @@ impl Run<'_> {
         } else {
             Region::EMPTY
         };
-        if st.action.receives() {
+        let (src, dst) = if action.receives() {
             // The receiving half runs on the message where the transport holds it (in the
-            // shared ring, for large shared-memory messages); the sending half follows.
-            let mut done = Ok(());
+            // shared ring, for large shared-memory messages); the sending half follows. The
+            // spans are worked out once the message is there (a waiting receive is polled often).
+            let mut done = Ok((Region::EMPTY, Region::EMPTY));
             let (cfg, ops) = (self.cfg, &mut *self.ops);
             let got = link(self.links, st.from)?
                 .recv_with(tag, &mut |m, data| {
-                    done = check(cfg, st.from, meta, m, data.len, n)
-                        .and_then(|()| receive(st.action, dtype, op, ops, src, dst, tmp, data));
+                    done = check(cfg, st.from, meta, m, data.len, n).and_then(|()| {
+                        let (src, dst) = spans()?;
+                        receive(action, dtype, op, ops, src, dst, tmp, data)?;
+                        Ok((src, dst))
+                    });
                 })
                 .map_err(transport_error(st.from))?;
             if !got {
@@ -352,18 +360,22 @@ impl Run<'_> {
                 if let Some(why) = l.closed() {
                     return Err(Error::PeerFailed { peer: st.from, reason: why.to_string() });
                 }
-                if !*offered && matches!(st.action, Action::Recv | Action::RecvCopySend) {
-                    // SAFETY: `dst` is this step's slice of the run's buffers, valid for the run
-                    // (`run`'s contract); no other step reads or writes it before this receive
-                    // completes (the schedule orders them), and a run that ends early closes
-                    // its connections, which revokes the offer.
-                    unsafe { l.offer(tag, dst) }.map_err(transport_error(st.from))?;
+                if !*offered && matches!(action, Action::Recv | Action::RecvCopySend) {
                     *offered = true;
+                    if l.one_sided() {
+                        // SAFETY: the destination is this step's slice of the run's buffers,
+                        // valid for the run (`run`'s contract); no other step reads or writes it
+                        // before this receive completes (the schedule orders them), and a run
+                        // that ends early closes its connections, which revokes the offer.
+                        unsafe { l.offer(tag, spans()?.1) }.map_err(transport_error(st.from))?;
+                    }
                 }
                 return Ok(false);
             }
-            done?;
-        }
+            done?
+        } else {
+            spans()?
+        };
         let payload = match st.action {
             Action::Send => Some(src),
             Action::RecvCopySend | Action::RecvReduceCopySend => Some(dst),

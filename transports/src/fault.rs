@@ -107,6 +107,10 @@ impl Connection for Faulty {
         unsafe { self.inner.offer(tag, dst) }
     }
 
+    fn one_sided(&self) -> bool {
+        self.inner.one_sided()
+    }
+
     fn backlog_limit(&self) -> Option<usize> {
         self.inner.backlog_limit()
     }

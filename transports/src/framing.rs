@@ -474,6 +474,9 @@ impl<S: ByteStream> Framed<S> {
 
     /// The message that came first among those queued under any of `tags`.
     fn queued_first(&mut self, tags: &[u32]) -> Option<Message> {
+        if let [tag] = tags {
+            return self.queues.iter_mut().find(|(t, _)| t == tag).and_then(|(_, q)| q.pop_front()).map(|(_, m)| m);
+        }
         let mut first: Option<(usize, u64)> = None;
         for (i, (t, q)) in self.queues.iter().enumerate() {
             if let (true, Some((at, _))) = (tags.contains(t), q.front()) {

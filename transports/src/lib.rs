@@ -129,6 +129,11 @@ pub trait Connection: Send {
     unsafe fn offer(&mut self, _tag: u32, _dst: Region) -> Result<()> {
         Ok(())
     }
+    /// Whether [`Connection::offer`] can do anything on this connection (the executor skips
+    /// the call otherwise).
+    fn one_sided(&self) -> bool {
+        false
+    }
     /// The backlog at which the executor should hold further sends back, if the connection
     /// wants a lower one than the executor's own: shared memory holds back as soon as anything
     /// waits, since each byte that waits costs a copy more than one written to the ring.

@@ -168,6 +168,15 @@ impl ShmConnection {
         while self.framed.recv_queued(OFFER_TAG, &mut |m, _| offers.push(decode_offer(m))) {}
     }
 
+    /// Numbers the next message of `tag` and puts it straight into the peer's offer for it,
+    /// if there is one; whether it did.
+    fn put_numbered(&mut self, tag: u32, data: Region) -> bool {
+        let n = count(&mut self.sent, tag);
+        let message = *n;
+        *n = n.wrapping_add(1);
+        self.put(tag, message, data)
+    }
+
     /// Puts `data` straight into the offer for message `message` of `tag`, if there is one
     /// and the peer still accepts it; whether it did.
     fn put(&mut self, tag: u32, message: u32, data: Region) -> bool {
@@ -194,10 +203,7 @@ impl Connection for ShmConnection {
 
     unsafe fn send(&mut self, tag: u32, meta: &Meta, data: Region) -> Result<Ticket> {
         reserved(tag)?;
-        let n = count(&mut self.sent, tag);
-        let message = *n;
-        *n = n.wrapping_add(1);
-        if self.put(tag, message, data) {
+        if self.direct.is_some() && self.put_numbered(tag, data) {
             // In place at the peer: the frame only says so.
             // SAFETY: an empty region.
             unsafe { self.framed.send(tag | DIRECT_BIT, meta, Region::EMPTY)? };
@@ -223,6 +229,10 @@ impl Connection for ShmConnection {
 
     fn recv_with(&mut self, tag: u32, f: &mut dyn FnMut(&Meta, Region)) -> Result<bool> {
         reserved(tag)?;
+        if self.direct.is_none() {
+            // Nothing is numbered without direct puts.
+            return self.framed.recv_with(tag, f);
+        }
         let message = *count(&mut self.received, tag);
         let got = match self.offered.iter().position(|o| o.0 == tag && o.1 == message) {
             // The message comes either through the ring or, put straight into the destination
@@ -260,6 +270,10 @@ impl Connection for ShmConnection {
         // SAFETY: an empty region.
         unsafe { self.framed.send(OFFER_TAG, &encode_offer(tag, message, dst), Region::EMPTY)? };
         Ok(())
+    }
+
+    fn one_sided(&self) -> bool {
+        self.direct.is_some()
     }
 
     fn backlog_limit(&self) -> Option<usize> {
