@@ -322,14 +322,8 @@ impl Run<'_> {
             None if !st.action.sends() && !st.action.receives() => &NO_META,
             None => return Err(Error::Internal("a step without its call header".into())),
         };
-        // Only the spans the action uses (the others are placeholders).
-        let (mem, action) = (self.mem, st.action);
-        let spans = move || -> Result<(Region, Region)> {
-            let src = if action.reads_src() { mem.span(st.src.slice(off, n), false)? } else { Region::EMPTY };
-            let dst = if action.writes_dst() { mem.span(st.dst.slice(off, n), true)? } else { Region::EMPTY };
-            Ok((src, dst))
-        };
-        if !self.inflight.is_empty() && !self.clear_to_write(spans()?.1) {
+        let action = st.action;
+        if !self.inflight.is_empty() && !self.clear_to_write(spans(self.mem, st, off, n)?.1) {
             return Ok(false);
         }
         let tmp = if action == Action::RecvReduceSend {
@@ -344,15 +338,19 @@ impl Run<'_> {
             // The receiving half runs on the message where the transport holds it (in the
             // shared ring, for large shared-memory messages); the sending half follows. The
             // spans are worked out once the message is there (a waiting receive is polled often).
-            let mut done = Ok((Region::EMPTY, Region::EMPTY));
-            let (cfg, ops) = (self.cfg, &mut *self.ops);
+            let mut failed: Option<Error> = None;
+            let mut spans_used = (Region::EMPTY, Region::EMPTY);
+            let (cfg, ops, mem) = (self.cfg, &mut *self.ops, self.mem);
             let got = link(self.links, st.from)?
                 .recv_with(tag, &mut |m, data| {
-                    done = check(cfg, st.from, meta, m, data.len, n).and_then(|()| {
-                        let (src, dst) = spans()?;
-                        receive(action, dtype, op, ops, src, dst, tmp, data)?;
-                        Ok((src, dst))
+                    let r = check(cfg, st.from, meta, m, data.len, n).and_then(|()| {
+                        let (src, dst) = spans(mem, st, off, n)?;
+                        spans_used = (src, dst);
+                        receive(action, dtype, op, ops, src, dst, tmp, data)
                     });
+                    if let Err(e) = r {
+                        failed = Some(e);
+                    }
                 })
                 .map_err(transport_error(st.from))?;
             if !got {
@@ -367,14 +365,17 @@ impl Run<'_> {
                         // valid for the run (`run`'s contract); no other step reads or writes it
                         // before this receive completes (the schedule orders them), and a run
                         // that ends early closes its connections, which revokes the offer.
-                        unsafe { l.offer(tag, spans()?.1) }.map_err(transport_error(st.from))?;
+                        unsafe { l.offer(tag, spans(self.mem, st, off, n)?.1) }.map_err(transport_error(st.from))?;
                     }
                 }
                 return Ok(false);
             }
-            done?
+            if let Some(e) = failed {
+                return Err(e);
+            }
+            spans_used
         } else {
-            spans()?
+            spans(self.mem, st, off, n)?
         };
         let payload = match st.action {
             Action::Send => Some(src),
@@ -467,6 +468,15 @@ impl Run<'_> {
         }
         s
     }
+}
+
+/// The regions of bytes `[off, off + n)` of the spans `st` uses (the others are placeholders,
+/// left empty).
+#[inline]
+fn spans(mem: &Memory, st: &XStep, off: usize, n: usize) -> Result<(Region, Region)> {
+    let src = if st.action.reads_src() { mem.span(st.src.slice(off, n), false)? } else { Region::EMPTY };
+    let dst = if st.action.writes_dst() { mem.span(st.dst.slice(off, n), true)? } else { Region::EMPTY };
+    Ok((src, dst))
 }
 
 /// The receiving half of a step: `data` is the message (possibly in the transport's memory).

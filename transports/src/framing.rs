@@ -531,9 +531,16 @@ impl<S: ByteStream> Framed<S> {
         self.recv_first(&[tag], &mut |_, m, r| f(m, r))
     }
 
+    /// [`Framed::recv_first`] for one tag, with `f` known to the compiler (the hot path of
+    /// every receive: no closure wrapped around the caller's).
+    #[inline]
+    pub(crate) fn recv_one<F: FnMut(&Meta, Region) + ?Sized>(&mut self, tag: u32, f: &mut F) -> Result<bool> {
+        self.recv_first(&[tag], &mut |_, m, r| f(m, r))
+    }
+
     /// Hands the message that came first among those of any of `tags` to `f` (with its tag),
     /// where it lies when it was left in place; false when none has arrived.
-    pub(crate) fn recv_first(&mut self, tags: &[u32], f: &mut dyn FnMut(u32, &Meta, Region)) -> Result<bool> {
+    pub(crate) fn recv_first<F: FnMut(u32, &Meta, Region)>(&mut self, tags: &[u32], f: &mut F) -> Result<bool> {
         loop {
             // Queued messages came before the one left in place (it is the newest known).
             if let Some(m) = self.queued_first(tags) {

@@ -143,7 +143,7 @@ impl Connection for TcpConnection {
     }
 
     fn recv_with(&mut self, tag: u32, f: &mut dyn FnMut(&Meta, Region)) -> Result<bool> {
-        self.socket(tag).recv_with(tag, f)
+        self.socket(tag).recv_one(tag, f)
     }
 
     /// Closed once every socket is: a peer that finished closes them one after the other, and

@@ -231,7 +231,7 @@ impl Connection for ShmConnection {
         reserved(tag)?;
         if self.direct.is_none() {
             // Nothing is numbered without direct puts.
-            return self.framed.recv_with(tag, f);
+            return self.framed.recv_one(tag, f);
         }
         let message = *count(&mut self.received, tag);
         let got = match self.offered.iter().position(|o| o.0 == tag && o.1 == message) {
