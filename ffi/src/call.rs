@@ -46,23 +46,12 @@ pub fn run_collective(h: &Handle, c: &Collective) -> Result<()> {
     })
 }
 
-/// Runs sends and receives together (`ncclGroupEnd`, or a lone `ncclSend`/`ncclRecv`).
+/// Runs sends and receives together (a lone `ncclSend`/`ncclRecv`, as a group of one).
 pub fn run_transfers(h: &Handle, transfers: &[Transfer]) -> Result<()> {
-    h.with_comm(|comm| {
-        let mut group = comm.group();
-        for t in transfers {
-            // SAFETY: the caller's buffers, valid (send buffers for reads, receive buffers for
-            // exclusive writes) until the group ends: NCCL's contract for ncclSend/ncclRecv.
-            unsafe {
-                if t.send {
-                    group.send_raw(t.buf, t.dtype, t.count, t.peer)?;
-                } else {
-                    group.recv_raw(t.buf, t.dtype, t.count, t.peer)?;
-                }
-            }
-        }
-        group.end().map_err(Into::into)
-    })
+    for w in submit_all(h, transfers, &[])? {
+        finish(h, &w)?;
+    }
+    Ok(())
 }
 
 /// Queues a communicator's share of a group: its sends and receives as one batch, then its

@@ -534,6 +534,37 @@ mod tests {
     use crate::exec::program::XChannel;
     use topoccl_transports::{Result as TransportResult, Ticket};
 
+    /// The methods of a test connection that only sends: nothing arrives, nothing closes.
+    macro_rules! send_only {
+        () => {
+            fn recv_with(&mut self, _: u32, _: &mut dyn FnMut(&Meta, Region)) -> TransportResult<bool> {
+                Ok(false)
+            }
+            fn closed(&self) -> Option<&str> {
+                None
+            }
+            fn wait_fds(&self, _: &mut Vec<WaitFd>) {}
+            fn needs_spin(&self) -> bool {
+                true
+            }
+            fn close(&mut self) {}
+        };
+    }
+
+    fn config(abort: &AtomicBool, slice_bytes: usize, max_backlog: usize) -> RunConfig<'_> {
+        RunConfig {
+            rank: 0,
+            dtype: Dtype::Uint8,
+            op: ReduceOp::Sum,
+            slice_bytes,
+            max_backlog,
+            timeout: Duration::from_secs(5),
+            abort,
+            call: None,
+            oversubscribed: false,
+        }
+    }
+
     /// A connection that takes one queued message off its backlog per `progress` and records
     /// the tags in the order they were sent.
     #[derive(Default)]
@@ -560,17 +591,7 @@ mod tests {
         fn progress(&mut self) -> TransportResult<bool> {
             Ok(self.queued.pop_front().is_some())
         }
-        fn recv_with(&mut self, _: u32, _: &mut dyn FnMut(&Meta, Region)) -> TransportResult<bool> {
-            Ok(false)
-        }
-        fn closed(&self) -> Option<&str> {
-            None
-        }
-        fn wait_fds(&self, _: &mut Vec<WaitFd>) {}
-        fn needs_spin(&self) -> bool {
-            true
-        }
-        fn close(&mut self) {}
+        send_only!();
     }
 
     #[test]
@@ -601,17 +622,7 @@ mod tests {
         let sent = drip.sent.clone();
         let mut links: Vec<Option<Box<dyn Connection>>> = vec![None, Some(Box::new(drip))];
         let abort = AtomicBool::new(false);
-        let cfg = RunConfig {
-            rank: 0,
-            dtype: Dtype::Uint8,
-            op: ReduceOp::Sum,
-            slice_bytes: slice,
-            max_backlog: slice,
-            timeout: Duration::from_secs(5),
-            abort: &abort,
-            call: None,
-            oversubscribed: false,
-        };
+        let cfg = config(&abort, slice, slice);
         let res = Resources { mem: &mem, links: &mut links, ops: &mut CpuOps, forward: &mut Vec::new() };
         // SAFETY: `data` outlives the run.
         unsafe { run(&prog, &[[0; 24]], res, &cfg) }.unwrap();
@@ -658,17 +669,7 @@ mod tests {
             self.queued = None;
             Ok(true)
         }
-        fn recv_with(&mut self, _: u32, _: &mut dyn FnMut(&Meta, Region)) -> TransportResult<bool> {
-            Ok(false)
-        }
-        fn closed(&self) -> Option<&str> {
-            None
-        }
-        fn wait_fds(&self, _: &mut Vec<WaitFd>) {}
-        fn needs_spin(&self) -> bool {
-            true
-        }
-        fn close(&mut self) {}
+        send_only!();
     }
 
     #[test]
@@ -697,17 +698,7 @@ mod tests {
         let delivered = slow.delivered.clone();
         let mut links: Vec<Option<Box<dyn Connection>>> = vec![None, Some(Box::new(slow))];
         let abort = AtomicBool::new(false);
-        let cfg = RunConfig {
-            rank: 0,
-            dtype: Dtype::Uint8,
-            op: ReduceOp::Sum,
-            slice_bytes: 8,
-            max_backlog: 64,
-            timeout: Duration::from_secs(5),
-            abort: &abort,
-            call: None,
-            oversubscribed: false,
-        };
+        let cfg = config(&abort, 8, 64);
         let res = Resources { mem: &mem, links: &mut links, ops: &mut CpuOps, forward: &mut Vec::new() };
         // SAFETY: both arrays outlive the run and are used through it only.
         unsafe { run(&prog, &[[0; 24]], res, &cfg) }.unwrap();
