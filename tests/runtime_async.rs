@@ -174,3 +174,33 @@ fn aborting_the_communicator_fails_queued_work_at_once() {
     assert!(results.iter().all(|e| matches!(e, Some(Error::Aborted) | Some(Error::Broken(_)))), "{results:?}");
     assert!(took < Duration::from_millis(1000), "{took:?}");
 }
+
+#[test]
+fn dropping_a_communicator_while_another_thread_waits_on_its_work_does_not_hang() {
+    // Rank 1 never calls, so rank 0's work waits; a second thread of rank 0 waits on it (and
+    // may be the one running it) while the owner drops the communicator, which aborts what is
+    // busy. The drop must return and the waiter must get the abort, whichever thread ran it.
+    let id = topoccl::UniqueId::new().unwrap();
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let cfg = common::config(TransportPolicy::Auto, 30.0);
+    let id1 = id.clone();
+    let cfg1 = cfg.clone();
+    let idle = std::thread::spawn(move || {
+        let comm = topoccl::Communicator::init_with(&id1, 1, 2, cfg1).unwrap();
+        sleep(Duration::from_millis(1500));
+        drop(comm);
+    });
+    std::thread::spawn(move || {
+        let comm = topoccl::Communicator::init_with(&id, 0, 2, cfg).unwrap();
+        let n = 1 << 16;
+        let pending = comm.submit_owned(&sum_call::<f32>(n), vec![1.0f32; n], vec![0.0; n]).unwrap();
+        let waiter = std::thread::spawn(move || pending.wait().err());
+        sleep(Duration::from_millis(200));
+        drop(comm);
+        let e = waiter.join().unwrap();
+        let _ = done_tx.send(e);
+    });
+    let e = done_rx.recv_timeout(Duration::from_secs(10)).expect("dropping the communicator hung");
+    assert!(matches!(e, Some(Error::Aborted) | Some(Error::Broken(_))), "{e:?}");
+    idle.join().unwrap();
+}

@@ -327,10 +327,15 @@ impl Shared {
         }
     }
 
-    /// Asks the progress thread to end once the queue is empty.
+    /// Asks the progress thread to end once the queue is empty and nothing runs. From now on
+    /// every runner takes the slow path when it lets go (`attention` stays raised), so the
+    /// progress thread learns when a job another thread was running ends.
     pub(crate) fn close(&self) {
         let mut q = lock(&self.queue);
-        q.closing = true;
+        if !q.closing {
+            q.closing = true;
+            self.attention.fetch_add(1, Ordering::SeqCst);
+        }
         drop(q);
         self.work_ready.notify_all();
     }
