@@ -35,16 +35,17 @@ pub(crate) struct Auth {
 
 /// The table a communicator connects with: the user's transports first, then the built-in
 /// ones `TOPOCCL_TRANSPORT` allows.
-pub(crate) fn table(cfg: &Config) -> TransportTable {
+pub(crate) fn table(cfg: &Config) -> Result<TransportTable> {
     let shm = Arc::new(ShmTransport { ring_bytes: cfg.shm_ring_bytes, direct: cfg.shm_direct });
     let tcp = Arc::new(TcpTransport { sockets: cfg.sockets.max(1) });
+    let table = TransportTable::new();
     let builtin = match cfg.transport {
-        TransportPolicy::Auto => TransportTable::new().try_with(shm).and_then(|t| t.try_with(tcp)),
-        TransportPolicy::Tcp => TransportTable::new().try_with(tcp),
-        TransportPolicy::Shm => TransportTable::new().try_with(shm),
+        TransportPolicy::Auto => table.try_with(shm).and_then(|t| t.try_with(tcp)),
+        TransportPolicy::Tcp => table.try_with(tcp),
+        TransportPolicy::Shm => table.try_with(shm),
     }
-    .unwrap_or_default();
-    cfg.transports.clone().then(&builtin)
+    .map_err(|e| Error::Internal(format!("a built-in transport: {e}")))?;
+    Ok(cfg.transports.clone().then(&builtin))
 }
 
 fn locality(p: &PeerInfo) -> Locality {
@@ -61,7 +62,7 @@ pub(crate) fn connect_all(
     deadline: Instant,
 ) -> Result<Vec<Option<Box<dyn Connection>>>> {
     let me = peers[rank as usize];
-    let table = table(cfg);
+    let table = table(cfg)?;
     let mut sockets_to = Vec::with_capacity(peers.len());
     for (p, info) in peers.iter().enumerate() {
         match table.select(&locality(&me), &locality(info)) {

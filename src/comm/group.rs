@@ -3,7 +3,7 @@
 //! sending first) complete. As in NCCL, a rank may send to itself within a group: the send
 //! pairs, in order, with a receive from itself, and is a local copy.
 
-use super::work::{Admitted, Job, Work};
+use super::work::{Job, Work};
 use super::{Communicator, Front};
 use crate::buffer::Buffer;
 use crate::error::{Error, Result};
@@ -108,8 +108,9 @@ impl<'b> Group<'_, 'b> {
     /// Runs every collected transfer; returns when all are done.
     pub fn end(self) -> Result<()> {
         let comm = self.comm;
-        match self.admit(true)? {
-            Some(admitted) => admitted.finish(&comm.shared),
+        let mut front = comm.front();
+        match self.prepare(&mut front)? {
+            Some(job) => comm.shared.run_blocking(front, job),
             None => Ok(()),
         }
     }
@@ -122,14 +123,16 @@ impl<'b> Group<'_, 'b> {
     /// until the work has completed, not only until this returns.
     pub unsafe fn submit(self) -> Result<Work> {
         let comm = self.comm;
-        match self.admit(false)? {
-            Some(admitted) => Ok(admitted.into_work(&comm.shared)),
-            None => Ok(Work::done(&comm.shared)),
-        }
+        let mut front = comm.front();
+        Ok(match self.prepare(&mut front)? {
+            Some(job) => comm.shared.submit(job),
+            None => Work::done(&comm.shared),
+        })
     }
 
-    /// Checks the group and admits its transfers in call order.
-    fn admit(self, blocking: bool) -> Result<Option<Admitted>> {
+    /// Checks the group and numbers its transfers, under the front lock (`front`), which the
+    /// caller holds until the job is admitted so the queue's order is the call order.
+    fn prepare(self, front: &mut Front) -> Result<Option<Job>> {
         let Group { comm, ops, .. } = self;
         comm.usable()?;
         if ops.is_empty() {
@@ -151,8 +154,7 @@ impl<'b> Group<'_, 'b> {
                 )));
             }
         }
-        let mut front = comm.front();
-        let Front { p2p_sent, p2p_received, .. } = &mut *front;
+        let Front { p2p_sent, p2p_received, .. } = front;
         let transfers = ops
             .iter()
             .map(|o| {
@@ -179,7 +181,7 @@ impl<'b> Group<'_, 'b> {
         // The buffers are the caller's, valid (and, to receive into, exclusive) until the
         // transfers complete: borrowed for `'b` by the safe methods, which wait; promised by
         // the callers of the raw ones and of `submit`.
-        Ok(Some(comm.shared.admit(Job::Transfers(TransferJob { transfers }), blocking)))
+        Ok(Some(Job::Transfers(TransferJob { transfers })))
     }
 }
 

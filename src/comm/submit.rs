@@ -9,7 +9,7 @@
 //! call first, so its memory is never freed while the executor still uses it.
 
 use super::call::CollectiveCall;
-use super::work::{Admitted, Job, Work};
+use super::work::{Job, Work};
 use super::{Communicator, Front};
 use crate::buffer::Buffer;
 use crate::error::{Error, Result};
@@ -49,13 +49,6 @@ impl Communicator {
         Ok(Some(Job::Collective(CollectiveJob { checked, plan, header })))
     }
 
-    /// Checks and plans `call` and admits it in call order; `None` for an empty call.
-    fn admit(&self, call: &CollectiveCall, send: Buffer, recv: Buffer, blocking: bool) -> Result<Option<Admitted>> {
-        self.usable()?;
-        let mut front = self.front();
-        Ok(self.prepare(&mut front, call, send, recv)?.map(|job| self.shared.admit(job, blocking)))
-    }
-
     /// Runs `call` from `send` to `recv`, as NCCL's C API does: the lengths follow from the
     /// call, buffers only a root uses may be NULL elsewhere, and buffers may alias (NCCL's
     /// in-place layouts run in place; any other overlap is staged). Returns once the call is
@@ -68,15 +61,10 @@ impl Communicator {
     pub unsafe fn collective_raw(&self, call: &CollectiveCall, send: Buffer, recv: Buffer) -> Result<()> {
         self.usable()?;
         let mut front = self.front();
-        let Some(job) = self.prepare(&mut front, call, send, recv)? else { return Ok(()) };
-        if self.shared.claim_idle() {
-            // Next in call order, on this thread: the job runs from here, unmoved.
-            drop(front);
-            return self.shared.run_claimed(&job);
+        match self.prepare(&mut front, call, send, recv)? {
+            Some(job) => self.shared.run_blocking(front, job),
+            None => Ok(()),
         }
-        let work = self.shared.submit(job);
-        drop(front);
-        work.wait()
     }
 
     /// Queues `call` from `send` to `recv` and returns at once; the [`Work`] says when it is
@@ -86,10 +74,12 @@ impl Communicator {
     /// As for [`Communicator::collective_raw`], until the work has completed (its `wait`
     /// returned, or its `test` said it is done) rather than until this returns.
     pub unsafe fn submit(&self, call: &CollectiveCall, send: Buffer, recv: Buffer) -> Result<Work> {
-        match self.admit(call, send, recv, false)? {
-            Some(admitted) => Ok(admitted.into_work(&self.shared)),
-            None => Ok(Work::done(&self.shared)),
-        }
+        self.usable()?;
+        let mut front = self.front();
+        Ok(match self.prepare(&mut front, call, send, recv)? {
+            Some(job) => self.shared.submit(job),
+            None => Work::done(&self.shared),
+        })
     }
 
     /// Queues `call` on buffers it owns until the call is done: `send` is read, `recv`
@@ -104,31 +94,12 @@ impl Communicator {
         if call.dtype != T::DTYPE {
             return Err(Error::InvalidArgument(format!("a call of {} on a buffer of {}", call.dtype, T::DTYPE)));
         }
-        let (block, in_bytes, out_bytes) = call.bytes(self.nranks)?;
-        let in_place = send.is_empty() && call.count > 0;
         let (sent, recv_bytes) = (std::mem::size_of_val(&send[..]), std::mem::size_of_val(&recv[..]));
         let base = Buffer::host(recv.as_mut_ptr());
-        let (s, r) = if in_place {
-            if recv_bytes != in_bytes.max(out_bytes) {
-                return Err(Error::InvalidArgument(format!(
-                    "the in-place buffer holds {recv_bytes} bytes, the call needs {}",
-                    in_bytes.max(out_bytes)
-                )));
-            }
-            let mine = base.offset(self.rank as usize * block).unwrap_or(base);
-            match call.collective {
-                crate::Collective::AllGather => (mine, base),
-                crate::Collective::ReduceScatter => (base, mine),
-                _ => (base, base),
-            }
+        let (s, r) = if send.is_empty() && call.count > 0 {
+            self.in_place(call, base, recv_bytes)?
         } else {
-            let uses = (call.collective.uses_input(self.rank), call.collective.uses_output(self.rank));
-            if (uses.0 && sent != in_bytes) || (uses.1 && recv_bytes != out_bytes) {
-                return Err(Error::InvalidArgument(format!(
-                    "buffers of {sent} and {recv_bytes} bytes, the call needs {in_bytes} and {out_bytes}"
-                )));
-            }
-            (Buffer::host(send.as_ptr()), base)
+            self.separate(call, (Buffer::host(send.as_ptr()), sent), (base, recv_bytes))?
         };
         // SAFETY: both vectors move into the `Pending`, which keeps their heap blocks alive
         // (moving a Vec does not move its elements) and waits for the call before handing them

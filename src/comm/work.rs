@@ -201,14 +201,19 @@ impl Shared {
         Work { state, shared: self.clone() }
     }
 
-    /// Admits `job` in call order (the caller holds the lock that orders its calls): queued,
-    /// or, for a blocking call on an idle communicator, claimed for the caller to run on its
-    /// own thread once it has let go of that lock ([`Admitted::finish`]).
-    pub(crate) fn admit(self: &Arc<Shared>, job: Job, blocking: bool) -> Admitted {
-        if blocking && self.claim_idle() {
-            return Admitted::Run(job);
+    /// Runs a blocking call's `job`, admitted in call order while the caller holds `order`
+    /// (the lock that orders its calls, let go here): on this thread when nothing is queued or
+    /// running, the job never moved, else queued behind the others and waited for.
+    pub(crate) fn run_blocking<G>(self: &Arc<Shared>, order: G, job: Job) -> Result<()> {
+        if self.claim_idle() {
+            drop(order);
+            let r = self.run_job(&job);
+            self.release();
+            return r;
         }
-        Admitted::Queued(self.submit(job))
+        let work = self.submit(job);
+        drop(order);
+        work.wait()
     }
 
     /// Gives the executor's turn up: the progress thread takes what is queued, waiters look
@@ -220,10 +225,9 @@ impl Shared {
         }
     }
 
-    /// For a blocking call, admitted under the lock that orders calls: whether the caller may
-    /// run it now on its own thread ([`Shared::run_claimed`] after letting go of that lock),
-    /// which is so when nothing is queued or running.
-    pub(crate) fn claim_idle(&self) -> bool {
+    /// Claims the executor for a blocking call admitted under the lock that orders calls, if
+    /// nothing is queued or running.
+    fn claim_idle(&self) -> bool {
         // Nothing queued (submissions hold the caller's lock, so none can be added meanwhile)
         // and nobody running: this call is next.
         if self.attention.load(Ordering::SeqCst) == 0 && self.claim() {
@@ -234,13 +238,6 @@ impl Shared {
             self.release();
         }
         false
-    }
-
-    /// Runs `job` after [`Shared::claim_idle`] succeeded, and releases the executor.
-    pub(crate) fn run_claimed(&self, job: &Job) -> Result<()> {
-        let r = self.run_job(job);
-        self.release();
-        r
     }
 
     /// The executor.
@@ -258,8 +255,8 @@ impl Shared {
     /// Runs `job` with `running` already set (without releasing it).
     fn run_job(&self, job: &Job) -> Result<()> {
         debug_assert!(self.running.load(Ordering::Relaxed), "a job run without the executor's turn");
-        // SAFETY: every caller holds `running` (claimed by `claim_idle`, `take` or
-        // `with_executor`) and releases it only after this returns.
+        // SAFETY: every caller holds `running` (claimed by `claim_idle` or `take`) and
+        // releases it only after this returns.
         let exec = unsafe { self.executor() };
         if let Some(e) = self.unusable() {
             return Err(e);
@@ -377,36 +374,6 @@ impl Shared {
             item.state.finish(Err(why()));
         }
         self.wake(&q);
-    }
-}
-
-/// A call admitted to the queue, or to be run by the caller.
-pub(crate) enum Admitted {
-    /// The caller holds the executor's turn and runs the job itself.
-    Run(Job),
-    Queued(Work),
-}
-
-impl Admitted {
-    /// Runs or waits for the call; its result.
-    pub(crate) fn finish(self, shared: &Shared) -> Result<()> {
-        match self {
-            Admitted::Run(job) => shared.run_claimed(&job),
-            Admitted::Queued(work) => work.wait(),
-        }
-    }
-
-    /// The handle of a queued call (a claimed one runs now and comes back done).
-    pub(crate) fn into_work(self, shared: &Arc<Shared>) -> Work {
-        match self {
-            Admitted::Queued(work) => work,
-            Admitted::Run(job) => {
-                let state = Arc::new(WorkState::default());
-                state.finish(shared.run_job(&job));
-                shared.release();
-                Work { state, shared: shared.clone() }
-            }
-        }
     }
 }
 

@@ -10,11 +10,8 @@
 //! backlog is above `max_backlog`, so memory stays bounded without ever making a sender wait on
 //! a receiver that is itself waiting (receivers always drain).
 //!
-//! Because a queued send still reads its payload, the schedule's eager sends are kept eager by
-//! the engine: every send whose ticket is not done is remembered, and a step that would write
-//! bytes such a send still reads waits until it is done (a receive-reduce-send forwards from
-//! a pool of slices, taking one no send still reads). Sends always complete without this
-//! rank's other steps (the peer drains), so the wait cannot deadlock.
+//! Because a queued send still reads its payload, a step that would write bytes such a send
+//! still reads waits until it is done ([`InFlight`]).
 //!
 //! Nothing here waits without a deadline: when no byte and no step moves for `timeout`, the
 //! call fails with what each channel is stuck on; a closed peer fails it at once; `abort`
@@ -23,8 +20,9 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use topoccl_transports::{wait, Connection, Meta, Region, Ticket, WaitFd};
+use topoccl_transports::{wait, Connection, Meta, Region, WaitFd};
 
+use super::inflight::InFlight;
 use super::memory::Memory;
 use super::ops::{LocalOps, Workspace};
 use super::program::{Action, Program, XStep};
@@ -41,17 +39,6 @@ const INLINE_CHANNELS: usize = 16;
 const CHECK_EVERY: u32 = 64;
 /// The header of a step that exchanges no message (a local copy or reduction).
 const NO_META: Meta = [0; topoccl_transports::META_BYTES];
-/// Slices a receive-reduce-send may have in flight at once (each waiting for its send).
-const MAX_FORWARD_SLICES: usize = 32;
-
-/// A send whose payload the connection still reads.
-#[derive(Debug, Clone, Copy)]
-struct InFlight {
-    region: Region,
-    peer: u32,
-    ticket: Ticket,
-}
-
 /// A connection per rank (`None` for this rank itself).
 pub(crate) type Links = [Option<Box<dyn Connection>>];
 
@@ -108,7 +95,7 @@ struct Run<'r> {
     state: &'r mut [ChannelState],
     /// Slices a receive-reduce-send step reduces into before sending them on.
     forward: &'r mut Vec<Workspace>,
-    inflight: Vec<InFlight>,
+    inflight: InFlight,
 }
 
 /// What one run works with besides its program: the buffers, the connections, the local
@@ -151,7 +138,7 @@ pub(crate) unsafe fn run(prog: &Program, metas: &[Meta], res: Resources<'_>, cfg
         }
     };
     let Resources { mem, links, ops, forward } = res;
-    let mut run = Run { prog, metas, mem, links, ops, cfg, state, forward, inflight: Vec::new() };
+    let mut run = Run { prog, metas, mem, links, ops, cfg, state, forward, inflight: InFlight::default() };
     // A run that fails part-way leaves the ranks out of step, whatever the cause: never an
     // error a caller could take for a rejected argument (which leaves the communicator usable).
     run.run().map_err(|e| match e {
@@ -323,11 +310,11 @@ impl Run<'_> {
             None => return Err(Error::Internal("a step without its call header".into())),
         };
         let action = st.action;
-        if !self.inflight.is_empty() && !self.clear_to_write(spans(self.mem, st, off, n)?.1) {
+        if !self.inflight.is_empty() && !self.inflight.clear_to_write(self.links, spans(self.mem, st, off, n)?.1) {
             return Ok(false);
         }
         let tmp = if action == Action::RecvReduceSend {
-            match self.forward_slice(n)? {
+            match self.inflight.forward_slice(self.links, self.forward, &mut *self.ops, n, self.cfg.slice_bytes)? {
                 Some(t) => t,
                 None => return Ok(false),
             }
@@ -397,49 +384,11 @@ impl Run<'_> {
         if let Some(bytes) = payload {
             // SAFETY: a span of this run's buffers or a forwarding slice, which stay valid and
             // unchanged until the send is done: the run waits for every send before it ends,
-            // and no step writes bytes a send in flight still reads (`clear_to_write`).
+            // and no step writes bytes a send in flight still reads (`InFlight`).
             let ticket = unsafe { link(self.links, st.to)?.send(tag, meta, bytes) }.map_err(transport_error(st.to))?;
-            if ticket != Ticket::DONE {
-                self.inflight.push(InFlight { region: bytes, peer: st.to, ticket });
-            }
+            self.inflight.push(bytes, st.to, ticket);
         }
         Ok(true)
-    }
-
-    /// Whether `r` may be written now: no send in flight still reads any of its bytes. Sends
-    /// found done are forgotten.
-    fn clear_to_write(&mut self, r: Region) -> bool {
-        if self.inflight.is_empty() || r.is_empty() {
-            return true;
-        }
-        let links = &*self.links;
-        let mut clear = true;
-        self.inflight.retain(|f| {
-            let done = links.get(f.peer as usize).and_then(Option::as_ref).map_or(true, |l| l.sent(f.ticket));
-            if !done && f.region.overlaps(&r) {
-                clear = false;
-            }
-            !done
-        });
-        clear
-    }
-
-    /// A forwarding slice of `n` bytes that no send in flight reads, or `None` while every
-    /// slice the pool may hold is still being sent.
-    fn forward_slice(&mut self, n: usize) -> Result<Option<Region>> {
-        for i in 0..self.forward.len() {
-            let Some(r) = self.forward[i].region().sub(0, n) else { continue };
-            if self.clear_to_write(r) {
-                return Ok(Some(r));
-            }
-        }
-        if self.forward.len() >= MAX_FORWARD_SLICES {
-            return Ok(None);
-        }
-        let w = self.ops.alloc(n.max(self.cfg.slice_bytes))?;
-        let r = w.region().sub(0, n);
-        self.forward.push(w);
-        Ok(r)
     }
 
     /// What every unfinished channel waits for.

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use topoccl_transports::{Meta, Region};
 
-use super::engine::{self, Resources, RunConfig};
+use super::engine::{self, Resources};
 use super::memory::{MemId, Memory, Span, INPUT, OUTPUT, SCRATCH};
 use super::ops::Workspace;
 use super::program::Program;
@@ -110,17 +110,7 @@ impl Executor {
             None
         };
         let metas = [job.header.encode()];
-        let cfg = RunConfig {
-            rank: self.rank,
-            dtype: call.dtype,
-            op: call.reduction.op(),
-            slice_bytes: self.settings.slice_bytes,
-            max_backlog: self.settings.max_backlog,
-            timeout: self.settings.timeout,
-            abort: &self.abort,
-            call: Some(job.header),
-            oversubscribed: self.settings.oversubscribed,
-        };
+        let cfg = self.settings.run(self.rank, &self.abort, call.dtype, call.reduction.op(), Some(job.header));
         let res = Resources { mem: &mem, links: &mut self.links, ops, forward: &mut self.forward };
         // SAFETY: the caller's regions are valid and ours for the call (this fn's contract);
         // the rest are this executor's workspaces, alive until after the run.
@@ -209,17 +199,7 @@ impl Executor {
         for (src, dst) in own_sends.into_iter().zip(own_recvs) {
             prog.add_copy(dst, src);
         }
-        let cfg = RunConfig {
-            rank: self.rank,
-            dtype: Dtype::Uint8,
-            op: ReduceOp::Sum,
-            slice_bytes: self.settings.slice_bytes,
-            max_backlog: self.settings.max_backlog,
-            timeout: self.settings.timeout,
-            abort: &self.abort,
-            call: None,
-            oversubscribed: self.settings.oversubscribed,
-        };
+        let cfg = self.settings.run(self.rank, &self.abort, Dtype::Uint8, ReduceOp::Sum, None);
         let res = Resources { mem: &mem, links: &mut self.links, ops: &mut *self.ops, forward: &mut self.forward };
         // SAFETY: the transfers' regions are valid and ours for the call (this fn's contract).
         unsafe { engine::run(&prog, &metas, res, &cfg) }

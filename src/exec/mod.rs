@@ -4,6 +4,7 @@
 //! [`ops::LocalOps`], data movement through the connections.
 
 pub(crate) mod engine;
+pub(crate) mod inflight;
 pub(crate) mod job;
 pub(crate) mod layout;
 pub(crate) mod memory;
@@ -28,6 +29,30 @@ pub(crate) struct Settings {
     pub timeout: Duration,
     /// More ranks share this host than it has cores: waiting ranks give their core away.
     pub oversubscribed: bool,
+}
+
+impl Settings {
+    /// The configuration of one run of the engine.
+    pub(crate) fn run<'a>(
+        &self,
+        rank: u32,
+        abort: &'a AtomicBool,
+        dtype: crate::types::Dtype,
+        op: crate::types::ReduceOp,
+        call: Option<wire::CallHeader>,
+    ) -> engine::RunConfig<'a> {
+        engine::RunConfig {
+            rank,
+            dtype,
+            op,
+            slice_bytes: self.slice_bytes,
+            max_backlog: self.max_backlog,
+            timeout: self.timeout,
+            abort,
+            call,
+            oversubscribed: self.oversubscribed,
+        }
+    }
 }
 
 /// One rank's executor: its connections, its local operations and the workspaces it keeps

@@ -63,8 +63,7 @@ pub type Meta = [u8; META_BYTES];
 /// Largest payload of one message (the executor slices larger transfers).
 pub const MAX_MESSAGE_BYTES: usize = u32::MAX as usize;
 
-/// A received message, copied out of the connection (tests and tools; the executor takes
-/// messages in place with [`Connection::recv_with`]).
+/// A received message, as the framing layer queues it until a receive takes it.
 #[derive(Debug)]
 pub struct Message {
     pub tag: u32,
@@ -152,17 +151,6 @@ pub trait Connection: Send {
     fn close(&mut self);
 }
 
-/// The next message of `tag`, copied out of `conn` (tests and tools).
-pub fn recv_copy(conn: &mut dyn Connection, tag: u32) -> Result<Option<Message>> {
-    let mut got = None;
-    conn.recv_with(tag, &mut |meta, data| {
-        // SAFETY: `recv_with` hands over host memory valid for the duration of this call.
-        let bytes = unsafe { data.bytes() };
-        got = Some(Message { tag, meta: *meta, data: bytes.to_vec() });
-    })?;
-    Ok(got)
-}
-
 /// Where a rank runs, as backends judge whether they can reach it (NCCL's peer info: the host
 /// now; GPUs and NICs join it with their backends).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -235,7 +223,12 @@ pub(crate) mod testing {
 
     /// The next message of `tag`, copied.
     pub(crate) fn recv(c: &mut dyn Connection, tag: u32) -> Option<Message> {
-        recv_copy(c, tag).expect("recv")
+        let mut got = None;
+        c.recv_with(tag, &mut |meta, data| {
+            got = Some(Message { tag, meta: *meta, data: bytes(data) });
+        })
+        .expect("recv");
+        got
     }
 
     /// The bytes a `recv_with` callback was handed.

@@ -10,8 +10,6 @@
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::shm::ShmTransport;
-use crate::tcp::TcpTransport;
 use crate::{Connected, Connection, Locality, PeerSetup, Transport, TRANSPORT_API_VERSION};
 
 /// Wraps each connection a communicator makes.
@@ -49,13 +47,6 @@ impl TransportTable {
         TransportTable::default()
     }
 
-    /// Shared memory between ranks of one host, then TCP (`sockets` per peer) for the rest.
-    pub fn builtin(shm_ring_bytes: usize, sockets: usize) -> TransportTable {
-        TransportTable::new()
-            .with(Arc::new(ShmTransport { ring_bytes: shm_ring_bytes, direct: false }))
-            .with(Arc::new(TcpTransport { sockets }))
-    }
-
     /// Adds `t` after the transports already there (a lower priority). A transport written for
     /// another interface version is refused.
     pub fn try_with(mut self, t: Arc<dyn Transport>) -> Result<TransportTable> {
@@ -68,12 +59,6 @@ impl TransportTable {
         }
         self.entries.push(t);
         Ok(self)
-    }
-
-    /// [`TransportTable::try_with`] for the built-in backends (which always match).
-    fn with(mut self, t: Arc<dyn Transport>) -> TransportTable {
-        self.entries.push(t);
-        self
     }
 
     /// The transports of `self`, then those of `other`.
