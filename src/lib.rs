@@ -12,11 +12,14 @@ pub mod comm;
 pub mod env;
 pub mod error;
 mod exec;
+pub mod fp8;
 pub mod tuner;
 pub mod types;
 
 pub use buffer::{Buffer, MemSpace, Region};
-pub use comm::{AbortHandle, CollectiveCall, Communicator, Config, Group, Pending, TransportPolicy, UniqueId, Work};
+pub use comm::{
+    AbortHandle, CollectiveCall, Communicator, Config, Group, Lane, Pending, TransportPolicy, UniqueId, Work,
+};
 pub use error::{Error, Result};
 pub use exec::ops;
 pub use topoccl_synth as synth;

@@ -20,10 +20,22 @@ pub enum Dtype {
     Float32 = 7,
     Float64 = 8,
     Bfloat16 = 9,
+    /// NCCL 2.24's 8-bit floats (see [`crate::fp8`]).
+    Float8e4m3 = 10,
+    Float8e5m2 = 11,
 }
 
 impl Dtype {
-    pub const ALL: [Dtype; 10] = [
+    /// The 8-bit float format of an fp8 type.
+    pub fn fp8(self) -> Option<crate::fp8::Fp8> {
+        match self {
+            Dtype::Float8e4m3 => Some(crate::fp8::Fp8::E4m3),
+            Dtype::Float8e5m2 => Some(crate::fp8::Fp8::E5m2),
+            _ => None,
+        }
+    }
+
+    pub const ALL: [Dtype; 12] = [
         Dtype::Int8,
         Dtype::Uint8,
         Dtype::Int32,
@@ -34,6 +46,8 @@ impl Dtype {
         Dtype::Float32,
         Dtype::Float64,
         Dtype::Bfloat16,
+        Dtype::Float8e4m3,
+        Dtype::Float8e5m2,
     ];
 
     /// The datatype with NCCL's number `value`.
@@ -44,7 +58,7 @@ impl Dtype {
     /// Bytes per element.
     pub fn size(self) -> usize {
         match self {
-            Dtype::Int8 | Dtype::Uint8 => 1,
+            Dtype::Int8 | Dtype::Uint8 | Dtype::Float8e4m3 | Dtype::Float8e5m2 => 1,
             Dtype::Float16 | Dtype::Bfloat16 => 2,
             Dtype::Int32 | Dtype::Uint32 | Dtype::Float32 => 4,
             Dtype::Int64 | Dtype::Uint64 | Dtype::Float64 => 8,
@@ -64,6 +78,8 @@ impl Dtype {
             Dtype::Float32 => "float",
             Dtype::Float64 => "double",
             Dtype::Bfloat16 => "bfloat16",
+            Dtype::Float8e4m3 => "f8e4m3",
+            Dtype::Float8e5m2 => "f8e5m2",
         }
     }
 }
@@ -88,9 +104,11 @@ impl FromStr for Dtype {
             "float" | "float32" | "f32" => Dtype::Float32,
             "double" | "float64" | "f64" => Dtype::Float64,
             "bfloat16" | "bf16" => Dtype::Bfloat16,
+            "f8e4m3" | "float8e4m3" | "fp8_e4m3" => Dtype::Float8e4m3,
+            "f8e5m2" | "float8e5m2" | "fp8_e5m2" => Dtype::Float8e5m2,
             _ => {
                 return Err(Error::InvalidArgument(format!(
-                    "unknown datatype `{s}` (int8, uint8, int32, uint32, int64, uint64, half, float, double, bfloat16)"
+                    "unknown datatype `{s}` (int8, uint8, int32, uint32, int64, uint64, half, float, double, bfloat16, f8e4m3, f8e5m2)"
                 )))
             }
         })
@@ -233,7 +251,9 @@ mod tests {
         }
         assert!("complex".parse::<Dtype>().is_err());
         assert_eq!(Dtype::from_raw(9), Some(Dtype::Bfloat16));
-        assert_eq!(Dtype::from_raw(10), None);
+        assert_eq!(Dtype::from_raw(10), Some(Dtype::Float8e4m3));
+        assert_eq!(Dtype::from_raw(11), Some(Dtype::Float8e5m2));
+        assert_eq!(Dtype::from_raw(12), None);
         assert_eq!(ReduceOp::from_raw(4), Some(ReduceOp::Avg));
         assert_eq!(ReduceOp::from_raw(-1), None);
     }

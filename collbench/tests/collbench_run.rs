@@ -53,11 +53,11 @@ fn every_collective_type_and_op_is_right_on_both_transports() {
     assert_eq!(code, Some(0), "{err}\n{out}");
     assert!(out.contains("# Out of bounds values : 0 OK"), "{out}");
     let rows = rows(&out);
-    // Sizes 0, 7, 49, 343, 2401, 16807; reductions for 5 ops, 10 types; 2 transports.
+    // Sizes 0, 7, 49, 343, 2401, 16807; reductions for 5 ops, 12 types; 2 transports.
     let per_type = |b: &str| if ["all_reduce", "reduce_scatter", "reduce"].contains(&b) { 5 } else { 1 };
     let want: usize = ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all", "sendrecv"]
         .iter()
-        .map(|b| 2 * 10 * 6 * per_type(b))
+        .map(|b| 2 * 12 * 6 * per_type(b))
         .sum();
     assert_eq!(rows.len(), want, "{out}");
     for (block, f) in &rows {

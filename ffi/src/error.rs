@@ -22,6 +22,9 @@ pub enum Error {
     /// The operating system or the network failed (a socket, a thread, memory).
     #[error("{0}")]
     System(String),
+    /// A call or an init ran past its deadline (`TOPOCCL_TIMEOUT`).
+    #[error("{0}")]
+    Timeout(String),
     /// A panic caught at the boundary: a topoccl bug, reported instead of unwinding into C.
     #[error("internal error: {0}")]
     Panic(String),
@@ -38,6 +41,7 @@ impl Error {
             Error::InvalidUsage(_) => NCCL_INVALID_USAGE,
             Error::Remote(_) => NCCL_REMOTE_ERROR,
             Error::System(_) => NCCL_SYSTEM_ERROR,
+            Error::Timeout(_) => NCCL_TIMEOUT,
             Error::Panic(_) => NCCL_INTERNAL_ERROR,
         }
     }
@@ -49,6 +53,7 @@ impl Error {
             NCCL_REMOTE_ERROR => Error::Remote(message),
             NCCL_SYSTEM_ERROR => Error::System(message),
             NCCL_INTERNAL_ERROR => Error::Panic(message),
+            NCCL_TIMEOUT => Error::Timeout(message),
             _ => Error::InvalidUsage(message),
         }
     }
@@ -78,7 +83,7 @@ fn core_code(e: &topoccl::Error) -> ncclResult_t {
         E::Bootstrap(_) => NCCL_SYSTEM_ERROR,
         E::Transport { .. } => NCCL_SYSTEM_ERROR,
         E::PeerFailed { .. } => NCCL_REMOTE_ERROR,
-        E::Timeout { .. } => NCCL_REMOTE_ERROR,
+        E::Timeout { .. } => NCCL_TIMEOUT,
         E::Mismatch { .. } => NCCL_INVALID_USAGE,
         E::Aborted => NCCL_INVALID_USAGE,
         E::Broken(_) => NCCL_INVALID_USAGE,
@@ -97,6 +102,7 @@ pub fn describe(code: c_int) -> &'static CStr {
         NCCL_INVALID_USAGE => c"invalid usage (run with NCCL_DEBUG=WARN for details)",
         NCCL_REMOTE_ERROR => c"remote process exited or there was a network error",
         NCCL_IN_PROGRESS => c"NCCL operation in progress",
+        NCCL_TIMEOUT => c"operation timed out (see TOPOCCL_TIMEOUT; the error names the ranks waited for)",
         _ => c"unknown result code",
     }
 }
@@ -107,7 +113,7 @@ mod tests {
 
     #[test]
     fn every_code_has_its_own_words() {
-        let words: Vec<_> = (0..8).map(describe).collect();
+        let words: Vec<_> = (0..NCCL_NUM_RESULTS).map(describe).collect();
         for (i, w) in words.iter().enumerate() {
             assert!(!words[i + 1..].contains(w), "{w:?}");
         }

@@ -106,7 +106,38 @@ pub fn poison(why: &str) {
 
 /// Ends a group level; the outermost runs everything queued.
 pub fn end() -> Result<()> {
-    let (work, failed) = GROUP.with(|g| {
+    let (work, failed) = take_level()?;
+    if let Some(why) = failed {
+        let msg = format!("a call in the group failed, so nothing in it ran ({why})");
+        work.into_iter().for_each(|w| w.cancel(&msg));
+        return Err(usage(msg));
+    }
+    run(work)
+}
+
+/// Ends a group level without running anything (`ncclGroupSimulateEnd`): the simulated time,
+/// in microseconds, of the collectives queued in it, one after another as a communicator
+/// runs them (point-to-point transfers add nothing to the estimate). Inits and splits in it
+/// are not made.
+pub fn simulate_end() -> Result<f64> {
+    let (work, failed) = take_level()?;
+    if let Some(why) = failed {
+        work.into_iter().for_each(|w| w.cancel(&why));
+        return Err(usage(format!("a call in the group failed ({why})")));
+    }
+    let mut total = 0.0;
+    for w in work {
+        match w {
+            Work::Collective { handle, call } => total += handle.with_comm(|c| Ok(c.estimate_us(&call.call)?))?,
+            other => other.cancel("the group was only simulated (ncclGroupSimulateEnd)"),
+        }
+    }
+    Ok(total)
+}
+
+/// Leaves one group level: the outermost level's work and the first failure in it.
+fn take_level() -> Result<(Vec<Work>, Option<String>)> {
+    GROUP.with(|g| {
         let mut g = g.borrow_mut();
         if g.depth == 0 {
             return Err(usage("ncclGroupEnd without a matching ncclGroupStart"));
@@ -116,13 +147,7 @@ pub fn end() -> Result<()> {
             return Ok((Vec::new(), None));
         }
         Ok((std::mem::take(&mut g.work), g.failed.take()))
-    })?;
-    if let Some(why) = failed {
-        let msg = format!("a call in the group failed, so nothing in it ran ({why})");
-        work.into_iter().for_each(|w| w.cancel(&msg));
-        return Err(usage(msg));
-    }
-    run(work)
+    })
 }
 
 fn run(work: Vec<Work>) -> Result<()> {

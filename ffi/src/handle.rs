@@ -7,10 +7,10 @@
 //! concurrent `ncclCommAbort` frees nothing another thread still uses.
 
 use std::ffi::c_int;
-use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 
-use topoccl::{AbortHandle, Communicator, Dtype, Scalar};
+use topoccl::{AbortHandle, Communicator, Dtype, Scalar, UniqueId};
 
 use crate::abi::{ncclComm, ncclComm_t, ncclResult_t, NCCL_IN_PROGRESS, NCCL_SUCCESS};
 use crate::error::{invalid, usage, Error, Result};
@@ -49,6 +49,14 @@ pub struct Handle {
     pub registrations: Mutex<Vec<Option<(usize, usize)>>>,
     /// Collective calls so far (NCCL's `opCount` in logs).
     pub op_count: AtomicU64,
+    /// `ncclCommRevoke` ran: calls are refused; destroy, split and shrink are not.
+    revoked: AtomicBool,
+    /// Between `ncclCommSuspend` and `ncclCommResume`: calls are refused.
+    suspended: AtomicBool,
+    /// The id `ncclCommGetUniqueId` made for a grow, until the grow consumes it.
+    pub grow_id: Mutex<Option<UniqueId>>,
+    /// Windows registered on this communicator, in registration order (`window`).
+    pub windows: Mutex<crate::window::Windows>,
 }
 
 fn live() -> MutexGuard<'static, Vec<usize>> {
@@ -69,6 +77,10 @@ impl Handle {
             ops: Mutex::new(Vec::new()),
             registrations: Mutex::new(Vec::new()),
             op_count: AtomicU64::new(0),
+            revoked: AtomicBool::new(false),
+            suspended: AtomicBool::new(false),
+            grow_id: Mutex::new(None),
+            windows: Mutex::new(Default::default()),
         })
     }
 
@@ -105,9 +117,22 @@ impl Handle {
         phase
     }
 
-    /// Runs `f` on the communicator once it is ready; a failure that breaks the communicator
-    /// becomes its asynchronous error.
+    /// Runs `f` on the communicator once it is ready, unless it was revoked or is suspended;
+    /// a failure that breaks the communicator becomes its asynchronous error.
     pub fn with_comm<R>(&self, f: impl FnOnce(&mut Communicator) -> Result<R>) -> Result<R> {
+        if self.revoked.load(Ordering::Acquire) {
+            return Err(usage(
+                "the communicator was revoked (ncclCommRevoke): only destroy, split and shrink may follow",
+            ));
+        }
+        if self.suspended.load(Ordering::Acquire) {
+            return Err(usage("the communicator is suspended (ncclCommSuspend): resume it first"));
+        }
+        self.with_comm_any(f)
+    }
+
+    /// [`Handle::with_comm`] also on a revoked or suspended communicator (to shrink or split it).
+    pub fn with_comm_any<R>(&self, f: impl FnOnce(&mut Communicator) -> Result<R>) -> Result<R> {
         let mut phase = self.settled();
         let comm = match &mut *phase {
             Phase::Ready(c) => c,
@@ -181,6 +206,30 @@ impl Handle {
             _ => {}
         }
         Ok(())
+    }
+
+    /// Stops every call in flight and refuses new ones (`ncclCommRevoke`).
+    pub fn revoke(&self) {
+        self.revoked.store(true, Ordering::Release);
+        if let Some(a) = self.abort.get() {
+            a.abort();
+        }
+    }
+
+    /// Stops in-flight calls (the first step of `ncclCommShrink` with `NCCL_SHRINK_ABORT`).
+    pub fn abort_calls(&self) {
+        if let Some(a) = self.abort.get() {
+            a.abort();
+        }
+    }
+
+    /// `ncclCommSuspend` (true) and `ncclCommResume` (false); whether it was suspended before.
+    pub fn set_suspended(&self, suspended: bool) -> bool {
+        self.suspended.swap(suspended, Ordering::AcqRel)
+    }
+
+    pub fn is_suspended(&self) -> bool {
+        self.suspended.load(Ordering::Acquire)
     }
 
     /// Gives the handle to C: the pointer stays valid until [`release`].

@@ -5,6 +5,7 @@
 
 use std::fmt;
 use std::io::Write;
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -53,8 +54,9 @@ const SUBSYS_NAMES: [(&str, u32); 14] = [
 ];
 
 struct Logger {
-    level: Level,
-    mask: u32,
+    /// `Level` as u8 and the subsystem mask: re-read by `ncclResetDebugInit`.
+    level: AtomicU8,
+    mask: AtomicU32,
     host: String,
     sink: Mutex<Box<dyn Write + Send>>,
 }
@@ -115,7 +117,7 @@ fn logger() -> &'static Logger {
         let level = parse_level(std::env::var("NCCL_DEBUG").ok().as_deref());
         let mask = parse_subsys(std::env::var("NCCL_DEBUG_SUBSYS").ok().as_deref());
         let sink = Mutex::new(open_sink(std::env::var("NCCL_DEBUG_FILE").ok(), &host));
-        let logger = Logger { level, mask, host, sink };
+        let logger = Logger { level: AtomicU8::new(level as u8), mask: AtomicU32::new(mask), host, sink };
         if level >= Level::Version {
             logger.write(
                 None,
@@ -132,6 +134,16 @@ fn logger() -> &'static Logger {
 }
 
 impl Logger {
+    fn level(&self) -> Level {
+        match self.level.load(Ordering::Relaxed) {
+            1 => Level::Version,
+            2 => Level::Warn,
+            3 => Level::Info,
+            4 => Level::Trace,
+            _ => Level::None,
+        }
+    }
+
     fn write(&self, rank: Option<u32>, kind: &str, msg: fmt::Arguments<'_>) {
         let tid = nix::unistd::gettid();
         let rank = rank.map_or_else(|| "-".to_string(), |r| r.to_string());
@@ -147,9 +159,17 @@ pub fn init() {
     logger();
 }
 
+/// Reads `NCCL_DEBUG` and `NCCL_DEBUG_SUBSYS` again (`ncclResetDebugInit`, which programs
+/// call after changing them).
+pub fn reset() {
+    let l = logger();
+    l.level.store(parse_level(std::env::var("NCCL_DEBUG").ok().as_deref()) as u8, Ordering::Relaxed);
+    l.mask.store(parse_subsys(std::env::var("NCCL_DEBUG_SUBSYS").ok().as_deref()), Ordering::Relaxed);
+}
+
 pub fn info_enabled(subsys: Subsys) -> bool {
     let l = logger();
-    l.level >= Level::Info && l.mask & subsys as u32 != 0
+    l.level() >= Level::Info && l.mask.load(Ordering::Relaxed) & subsys as u32 != 0
 }
 
 pub fn info(subsys: Subsys, rank: Option<u32>, msg: fmt::Arguments<'_>) {
@@ -160,7 +180,7 @@ pub fn info(subsys: Subsys, rank: Option<u32>, msg: fmt::Arguments<'_>) {
 
 pub fn warn(rank: Option<u32>, msg: fmt::Arguments<'_>) {
     let l = logger();
-    if l.level >= Level::Warn {
+    if l.level() >= Level::Warn {
         l.write(rank, "WARN", msg);
     }
 }

@@ -19,6 +19,13 @@ pub fn get<'a, T>(ptr: *const T) -> Option<&'a T> {
     unsafe { ptr.as_ref() }
 }
 
+/// A mutable reference to a caller's struct (NULL allowed where the API allows it).
+pub fn get_mut<'a, T>(ptr: *mut T) -> Option<&'a mut T> {
+    // SAFETY: a non-NULL pointer the API passes in points at a valid, writable `T` that the
+    // caller does not touch during the call.
+    unsafe { ptr.as_mut() }
+}
+
 /// Reads `n` ints from a caller's array.
 pub fn ints(ptr: *const i32, n: usize, what: &str) -> Result<Vec<i32>> {
     if ptr.is_null() {

@@ -119,14 +119,37 @@ pub fn requested(cfg: Option<&ncclConfig_t>) -> Result<Requested> {
     if blocking != CONFIG_UNDEF_INT && blocking != 0 && blocking != 1 {
         return Err(invalid(format!("ncclConfig_t.blocking = {blocking}: expected 0 or 1")));
     }
+    // GPU launch and network-plugin settings (up to NCCL 2.30's layout): read where the
+    // caller's struct has them, and said to have no effect here.
     for (name, v) in [
         ("cgaClusterSize", field!(cfg, cga_cluster_size)),
         ("minCTAs", field!(cfg, min_ctas)),
         ("maxCTAs", field!(cfg, max_ctas)),
+        ("splitShare", field!(cfg, split_share)),
+        ("trafficClass", field!(cfg, traffic_class)),
+        ("collnetEnable", field!(cfg, collnet_enable)),
+        ("CTAPolicy", field!(cfg, cta_policy)),
+        ("shrinkShare", field!(cfg, shrink_share)),
+        ("nvlsCTAs", field!(cfg, nvls_ctas)),
+        ("nChannelsPerNetPeer", field!(cfg, n_channels_per_net_peer)),
+        ("nvlinkCentricSched", field!(cfg, nvlink_centric_sched)),
+        ("graphUsageMode", field!(cfg, graph_usage_mode)),
+        ("numRmaCtx", field!(cfg, num_rma_ctx)),
+        ("maxP2pPeers", field!(cfg, max_p2p_peers)),
+        ("graphStreamOrdering", field!(cfg, graph_stream_ordering)),
     ] {
         if let Some(v) = v.filter(|v| *v != CONFIG_UNDEF_INT) {
-            log::info(Subsys::Init, None, format_args!("ncclConfig_t.{name} = {v} has no meaning without CUDA"));
+            log::info(
+                Subsys::Init,
+                None,
+                format_args!("ncclConfig_t.{name} = {v} has no effect here (host memory, one protocol)"),
+            );
         }
+    }
+    if let Some(p) = field!(cfg, comm_name).filter(|p| !p.is_null()) {
+        // SAFETY: a non-NULL commName is a NUL-terminated string by the API's contract.
+        let name = unsafe { CStr::from_ptr(p) }.to_string_lossy();
+        log::info(Subsys::Init, None, format_args!("ncclConfig_t.commName = {name}"));
     }
     if let Some(p) = field!(cfg, net_name).filter(|p| !p.is_null()) {
         // SAFETY: a non-NULL netName is a NUL-terminated string by the API's contract.
@@ -156,6 +179,18 @@ mod tests {
             max_ctas: CONFIG_UNDEF_INT,
             net_name: std::ptr::null(),
             split_share: CONFIG_UNDEF_INT,
+            traffic_class: CONFIG_UNDEF_INT,
+            comm_name: std::ptr::null(),
+            collnet_enable: CONFIG_UNDEF_INT,
+            cta_policy: CONFIG_UNDEF_INT,
+            shrink_share: CONFIG_UNDEF_INT,
+            nvls_ctas: CONFIG_UNDEF_INT,
+            n_channels_per_net_peer: CONFIG_UNDEF_INT,
+            nvlink_centric_sched: CONFIG_UNDEF_INT,
+            graph_usage_mode: CONFIG_UNDEF_INT,
+            num_rma_ctx: CONFIG_UNDEF_INT,
+            max_p2p_peers: CONFIG_UNDEF_INT,
+            graph_stream_ordering: 5,
         }
     }
 
@@ -184,5 +219,12 @@ mod tests {
         let mut short = config_with_blocking(0);
         short.size = 16; // an older header without `blocking`
         assert!(requested(Some(&short)).unwrap().blocking);
+        // A 2.21 caller's struct ends after splitShare: the later fields (here garbage) are
+        // never read.
+        let mut old = config_with_blocking(0);
+        old.size = 48;
+        old.version = crate::abi::CONFIG_VERSION_2_21;
+        old.comm_name = 1 as *const std::ffi::c_char;
+        assert!(!requested(Some(&old)).unwrap().blocking);
     }
 }

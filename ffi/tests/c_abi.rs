@@ -60,12 +60,20 @@ fn install() -> Option<PathBuf> {
 }
 
 fn compile(dir: &Path, program: &str) -> PathBuf {
+    compile_against(dir, program, &[repo().join("ffi/include")], program)
+}
+
+/// `program` compiled with `includes` (the first holds the `nccl.h` it is built against) into
+/// `dir/name`, linked with our library.
+fn compile_against(dir: &Path, program: &str, includes: &[PathBuf], name: &str) -> PathBuf {
     let src = repo().join("tests/c").join(format!("{program}.c"));
-    let out = dir.join(program);
-    let status = Command::new("cc")
-        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1"])
-        .arg("-I")
-        .arg(repo().join("ffi/include"))
+    let out = dir.join(name);
+    let mut cmd = Command::new("cc");
+    cmd.args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1"]);
+    for i in includes {
+        cmd.arg("-I").arg(i);
+    }
+    let status = cmd
         .arg(&src)
         .arg("-o")
         .arg(&out)
@@ -122,6 +130,45 @@ fn c_programs_split_abort_and_init_every_way() {
 }
 
 #[test]
+fn c_programs_use_the_nccl_2_30_api() {
+    let Some(prog) = program("nccl230") else { return };
+    for n in ["2", "3"] {
+        let out = run(&prog, &[n, "basics"]);
+        assert!(out.contains(&format!("nccl230: {n} ranks")), "{out}");
+    }
+    let out = run(&prog, &["3", "grow"]);
+    assert!(out.contains("grow: 3 ranks"), "{out}");
+    let (out, err, ok) = run_with(&prog, &["3", "shrink"], &[("TOPOCCL_TIMEOUT", "20")]);
+    assert!(ok && out.contains("shrink: 2 survivors"), "{out}{err}");
+}
+
+/// NVIDIA's own `nccl.h` 2.30.7, where `ffi/tests/fetch-nvidia-nccl.sh` put it (CI runs it).
+fn nvidia_header() -> Option<PathBuf> {
+    let dir = std::env::var_os("TOPOCCL_NVIDIA_NCCL_INCLUDE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join("target/nvidia-nccl-2.30.7/include"));
+    if dir.join("nccl.h").exists() {
+        return Some(dir);
+    }
+    assert!(std::env::var_os("CI").is_none(), "NVIDIA's nccl.h is missing: CI runs ffi/tests/fetch-nvidia-nccl.sh");
+    eprintln!("skipped: NVIDIA's nccl.h 2.30.7 not found (run ffi/tests/fetch-nvidia-nccl.sh)");
+    None
+}
+
+#[test]
+fn programs_built_against_nvidias_2_30_header_run_on_ours() {
+    let Some(nvidia) = nvidia_header() else { return };
+    let Some(_) = program("nccl230") else { return };
+    let dir = BUILT.lock().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(|b| b.dir.clone()).unwrap();
+    let includes = [nvidia, repo().join("tests/c/cuda_stub")];
+    for p in ["nccl230", "collectives"] {
+        let prog = compile_against(&dir, p, &includes, &format!("{p}-nvidia-header"));
+        let out = run(&prog, &["3"]);
+        assert!(out.contains(&format!("{p}: 3 ranks")), "{out}");
+    }
+}
+
+#[test]
 fn nccl_debug_and_algo_variables_are_honoured() {
     let Some(prog) = program("collectives") else { return };
     let debug = [("NCCL_DEBUG", "INFO"), ("NCCL_DEBUG_SUBSYS", "INIT,COLL,TUNING"), ("NCCL_ALGO", "Tree")];
@@ -147,16 +194,24 @@ fn nccl_debug_and_algo_variables_are_honoured() {
     assert!(!ok && err.contains("NCCL_ALGO=Rong"), "{err}");
 }
 
-/// Function names declared in the header (`ncclResult_t  ncclX(` and `const char*  ncclX(`).
+/// Function names declared in the header: lines `<return type>  [p]ncclX(`.
 fn header_functions() -> Vec<String> {
     let text = std::fs::read_to_string(repo().join("ffi/include/nccl.h")).unwrap();
     let mut names: Vec<String> = text
         .lines()
-        .filter(|l| l.starts_with("ncclResult_t") || l.starts_with("const char*"))
+        .filter(|l| ["ncclResult_t ", "const char* ", "void ", "int ", "ncclTeam_t "].iter().any(|t| l.starts_with(t)))
         .filter_map(|l| l.split('(').next()?.split_whitespace().last().map(|s| s.trim_start_matches('*').to_string()))
+        .filter(|n| n.starts_with("nccl") || n.starts_with("pnccl"))
         .collect();
     names.sort();
     names
+}
+
+/// NCCL 2.30.7's exported functions, as `nm -D --defined-only` lists NVIDIA's libnccl.so.2
+/// (from the nvidia-nccl-cu13 2.30.7 wheel): names only.
+fn nccl_2_30_exports() -> Vec<String> {
+    let text = std::fs::read_to_string(repo().join("ffi/tests/nccl-2.30.7.exports")).unwrap();
+    text.lines().map(str::trim).filter(|l| !l.is_empty()).map(str::to_string).collect()
 }
 
 #[test]
@@ -179,8 +234,10 @@ fn exported_symbols_are_the_headers_functions() {
         .collect();
     exported.sort();
     let declared = header_functions();
-    assert_eq!(declared.len(), 62, "31 functions and their pnccl twins: {declared:?}");
-    assert_eq!(exported, declared);
+    assert_eq!(exported, declared, "the library exports what the header declares");
+    // 82 functions, 82 pnccl twins, and ncclResetDebugInitInternal (no twin).
+    assert_eq!(exported.len(), 165);
+    assert_eq!(exported, nccl_2_30_exports(), "the export list is NCCL 2.30.7's");
     let soname = Command::new("readelf").arg("-d").arg(&lib).output();
     if let Ok(o) = soname {
         assert!(String::from_utf8_lossy(&o.stdout).contains("[libnccl.so.2]"), "soname");

@@ -56,7 +56,7 @@ fn locality(p: &PeerInfo) -> Locality {
 pub(crate) fn connect_all(
     rank: u32,
     peers: &[PeerInfo],
-    listener: TcpListener,
+    listener: &TcpListener,
     auth: Auth,
     cfg: &Config,
     deadline: Instant,

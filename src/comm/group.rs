@@ -11,6 +11,16 @@ use crate::exec::job::{Transfer, TransferJob};
 use crate::exec::wire::{reduction_code, CallHeader, Called};
 use crate::types::{DataType, Dtype, ReduceOp, Reduction};
 
+/// Which stream of point-to-point messages a group's transfers use. Each is matched in order
+/// per pair of ranks, and the two never mix, so one-sided puts (received when the target asks
+/// for them) cannot pair with a send/recv the program makes meanwhile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Lane {
+    #[default]
+    SendRecv,
+    Put,
+}
+
 /// One call of the group, checked.
 #[derive(Debug, Clone, Copy)]
 struct P2p {
@@ -36,6 +46,7 @@ struct P2p {
 /// ```
 pub struct Group<'c, 'b> {
     comm: &'c Communicator,
+    lane: Lane,
     ops: Vec<P2p>,
     _buffers: std::marker::PhantomData<&'b mut [u8]>,
 }
@@ -43,7 +54,12 @@ pub struct Group<'c, 'b> {
 impl Communicator {
     /// Starts a group of point-to-point calls.
     pub fn group<'b>(&self) -> Group<'_, 'b> {
-        Group { comm: self, ops: Vec::new(), _buffers: std::marker::PhantomData }
+        self.group_on(Lane::SendRecv)
+    }
+
+    /// Starts a group of point-to-point calls on `lane`.
+    pub fn group_on<'b>(&self, lane: Lane) -> Group<'_, 'b> {
+        Group { comm: self, lane, ops: Vec::new(), _buffers: std::marker::PhantomData }
     }
 }
 
@@ -133,7 +149,7 @@ impl<'b> Group<'_, 'b> {
     /// Checks the group and numbers its transfers, under the front lock (`front`), which the
     /// caller holds until the job is admitted so the queue's order is the call order.
     fn prepare(self, front: &mut Front) -> Result<Option<Job>> {
-        let Group { comm, ops, .. } = self;
+        let Group { comm, ops, lane, .. } = self;
         comm.usable()?;
         if ops.is_empty() {
             return Ok(None);
@@ -154,11 +170,15 @@ impl<'b> Group<'_, 'b> {
                 )));
             }
         }
-        let Front { p2p_sent, p2p_received, .. } = front;
+        let Front { p2p_sent, p2p_received, put_sent, put_received, .. } = front;
+        let (sent, received, tag) = match lane {
+            Lane::SendRecv => (p2p_sent, p2p_received, crate::exec::program::P2P_TAG),
+            Lane::Put => (put_sent, put_received, crate::exec::program::PUT_TAG),
+        };
         let transfers = ops
             .iter()
             .map(|o| {
-                let counter = if o.send { &mut p2p_sent[o.peer as usize] } else { &mut p2p_received[o.peer as usize] };
+                let counter = if o.send { &mut sent[o.peer as usize] } else { &mut received[o.peer as usize] };
                 let header = CallHeader {
                     seq: *counter,
                     called: Called::SendRecv,
@@ -175,6 +195,7 @@ impl<'b> Group<'_, 'b> {
                     peer: o.peer,
                     region: o.buf.region(o.count * o.dtype.size()),
                     meta: header.encode(),
+                    tag,
                 }
             })
             .collect();

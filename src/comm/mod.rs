@@ -31,6 +31,7 @@ mod connect;
 mod group;
 mod netif;
 pub(crate) mod plan;
+mod resize;
 mod submit;
 mod typed;
 pub(crate) mod work;
@@ -49,7 +50,7 @@ pub use bootstrap::{UniqueId, UNIQUE_ID_BYTES};
 pub use call::CollectiveCall;
 pub use config::{Config, TransportPolicy};
 use connect::Auth;
-pub use group::Group;
+pub use group::{Group, Lane};
 pub use submit::Pending;
 pub use work::Work;
 
@@ -89,6 +90,9 @@ pub struct Communicator {
     front: Mutex<Front>,
     shared: Arc<Shared>,
     progress: Option<JoinHandle<()>>,
+    /// The listening socket the peers dialled (its address is in their `peers`), kept open so
+    /// that a shrink can connect the survivors without a working data path (`resize.rs`).
+    listener: Mutex<Option<TcpListener>>,
 }
 
 /// The submitting side's state.
@@ -99,6 +103,9 @@ struct Front {
     /// Point-to-point messages sent to / received from each peer.
     p2p_sent: Vec<u32>,
     p2p_received: Vec<u32>,
+    /// The same for one-sided puts (their own stream: [`group::Lane::Put`]).
+    put_sent: Vec<u32>,
+    put_received: Vec<u32>,
     splits: u32,
 }
 
@@ -208,7 +215,7 @@ impl Communicator {
         deadline: Instant,
     ) -> Result<Communicator> {
         let nranks = peers.len() as u32;
-        let links = connect::connect_all(rank, &peers, listener, auth, &config, deadline)?;
+        let links = connect::connect_all(rank, &peers, &listener, auth, &config, deadline)?;
         let local = peers.iter().filter(|p| p.host == peers[rank as usize].host).count();
         let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
         let spec = match &config.topology {
@@ -249,6 +256,8 @@ impl Communicator {
             seq: 0,
             p2p_sent: vec![0; nranks as usize],
             p2p_received: vec![0; nranks as usize],
+            put_sent: vec![0; nranks as usize],
+            put_received: vec![0; nranks as usize],
             splits: 0,
         };
         Ok(Communicator {
@@ -262,6 +271,7 @@ impl Communicator {
             front: Mutex::new(front),
             shared,
             progress: Some(progress),
+            listener: Mutex::new(Some(listener)),
         })
     }
 

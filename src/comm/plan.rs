@@ -77,6 +77,12 @@ impl Planner {
         self.tuner.choose(collective, size)
     }
 
+    /// The simulated time of what the tuner runs `collective` with on blocks of `block_bytes`.
+    pub(crate) fn estimate_us(&mut self, collective: Collective, block_bytes: usize) -> Result<f64> {
+        let size = self.size(collective, block_bytes);
+        self.tuner.predict_us(collective, size)
+    }
+
     /// The plan for `collective` on `count` elements of `esize` bytes (`count` > 0).
     pub(crate) fn plan(&mut self, collective: Collective, esize: usize, count: usize) -> Result<Arc<Plan>> {
         let key = PlanKey { collective, esize, count };

@@ -41,6 +41,8 @@ pub(crate) struct Transfer {
     pub region: Region,
     /// The header its messages carry.
     pub meta: Meta,
+    /// The message stream it belongs to (`program::P2P_TAG` or `PUT_TAG`).
+    pub tag: u32,
 }
 
 /// Sends and receives that run together (a group's, or a lone call's).
@@ -193,7 +195,7 @@ impl Executor {
                 }
                 continue;
             }
-            prog.add_p2p(t.send, t.peer, span, metas.len() as u32);
+            prog.add_p2p(t.send, t.peer, span, metas.len() as u32, t.tag);
             metas.push(t.meta);
         }
         for (src, dst) in own_sends.into_iter().zip(own_recvs) {

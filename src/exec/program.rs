@@ -8,6 +8,8 @@ use topoccl_synth::schedule::{Buffer, Dep, Op, Schedule, Slot};
 
 /// Message tag of grouped point-to-point transfers (collective channels use their index).
 pub(crate) const P2P_TAG: u32 = 1 << 30;
+/// Message tag of one-sided puts: a stream of their own, so they never pair with a send/recv.
+pub(crate) const PUT_TAG: u32 = P2P_TAG + 1;
 
 /// What a step does with the message it receives (if any) and its spans.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -195,7 +197,7 @@ impl Program {
     /// Adds a point-to-point transfer whose messages carry header `meta`: sends to one peer run
     /// in order on one channel, receives from one peer on another, and different peers run
     /// concurrently.
-    pub(crate) fn add_p2p(&mut self, send: bool, peer: u32, span: Span, meta: u32) {
+    pub(crate) fn add_p2p(&mut self, send: bool, peer: u32, span: Span, meta: u32, tag: u32) {
         self.note_peer(peer);
         let action = if send { Action::Send } else { Action::Recv };
         let none = Span::new(INPUT, 0, 0);
@@ -205,9 +207,9 @@ impl Program {
             XStep { action, from: peer, to: 0, src: none, dst: span, len: span.len, meta }
         };
         let key = |s: &XStep| (s.action, if send { s.to } else { s.from });
-        match self.channels.iter_mut().find(|c| c.steps.first().map(key) == Some((action, peer))) {
+        match self.channels.iter_mut().find(|c| c.tag == tag && c.steps.first().map(key) == Some((action, peer))) {
             Some(ch) => ch.steps.push(step),
-            None => self.channels.push(XChannel { tag: P2P_TAG, steps: vec![step], ..XChannel::default() }),
+            None => self.channels.push(XChannel { tag, steps: vec![step], ..XChannel::default() }),
         }
     }
 

@@ -10,6 +10,7 @@
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
+use crate::fp8::Fp8;
 use crate::types::{Dtype, ReduceOp};
 
 trait Arith: bytemuck::Pod {
@@ -168,6 +169,24 @@ macro_rules! half_typed {
 half_typed!(typed_f16, f16);
 half_typed!(typed_bf16, bf16);
 
+/// fp8: widened to f32 in blocks through a 256-entry table, narrowed once per step.
+fn typed_fp8(format: Fp8, op: ReduceOp, out: Out<'_>, y: &[u8]) {
+    let table: [f32; 256] = std::array::from_fn(|c| format.to_f32(c as u8));
+    let mut a = [0f32; BLOCK];
+    let mut b = [0f32; BLOCK];
+    blocks::<u8>(out, y, |xs, ys, res| {
+        let n = ys.len();
+        for ((wa, wb), (x, y)) in a[..n].iter_mut().zip(&mut b[..n]).zip(xs.iter().zip(ys)) {
+            *wa = table[usize::from(*x)];
+            *wb = table[usize::from(*y)];
+        }
+        op2(op, &mut a[..n], &b[..n]);
+        for (r, v) in res.iter_mut().zip(&a[..n]) {
+            *r = format.from_f32(*v);
+        }
+    })
+}
+
 fn dispatch(dtype: Dtype, op: ReduceOp, out: Out<'_>, y: &[u8]) {
     match dtype {
         Dtype::Int8 => typed::<i8>(op, out, y),
@@ -180,6 +199,8 @@ fn dispatch(dtype: Dtype, op: ReduceOp, out: Out<'_>, y: &[u8]) {
         Dtype::Float64 => typed::<f64>(op, out, y),
         Dtype::Float16 => typed_f16(op, out, y),
         Dtype::Bfloat16 => typed_bf16(op, out, y),
+        Dtype::Float8e4m3 => typed_fp8(Fp8::E4m3, op, out, y),
+        Dtype::Float8e5m2 => typed_fp8(Fp8::E5m2, op, out, y),
     }
 }
 
@@ -225,6 +246,11 @@ pub(crate) fn divide(dtype: Dtype, data: &mut [u8], n: u32) {
         Dtype::Float64 => each::<f64>(data, n),
         Dtype::Float16 => halves::<f16>(data, n, f16::to_f32, f16::from_f32),
         Dtype::Bfloat16 => halves::<bf16>(data, n, bf16::to_f32, bf16::from_f32),
+        Dtype::Float8e4m3 | Dtype::Float8e5m2 => {
+            if let Some(format) = dtype.fp8() {
+                data.iter_mut().for_each(|c| *c = format.from_f32(format.to_f32(*c) / n as f32));
+            }
+        }
     }
 }
 
@@ -273,6 +299,21 @@ mod tests {
         let mut acc = bytes(&[bf16::from_f32(3.0), bf16::from_f32(-1.0)]);
         reduce_in_place(Dtype::Bfloat16, ReduceOp::Max, &mut acc, &bytes(&[bf16::from_f32(2.0), bf16::from_f32(4.0)]));
         assert_eq!(bytemuck::cast_slice::<u8, bf16>(&acc), [bf16::from_f32(3.0), bf16::from_f32(4.0)]);
+    }
+
+    #[test]
+    fn fp8_reduces_through_f32_and_saturates() {
+        let e4 = |v: &[f32]| v.iter().map(|x| Fp8::E4m3.from_f32(*x)).collect::<Vec<u8>>();
+        let mut acc = e4(&[1.0, 3.0, 400.0, -2.0]);
+        reduce_in_place(Dtype::Float8e4m3, ReduceOp::Sum, &mut acc, &e4(&[2.0, 0.5, 400.0, 2.0]));
+        let got: Vec<f32> = acc.iter().map(|c| Fp8::E4m3.to_f32(*c)).collect();
+        assert_eq!(got, [3.0, 3.5, 448.0, 0.0]);
+        let mut acc = e4(&[1.0, -3.0]);
+        reduce_in_place(Dtype::Float8e4m3, ReduceOp::Min, &mut acc, &e4(&[2.0, 0.5]));
+        assert_eq!(acc, e4(&[1.0, -3.0]));
+        let mut v = vec![Fp8::E5m2.from_f32(12.0)];
+        divide(Dtype::Float8e5m2, &mut v, 4);
+        assert_eq!(Fp8::E5m2.to_f32(v[0]), 3.0);
     }
 
     #[test]

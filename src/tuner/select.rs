@@ -213,6 +213,14 @@ impl Selector {
         Ok(choice)
     }
 
+    /// The simulated time, in microseconds, of the schedule [`Selector::choose`] picks for
+    /// `collective` on exactly `bytes`.
+    pub fn predict_us(&mut self, collective: Collective, bytes: u64) -> Result<f64> {
+        let choice = self.choose(collective, bytes)?;
+        let schedule = self.schedule(&choice, collective, size_bucket(bytes))?;
+        Ok(Simulator::with_config(&self.topology, self.options.sim).run(&schedule, bytes)?.time_us)
+    }
+
     /// Every candidate for `collective` priced at the size bucket of `bytes`, in candidate
     /// order, then any deeper ones tried after them ([`deeper`]). Candidates whose generator
     /// cannot build this topology are left out, as are duplicates (two knob settings a

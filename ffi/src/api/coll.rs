@@ -11,10 +11,11 @@ use crate::error::{invalid, Result};
 use crate::group::{self, Work};
 use crate::handle::{self, Handle};
 use crate::log::{self, Subsys};
+use crate::raw;
 
 fn dtype_of(datatype: ncclDataType_t) -> Result<Dtype> {
     Dtype::from_raw(i64::from(datatype))
-        .ok_or_else(|| invalid(format!("datatype {datatype} is not an ncclDataType_t (0..9)")))
+        .ok_or_else(|| invalid(format!("datatype {datatype} is not an ncclDataType_t (0..11)")))
 }
 
 fn op_of(h: &Handle, op: ncclRedOp_t, dtype: Dtype) -> Result<Reduction> {
@@ -115,6 +116,109 @@ fn transfer(
     })
 }
 
+/// What `ncclGather` and `ncclScatter` are: point-to-point transfers between the root and
+/// every rank (as NCCL runs them), grouped like any other.
+#[allow(clippy::too_many_arguments)]
+fn rooted_transfers(
+    name: &str,
+    gather: bool,
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    guard(name, || {
+        let h = handle::lookup(comm)?;
+        no_stream(stream)?;
+        let dtype = dtype_of(datatype)?;
+        let (rank, n) = h.identity()?;
+        let root = rank_of("root", root, n)?;
+        if root >= n {
+            return Err(invalid(format!("root {root} is out of range for {n} ranks")));
+        }
+        log::info(
+            Subsys::Coll,
+            Some(rank),
+            format_args!("{name}: sendbuff {send:p} recvbuff {recv:p} count {count} datatype {datatype} root {root} comm {comm:p} [nranks={n}]"),
+        );
+        let block = count
+            .checked_mul(dtype.size())
+            .filter(|b| b.checked_mul(n as usize).is_some())
+            .ok_or_else(|| invalid(format!("count {count} × {n} ranks overflows the address space")))?;
+        // The root's side: one block per rank of the spread buffer (recv for gather, send for
+        // scatter); everyone's: one block of the other.
+        let (spread, single) = if gather { (recv as usize, send as usize) } else { (send as usize, recv as usize) };
+        let block_of = |r: u32| Buffer::host((spread + r as usize * block) as *const c_void);
+        let mut list = Vec::new();
+        let t = |send: bool, buf: Buffer, peer: u32| Transfer { send, buf, dtype, count, peer };
+        if count > 0 {
+            if rank == root {
+                for r in 0..n {
+                    // In place: the root's own block already is where it belongs.
+                    if r == root && spread + root as usize * block == single {
+                        continue;
+                    }
+                    if r == root {
+                        let own = Buffer::host(single as *const c_void);
+                        list.push(t(true, if gather { own } else { block_of(r) }, r));
+                        list.push(t(false, if gather { block_of(r) } else { own }, r));
+                    } else {
+                        list.push(t(!gather, block_of(r), r));
+                    }
+                }
+            } else {
+                list.push(t(gather, Buffer::host(single as *const c_void), root));
+            }
+        }
+        if group::active() {
+            list.into_iter().for_each(|transfer| group::push(Work::Transfer { handle: h.clone(), transfer }));
+        } else if !list.is_empty() {
+            call::run_transfers(&h, &list)?;
+        }
+        Ok(NCCL_SUCCESS)
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gather(
+    s: *const c_void,
+    r: *mut c_void,
+    n: usize,
+    t: ncclDataType_t,
+    root: c_int,
+    comm: ncclComm_t,
+    st: cudaStream_t,
+) -> ncclResult_t {
+    rooted_transfers("ncclGather", true, s, r, n, t, root, comm, st)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn scatter(
+    s: *const c_void,
+    r: *mut c_void,
+    n: usize,
+    t: ncclDataType_t,
+    root: c_int,
+    comm: ncclComm_t,
+    st: cudaStream_t,
+) -> ncclResult_t {
+    rooted_transfers("ncclScatter", false, s, r, n, t, root, comm, st)
+}
+
+fn all_to_all(
+    s: *const c_void,
+    r: *mut c_void,
+    n: usize,
+    t: ncclDataType_t,
+    comm: ncclComm_t,
+    st: cudaStream_t,
+) -> ncclResult_t {
+    collective("ncclAlltoAll", Kind::AllToAll, s, r, n, t, 0, 0, comm, st)
+}
+
 fn all_reduce(
     s: *const c_void,
     r: *mut c_void,
@@ -209,6 +313,19 @@ fn group_end() -> ncclResult_t {
     })
 }
 
+fn group_simulate_end(info: *mut ncclSimInfo_t) -> ncclResult_t {
+    guard("ncclGroupSimulateEnd", || {
+        let Some(info) = raw::get_mut(info) else { return Err(invalid("simInfo is NULL")) };
+        if info.magic != SIM_INFO_MAGIC || info.size < std::mem::size_of::<ncclSimInfo_t>() {
+            return Err(invalid(
+                "ncclSimInfo_t was not initialised with NCCL_SIM_INFO_INITIALIZER (bad magic or size)",
+            ));
+        }
+        info.estimated_time = group::simulate_end()? as f32;
+        Ok(NCCL_SUCCESS)
+    })
+}
+
 export! {
     /// Sums (or reduces with `op`) every rank's `count` elements; every rank gets the result.
     ncclAllReduce / pncclAllReduce (sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, op: ncclRedOp_t, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t = all_reduce
@@ -240,6 +357,22 @@ export! {
 export! {
     /// Receives from `peer`.
     ncclRecv / pncclRecv (recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, peer: c_int, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t = recv
+}
+export! {
+    /// Every rank sends block j of its buffer to rank j (blocks of `count`).
+    ncclAlltoAll / pncclAlltoAll (sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t = all_to_all
+}
+export! {
+    /// The root gets every rank's `count` elements, in rank order.
+    ncclGather / pncclGather (sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, root: c_int, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t = gather
+}
+export! {
+    /// Rank i gets block i of the root's buffer.
+    ncclScatter / pncclScatter (sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, root: c_int, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t = scatter
+}
+export! {
+    /// Ends the group without running it: the simulator's estimate of its time.
+    ncclGroupSimulateEnd / pncclGroupSimulateEnd (info: *mut ncclSimInfo_t) -> ncclResult_t = group_simulate_end
 }
 export! {
     /// Starts (or nests) a group on this thread.

@@ -44,7 +44,7 @@ fn log_ready(h: &Handle, ptr: ncclComm_t) {
     }
 }
 
-fn init_rank(
+pub(super) fn init_rank_config(
     comm: *mut ncclComm_t,
     nranks: c_int,
     id: ncclUniqueId,
@@ -100,7 +100,7 @@ fn init_rank(
 }
 
 fn init_rank_plain(comm: *mut ncclComm_t, nranks: c_int, id: ncclUniqueId, rank: c_int) -> ncclResult_t {
-    init_rank(comm, nranks, id, rank, std::ptr::null_mut())
+    init_rank_config(comm, nranks, id, rank, std::ptr::null_mut())
 }
 
 fn init_all(comms: *mut ncclComm_t, ndev: c_int, devlist: *const c_int) -> ncclResult_t {
@@ -252,7 +252,7 @@ export! {
 }
 export! {
     /// Joins a communicator with settings (`blocking = 0`: returns `ncclInProgress` at once).
-    ncclCommInitRankConfig / pncclCommInitRankConfig (comm: *mut ncclComm_t, nranks: c_int, id: ncclUniqueId, rank: c_int, config: *mut ncclConfig_t) -> ncclResult_t = init_rank
+    ncclCommInitRankConfig / pncclCommInitRankConfig (comm: *mut ncclComm_t, nranks: c_int, id: ncclUniqueId, rank: c_int, config: *mut ncclConfig_t) -> ncclResult_t = init_rank_config
 }
 export! {
     /// Joins a communicator as `rank` of `nranks`.

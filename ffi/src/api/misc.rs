@@ -125,7 +125,7 @@ fn create_premulsum(
     guard("ncclRedOpCreatePreMulSum", || {
         let h = handle::lookup(comm)?;
         let dtype = Dtype::from_raw(i64::from(datatype))
-            .ok_or_else(|| invalid(format!("datatype {datatype} is not an ncclDataType_t (0..9)")))?;
+            .ok_or_else(|| invalid(format!("datatype {datatype} is not an ncclDataType_t (0..11)")))?;
         if op.is_null() || scalar.is_null() {
             return Err(invalid("op or scalar is NULL"));
         }

@@ -12,11 +12,19 @@ use crate::log;
 
 mod coll;
 mod comm;
+mod device;
 mod misc;
+mod param;
+mod resize;
+mod rma;
 
 pub use coll::*;
 pub use comm::*;
+pub use device::*;
 pub use misc::*;
+pub use param::*;
+pub use resize::*;
+pub use rma::*;
 
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());

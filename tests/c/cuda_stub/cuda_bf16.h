@@ -1,0 +1,1 @@
+/* Stand-in (see cuda_runtime.h). */
