@@ -194,9 +194,7 @@ impl Handle {
     /// Ends the communicator: `abort` first stops a call running in another thread.
     pub fn close(&self, abort: bool) -> Result<()> {
         if abort {
-            if let Some(a) = self.abort.get() {
-                a.abort();
-            }
+            self.abort_calls();
         }
         let mut phase = self.settled();
         match std::mem::replace(&mut *phase, Phase::Finalized) {
@@ -211,12 +209,10 @@ impl Handle {
     /// Stops every call in flight and refuses new ones (`ncclCommRevoke`).
     pub fn revoke(&self) {
         self.revoked.store(true, Ordering::Release);
-        if let Some(a) = self.abort.get() {
-            a.abort();
-        }
+        self.abort_calls();
     }
 
-    /// Stops in-flight calls (the first step of `ncclCommShrink` with `NCCL_SHRINK_ABORT`).
+    /// Stops in-flight calls (an abort's, a revoke's and `NCCL_SHRINK_ABORT`'s first step).
     pub fn abort_calls(&self) {
         if let Some(a) = self.abort.get() {
             a.abort();

@@ -8,16 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
 
-/// The crate's `libnccl.so`, built by cargo next to this test's executable.
-fn built_library() -> Option<PathBuf> {
-    let exe = std::env::current_exe().ok()?;
-    let deps = exe.parent()?;
-    [deps.join("libnccl.so"), deps.parent()?.join("libnccl.so")].into_iter().find(|p| p.exists())
-}
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
-}
+mod common;
+use common::{built_library, repo};
 
 /// The tests run in parallel and share one directory, so the library is installed and each
 /// program compiled exactly once: rewriting a file that a running test program has mapped

@@ -6,19 +6,10 @@
 //! Skipped, saying why, where python3 or torch is missing — unless `CI` is set: CI installs
 //! torch, so there a missing one fails the test.
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The crate's `libnccl.so`, built by cargo next to this test's executable.
-fn built_library() -> Option<PathBuf> {
-    let exe = std::env::current_exe().ok()?;
-    let deps = exe.parent()?;
-    [deps.join("libnccl.so"), deps.parent()?.join("libnccl.so")].into_iter().find(|p| p.exists())
-}
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
-}
+mod common;
+use common::{built_library, repo};
 
 /// Skips (returns false after saying why), or fails under CI.
 fn unavailable(why: &str) -> bool {

@@ -78,18 +78,4 @@ impl Communicator {
         let id = UniqueId::from_bytes(&all[giver * RECORD + 1..(giver + 1) * RECORD])?;
         Communicator::init_with(&id, self.rank, nranks, self.config.clone())
     }
-
-    /// What the tuner expects `call` to take on this communicator's topology, in
-    /// microseconds: the simulated time of the schedule it would run (`ncclGroupSimulateEnd`).
-    pub fn estimate_us(&self, call: &super::CollectiveCall) -> Result<f64> {
-        if let Some(root) = call.collective.root().filter(|&r| r >= self.nranks) {
-            return Err(Error::InvalidArgument(format!("root {root} is out of range for {} ranks", self.nranks)));
-        }
-        call.bytes(self.nranks)?;
-        if call.count == 0 {
-            return Ok(0.0);
-        }
-        let block_bytes = call.count.saturating_mul(call.dtype.size());
-        self.front().planner.estimate_us(call.collective, block_bytes)
-    }
 }

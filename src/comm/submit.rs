@@ -25,6 +25,20 @@ impl Communicator {
         self.front().planner.choice(call.collective, block_bytes)
     }
 
+    /// What the tuner expects `call` to take on this communicator's topology, in
+    /// microseconds: the simulated time of the schedule it would run (`ncclGroupSimulateEnd`).
+    pub fn estimate_us(&self, call: &CollectiveCall) -> Result<f64> {
+        if let Some(root) = call.collective.root().filter(|&r| r >= self.nranks) {
+            return Err(Error::InvalidArgument(format!("root {root} is out of range for {} ranks", self.nranks)));
+        }
+        call.bytes(self.nranks)?;
+        if call.count == 0 {
+            return Ok(0.0);
+        }
+        let block_bytes = call.count.saturating_mul(call.dtype.size());
+        self.front().planner.estimate_us(call.collective, block_bytes)
+    }
+
     /// Checks and plans `call` and numbers it, under the front lock (`front`); `None` for an
     /// empty call (it only counts).
     fn prepare(&self, front: &mut Front, call: &CollectiveCall, send: Buffer, recv: Buffer) -> Result<Option<Job>> {

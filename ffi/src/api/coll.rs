@@ -4,7 +4,7 @@ use std::ffi::{c_int, c_void};
 
 use topoccl::{Buffer, Collective as Kind, CollectiveCall, Dtype, ReduceOp, Reduction};
 
-use super::{export, guard};
+use super::{dtype_of, export, guard, no_stream};
 use crate::abi::*;
 use crate::call::{self, Collective, Transfer};
 use crate::error::{invalid, Result};
@@ -12,11 +12,6 @@ use crate::group::{self, Work};
 use crate::handle::{self, Handle};
 use crate::log::{self, Subsys};
 use crate::raw;
-
-fn dtype_of(datatype: ncclDataType_t) -> Result<Dtype> {
-    Dtype::from_raw(i64::from(datatype))
-        .ok_or_else(|| invalid(format!("datatype {datatype} is not an ncclDataType_t (0..11)")))
-}
 
 fn op_of(h: &Handle, op: ncclRedOp_t, dtype: Dtype) -> Result<Reduction> {
     if let Some(builtin) = ReduceOp::from_raw(i64::from(op)) {
@@ -28,14 +23,6 @@ fn op_of(h: &Handle, op: ncclRedOp_t, dtype: Dtype) -> Result<Reduction> {
         Some(p) if p.dtype == dtype => Ok(Reduction::PreMulSum(p.scalar)),
         Some(p) => Err(invalid(format!("op {op} was made for {}, the call is {}", p.dtype, dtype))),
         None => Err(invalid(format!("op {op} is not an operator of this communicator"))),
-    }
-}
-
-fn no_stream(stream: cudaStream_t) -> Result<()> {
-    if stream.is_null() {
-        Ok(())
-    } else {
-        Err(invalid("stream must be NULL: topoccl was built without CUDA, buffers are host memory"))
     }
 }
 

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
-use topoccl::{Buffer, Dtype, Scalar};
+use topoccl::{Buffer, Scalar};
 
 use super::{export, guard};
 use crate::abi::*;
@@ -124,8 +124,7 @@ fn create_premulsum(
 ) -> ncclResult_t {
     guard("ncclRedOpCreatePreMulSum", || {
         let h = handle::lookup(comm)?;
-        let dtype = Dtype::from_raw(i64::from(datatype))
-            .ok_or_else(|| invalid(format!("datatype {datatype} is not an ncclDataType_t (0..11)")))?;
+        let dtype = super::dtype_of(datatype)?;
         if op.is_null() || scalar.is_null() {
             return Err(invalid("op or scalar is NULL"));
         }

@@ -63,6 +63,21 @@ pub(crate) fn guard(name: &str, f: impl FnOnce() -> Result<ncclResult_t>) -> ncc
     error.code()
 }
 
+/// A datatype argument, checked.
+pub(crate) fn dtype_of(datatype: crate::abi::ncclDataType_t) -> Result<topoccl::Dtype> {
+    topoccl::Dtype::from_raw(i64::from(datatype))
+        .ok_or_else(|| crate::error::invalid(format!("datatype {datatype} is not an ncclDataType_t (0..11)")))
+}
+
+/// A stream argument: NULL without CUDA.
+pub(crate) fn no_stream(stream: crate::abi::cudaStream_t) -> Result<()> {
+    if stream.is_null() {
+        Ok(())
+    } else {
+        Err(crate::error::invalid("stream must be NULL: topoccl was built without CUDA, buffers are host memory"))
+    }
+}
+
 /// Defines an exported function and its `pnccl` twin over one implementation.
 macro_rules! export {
     ($(#[doc = $doc:literal])* $name:ident / $pname:ident ($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty = $imp:path) => {

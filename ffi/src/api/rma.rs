@@ -3,9 +3,9 @@
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
-use topoccl::{Buffer, Dtype};
+use topoccl::Buffer;
 
-use super::{export, guard};
+use super::{dtype_of, export, guard, no_stream};
 use crate::abi::*;
 use crate::error::{invalid, Result};
 use crate::handle::{self, Handle};
@@ -37,14 +37,6 @@ fn window_of(win: ncclWindow_t, comm: ncclComm_t) -> Result<u32> {
         return Err(invalid(format!("window {win:p} belongs to another communicator")));
     }
     Ok(w.number)
-}
-
-fn no_stream(stream: cudaStream_t) -> Result<()> {
-    if stream.is_null() {
-        Ok(())
-    } else {
-        Err(invalid("stream must be NULL: topoccl was built without CUDA, buffers are host memory"))
-    }
 }
 
 fn register(comm: ncclComm_t, buff: *mut c_void, size: usize, out: *mut ncclWindow_t, flags: c_int) -> ncclResult_t {
@@ -128,8 +120,7 @@ fn put_signal(
     guard("ncclPutSignal", || {
         let h = handle::lookup(comm)?;
         no_stream(stream)?;
-        let dtype = Dtype::from_raw(i64::from(datatype))
-            .ok_or_else(|| invalid(format!("datatype {datatype} is not an ncclDataType_t (0..11)")))?;
+        let dtype = dtype_of(datatype)?;
         let peer = peer_of(&h, peer)?;
         let window = window_of(win, comm)?;
         let (signal, ctx) = signal_args(sig_idx, ctx, flags)?;
