@@ -96,8 +96,9 @@ fn child_rank() {
     }
     let result = (|| -> topoccl::Result<()> {
         let comm = Communicator::from_env()?;
-        let send = vec![1.0f32; 1 << 18];
-        let mut recv = vec![0.0f32; 1 << 18];
+        let elems = std::env::var("TOPOCCL_TEST_ELEMS").ok().and_then(|v| v.parse().ok()).unwrap_or(1 << 18);
+        let send = vec![1.0f32; elems];
+        let mut recv = vec![0.0f32; elems];
         comm.all_reduce(&send, &mut recv, ReduceOp::Sum)?;
         println!("READY");
         loop {
@@ -112,40 +113,63 @@ fn child_rank() {
 
 #[test]
 fn a_killed_rank_fails_the_others_promptly() {
-    let me = std::env::current_exe().unwrap();
-    for transport in ["tcp", "shm"] {
-        let port = free_port();
-        let env = [("TOPOCCL_TEST_CHILD", "1"), ("TOPOCCL_TRANSPORT", transport), ("TOPOCCL_TIMEOUT", "60")];
-        let mut kids: Vec<Child> = (0..3)
-            .map(|r| {
-                let mut c = rank_command(&me, r, 3, port, &env);
-                c.args(["--exact", "child_rank", "--nocapture", "--test-threads=1"]);
-                c.spawn().unwrap()
-            })
-            .collect();
-        // Wait until every rank is in its loop.
-        let mut readers: Vec<_> = kids.iter_mut().map(|k| BufReader::new(k.stdout.take().unwrap())).collect();
-        for r in &mut readers {
-            let mut line = String::new();
-            while !line.contains("READY") {
-                line.clear();
-                assert!(r.read_line(&mut line).unwrap() > 0, "a rank ended before it was ready");
-            }
-        }
-        kids[2].kill().unwrap();
-        let killed = Instant::now();
-        let mut messages = String::new();
-        for (r, k) in kids.iter_mut().take(2).enumerate() {
-            let status = wait_with_deadline(k, killed + Duration::from_secs(15));
-            assert!(status.is_some(), "{transport}: rank {r} still running 15 s after rank 2 was killed");
-            assert_eq!(status.unwrap().code(), Some(3), "{transport}: rank {r}");
-            let mut rest = String::new();
-            std::io::Read::read_to_string(&mut readers[r], &mut rest).unwrap();
-            messages += &rest;
-        }
-        let took = killed.elapsed();
-        assert!(took < Duration::from_secs(10), "{transport}: {took:?}");
-        assert!(messages.contains("rank 2"), "{transport}: {messages}");
-        let _ = kids[2].wait();
+    // 1 MiB calls, and 64 MiB ones, which do not fit in what a rank may queue for a peer.
+    // On two ranks, the survivor's first step only sends: it waits for room to send to the
+    // dead rank, and nothing else tells it that rank died.
+    for (transport, elems, nranks) in
+        [("tcp", "262144", 3), ("shm", "262144", 3), ("tcp", "16777216", 2), ("shm", "16777216", 2)]
+    {
+        killed_rank_fails_the_others(transport, elems, nranks);
     }
+}
+
+fn killed_rank_fails_the_others(transport: &str, elems: &str, nranks: u32) {
+    let me = std::env::current_exe().unwrap();
+    let port = free_port();
+    let env = [
+        ("TOPOCCL_TEST_CHILD", "1"),
+        ("TOPOCCL_TRANSPORT", transport),
+        ("TOPOCCL_TIMEOUT", "60"),
+        ("TOPOCCL_TEST_ELEMS", elems),
+    ];
+    let mut kids: Vec<Child> = (0..nranks)
+        .map(|r| {
+            let mut c = rank_command(&me, r, nranks, port, &env);
+            c.args(["--exact", "child_rank", "--nocapture", "--test-threads=1"]);
+            c.spawn().unwrap()
+        })
+        .collect();
+    // Wait until every rank is in its loop.
+    let mut readers: Vec<_> = kids.iter_mut().map(|k| BufReader::new(k.stdout.take().unwrap())).collect();
+    for r in &mut readers {
+        let mut line = String::new();
+        while !line.contains("READY") {
+            line.clear();
+            assert!(r.read_line(&mut line).unwrap() > 0, "a rank ended before it was ready");
+        }
+    }
+    // Stopped first, so that the others fill what they may queue for it and wait for room to
+    // send (a peer that died mid-transfer), then killed.
+    let last = nranks as usize - 1;
+    let stopped = Command::new("kill").args(["-STOP", &kids[last].id().to_string()]).status().unwrap();
+    assert!(stopped.success());
+    std::thread::sleep(Duration::from_millis(300));
+    kids[last].kill().unwrap();
+    let killed = Instant::now();
+    let mut messages = String::new();
+    for (r, k) in kids.iter_mut().take(last).enumerate() {
+        let status = wait_with_deadline(k, killed + Duration::from_secs(15));
+        assert!(
+            status.is_some(),
+            "{transport}, {elems} floats: rank {r} still running 15 s after rank {last} was killed"
+        );
+        assert_eq!(status.unwrap().code(), Some(3), "{transport}, {elems} floats: rank {r}");
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut readers[r], &mut rest).unwrap();
+        messages += &rest;
+    }
+    let took = killed.elapsed();
+    assert!(took < Duration::from_secs(10), "{transport}, {elems} floats: {took:?}");
+    assert!(messages.contains(&format!("rank {last}")), "{transport}, {elems} floats: {messages}");
+    let _ = kids[last].wait();
 }

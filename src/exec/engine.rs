@@ -301,6 +301,11 @@ impl Run<'_> {
             let l = link(self.links, st.to)?;
             let limit = l.backlog_limit().map_or(self.cfg.max_backlog, |b| b.min(self.cfg.max_backlog));
             if l.backlog() >= limit {
+                // A peer that died stops reading: its backlog never drains, so say so now
+                // rather than at the timeout.
+                if let Some(why) = l.closed() {
+                    return Err(Error::PeerFailed { peer: st.to, reason: why.to_string() });
+                }
                 return Ok(false);
             }
         }

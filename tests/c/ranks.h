@@ -83,13 +83,16 @@ static inline int run_ranks(int nranks, void (*body)(int, int, ncclUniqueId)) {
   return failed;
 }
 
-static const ncclDataType_t ALL_TYPES[] = {ncclInt8,   ncclUint8,   ncclInt32,   ncclUint32,  ncclInt64,
-                                           ncclUint64, ncclFloat16, ncclFloat32, ncclFloat64, ncclBfloat16};
-#define NUM_TYPES 10
+static const ncclDataType_t ALL_TYPES[] = {ncclInt8,    ncclUint8,    ncclInt32,       ncclUint32,
+                                           ncclInt64,   ncclUint64,   ncclFloat16,     ncclFloat32,
+                                           ncclFloat64, ncclBfloat16, ncclFloat8e4m3, ncclFloat8e5m2};
+#define NUM_TYPES 12
+
+static inline int is_fp8(ncclDataType_t t) { return t == ncclFloat8e4m3 || t == ncclFloat8e5m2; }
 
 static inline size_t type_size(ncclDataType_t t) {
   switch (t) {
-    case ncclInt8: case ncclUint8: return 1;
+    case ncclInt8: case ncclUint8: case ncclFloat8e4m3: case ncclFloat8e5m2: return 1;
     case ncclFloat16: case ncclBfloat16: return 2;
     case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
     default: return 8;
@@ -116,6 +119,26 @@ static inline float from_half(uint16_t h) {
   return f;
 }
 
+/* fp8 with `mant` mantissa bits and exponent bias `bias`, for values it holds exactly (the
+ * tests' small integers). */
+static inline uint8_t to_fp8(double v, int mant, int bias) {
+  uint8_t sign = v < 0 ? 0x80 : 0;
+  double a = v < 0 ? -v : v;
+  if (a == 0) return sign;
+  int e = 0;
+  while (a >= 2) { a /= 2; e++; }
+  while (a < 1) { a *= 2; e--; }
+  return (uint8_t)(sign | ((e + bias) << mant) | (int)((a - 1) * (1 << mant)));
+}
+
+static inline double from_fp8(uint8_t b, int mant, int bias) {
+  int e = (b & 0x7f) >> mant;
+  double m = b & ((1 << mant) - 1);
+  double a = e == 0 ? m / (1 << mant) * ((double)1 / (1 << (bias - 1)))
+                    : (1 + m / (1 << mant)) * (e >= bias ? (double)(1 << (e - bias)) : 1.0 / (1 << (bias - e)));
+  return b & 0x80 ? -a : a;
+}
+
 static inline void store(ncclDataType_t t, void* buf, size_t i, double v) {
   switch (t) {
     case ncclInt8: ((int8_t*)buf)[i] = (int8_t)v; break;
@@ -127,6 +150,8 @@ static inline void store(ncclDataType_t t, void* buf, size_t i, double v) {
     case ncclFloat16: ((uint16_t*)buf)[i] = to_half((float)v); break;
     case ncclFloat32: ((float*)buf)[i] = (float)v; break;
     case ncclFloat64: ((double*)buf)[i] = v; break;
+    case ncclFloat8e4m3: ((uint8_t*)buf)[i] = to_fp8(v, 3, 7); break;
+    case ncclFloat8e5m2: ((uint8_t*)buf)[i] = to_fp8(v, 2, 15); break;
     case ncclBfloat16: {
       float f = (float)v;
       uint32_t x;
@@ -149,6 +174,8 @@ static inline double load(ncclDataType_t t, const void* buf, size_t i) {
     case ncclFloat16: return from_half(((const uint16_t*)buf)[i]);
     case ncclFloat32: return ((const float*)buf)[i];
     case ncclFloat64: return ((const double*)buf)[i];
+    case ncclFloat8e4m3: return from_fp8(((const uint8_t*)buf)[i], 3, 7);
+    case ncclFloat8e5m2: return from_fp8(((const uint8_t*)buf)[i], 2, 15);
     case ncclBfloat16: {
       uint32_t x = (uint32_t)((const uint16_t*)buf)[i] << 16;
       float f;

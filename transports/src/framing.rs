@@ -24,8 +24,17 @@ pub(crate) const HEADER_BYTES: usize = 8 + META_BYTES;
 const STAGING_BYTES: usize = 64 << 10;
 /// A payload remainder at least this large is read directly into its buffer.
 const DIRECT_READ_BYTES: usize = 16 << 10;
-/// Buffers kept for reuse.
+/// Small buffers kept for reuse.
 const POOL_BUFFERS: usize = 64;
+/// Buffers up to this capacity are small (frame headers, copied small payloads, small
+/// messages); larger ones are message buffers, of which the pool keeps at most
+/// [`POOL_LARGE_BYTES`]. One pool for both churned: a header took a message buffer, the next
+/// message grew a header's buffer, and a full pool dropped message buffers, so every large
+/// call went through the allocator again (and the pages it freed faulted back in).
+const SMALL_BUFFER_BYTES: usize = COPY_BELOW + HEADER_BYTES;
+/// What a stream keeps of message buffers: enough for the messages a 64 MiB call has queued
+/// at once between two ranks that both send before they receive.
+const POOL_LARGE_BYTES: usize = 64 << 20;
 /// Queued frames handed to the stream per system call.
 const WRITE_BATCH: usize = 64;
 
@@ -131,7 +140,10 @@ pub(crate) struct Framed<S> {
     /// be found.
     queues: Vec<(u32, VecDeque<(u64, Message)>)>,
     arrived: u64,
+    /// Buffers for reuse: small ones, and message buffers with their capacity in all.
     pool: Vec<Vec<u8>>,
+    pool_large: Vec<Vec<u8>>,
+    pool_large_bytes: usize,
     closed: Option<String>,
 }
 
@@ -171,13 +183,16 @@ impl<S: ByteStream> Framed<S> {
             queues: Vec::new(),
             arrived: 0,
             pool: Vec::new(),
+            pool_large: Vec::new(),
+            pool_large_bytes: 0,
             closed: None,
         }
     }
 
     /// A buffer of exactly `len` bytes, reused when possible. Contents are unspecified.
     fn buffer(&mut self, len: usize) -> Vec<u8> {
-        let mut v = self.pool.pop().unwrap_or_default();
+        let pooled = if len <= SMALL_BUFFER_BYTES { self.pool.pop() } else { self.large_buffer(len) };
+        let mut v = pooled.unwrap_or_default();
         if v.len() < len {
             v.resize(len, 0);
         } else {
@@ -186,9 +201,24 @@ impl<S: ByteStream> Framed<S> {
         v
     }
 
+    /// A pooled message buffer of at least `len` bytes' capacity, else the newest one (grown
+    /// by the caller).
+    fn large_buffer(&mut self, len: usize) -> Option<Vec<u8>> {
+        let i = self.pool_large.iter().rposition(|b| b.capacity() >= len).or(self.pool_large.len().checked_sub(1))?;
+        let v = self.pool_large.swap_remove(i);
+        self.pool_large_bytes -= v.capacity();
+        Some(v)
+    }
+
     pub(crate) fn recycle(&mut self, data: Vec<u8>) {
-        if self.pool.len() < POOL_BUFFERS {
-            self.pool.push(data);
+        let cap = data.capacity();
+        if cap <= SMALL_BUFFER_BYTES {
+            if self.pool.len() < POOL_BUFFERS {
+                self.pool.push(data);
+            }
+        } else if self.pool_large_bytes + cap <= POOL_LARGE_BYTES {
+            self.pool_large_bytes += cap;
+            self.pool_large.push(data);
         }
     }
 
@@ -639,5 +669,43 @@ mod tests {
             }
             assert!(rx.recv(0).is_none());
         }
+    }
+
+    /// Message buffers come back to the pool and serve the next call's messages: none is
+    /// dropped while a call's worth of them is queued, and headers never take them.
+    #[test]
+    fn message_buffers_are_reused_across_calls() {
+        const N: usize = 100;
+        const LEN: usize = 512 << 10;
+        let payload = vec![7u8; LEN];
+        let mut wire = Vec::new();
+        for i in 0..N {
+            wire.extend_from_slice(&encode_header(0, LEN as u32, &[i as u8; META_BYTES]));
+            wire.extend_from_slice(&payload);
+        }
+        let mut rx = Framed::new(Pipe { out: Vec::new(), input: Vec::new(), pos: 0, limit: 1 << 20, room: 1 << 20 });
+        let mut addresses = std::collections::HashSet::new();
+        for call in 0..2 {
+            rx.stream.input = wire.clone();
+            rx.stream.pos = 0;
+            while rx.progress().unwrap() {}
+            // Every message was queued before any was received (a peer that sent ahead).
+            for i in 0..N {
+                let got = rx.recv_queued(0, &mut |meta, data| {
+                    assert_eq!((meta[0] as usize, data.len), (i, LEN));
+                    addresses.insert(data.addr);
+                });
+                assert!(got, "call {call}: message {i}");
+            }
+            // Sending uses small buffers only.
+            // SAFETY: `payload` outlives the stream.
+            unsafe { rx.send(1, &[0; META_BYTES], Region::of(&payload[..100])) }.unwrap();
+            while rx.backlog() > 0 {
+                rx.progress().unwrap();
+            }
+            assert_eq!(rx.pool_large.len(), N, "call {call}");
+            assert!(rx.pool.iter().all(|b| b.capacity() <= SMALL_BUFFER_BYTES));
+        }
+        assert_eq!(addresses.len(), N, "the second call's messages landed in the first call's buffers");
     }
 }
