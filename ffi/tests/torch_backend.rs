@@ -75,3 +75,70 @@ fn torch_distributed_backend_suite() {
     assert!(out.status.success(), "python/tests/run_tests.py failed ({}):\n{stdout}{stderr}", out.status);
     assert!(stdout.contains(" jobs passed in "), "no summary from the suite:\n{stdout}");
 }
+
+/// PyTorch's own NCCL process group links `libnccl.so.2`: with ours in its place, the dynamic
+/// linker must bind every NCCL function `libtorch_cuda.so` imports to ours (before the 2.30
+/// ABI, 21 of its 51 were missing and torch could not load the library). Skipped, saying why,
+/// with a CPU-only torch.
+#[test]
+fn pytorchs_cuda_library_binds_every_nccl_function_to_ours() {
+    let Some(python) = python_with_torch() else { return };
+    let Some(lib) = built_library() else {
+        unavailable("libnccl.so was not built next to the test");
+        return;
+    };
+    let script = "import os, torch\n\
+                  p = os.path.join(os.path.dirname(torch.__file__), 'lib', 'libtorch_cuda.so')\n\
+                  print(p if os.path.exists(p) else '')\n\
+                  import torch.cuda.nccl as n\n\
+                  print('version', n.version() if p and os.path.exists(p) else None)";
+    let out = Command::new(&python)
+        .args(["-c", script])
+        .env("LD_PRELOAD", &lib)
+        .env("LD_DEBUG", "bindings")
+        .env("LD_DEBUG_OUTPUT", std::env::temp_dir().join(format!("topoccl-bindings-{}", std::process::id())))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    let cuda_lib = stdout.lines().next().unwrap_or_default().trim().to_string();
+    // LD_DEBUG_OUTPUT appends the process id to the name.
+    let prefix = format!("topoccl-bindings-{}.", std::process::id());
+    let mut log = String::new();
+    for e in std::fs::read_dir(std::env::temp_dir()).unwrap().flatten() {
+        if e.file_name().to_string_lossy().starts_with(&prefix) {
+            log += &std::fs::read_to_string(e.path()).unwrap_or_default();
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+    if cuda_lib.is_empty() {
+        eprintln!("skipped: this torch has no libtorch_cuda.so (a CPU-only build)");
+        return;
+    }
+    // What libtorch_cuda.so imports, from its dynamic symbol table.
+    let nm = Command::new("nm").args(["-D", "--undefined-only", &cuda_lib]).output().unwrap();
+    let mut wanted: Vec<String> = String::from_utf8_lossy(&nm.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().last())
+        .filter(|s| s.starts_with("nccl"))
+        .map(|s| s.split('@').next().unwrap_or(s).to_string())
+        .collect();
+    wanted.sort();
+    wanted.dedup();
+    assert!(!wanted.is_empty(), "{cuda_lib} imports no NCCL function");
+    let ours = lib.to_string_lossy().to_string();
+    let mut missing = Vec::new();
+    for sym in &wanted {
+        let bound = log.lines().any(|l| {
+            l.contains("libtorch_cuda.so")
+                && l.contains(&format!("to {ours} "))
+                && l.contains(&format!("symbol `{sym}'"))
+        });
+        if !bound {
+            missing.push(sym.as_str());
+        }
+    }
+    eprintln!("{} NCCL functions imported by {cuda_lib}; {stdout}", wanted.len());
+    assert!(missing.is_empty(), "not bound to {ours}: {missing:?}");
+    assert!(stdout.contains("version (2, 30, 7)"), "{stdout}");
+}
