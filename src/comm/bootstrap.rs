@@ -8,6 +8,7 @@ use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
+use super::greet::{Greeter, HELLO_DEADLINE, MAX_UNGREETED};
 use crate::error::{Error, Result};
 
 /// Bytes of a serialised [`UniqueId`] (NCCL's `NCCL_UNIQUE_ID_BYTES`).
@@ -70,6 +71,10 @@ fn u64_at(b: &[u8], i: usize) -> u64 {
     w.copy_from_slice(&b[i..i + 8]);
     u64::from_le_bytes(w)
 }
+
+/// Most ranks a communicator may have: a hello's rank count is checked against it before the
+/// service sizes its table.
+pub(crate) const MAX_RANKS: u32 = 1 << 20;
 
 const ADDR_BYTES: usize = 18;
 const HELLO_BYTES: usize = 4 + 16 + 4 + 4 + ADDR_BYTES + 8;
@@ -141,25 +146,27 @@ fn serve_rendezvous(listener: TcpListener, secret: [u8; 16], timeout: Duration) 
     let mut nranks: Option<u32> = None;
     let mut entries: Vec<Option<(TcpStream, [u8; ENTRY_BYTES])>> = Vec::new();
     let mut problem: Option<String> = None;
+    let mut greeter = Greeter::<HELLO_BYTES>::new(HELLO_DEADLINE, MAX_UNGREETED);
+    let mut prefix = [0u8; 20];
+    prefix[..4].copy_from_slice(HELLO_MAGIC);
+    prefix[4..].copy_from_slice(&secret);
+    let mut greeted = Vec::new();
     while Instant::now() < deadline {
-        let (mut s, _) = match listener.accept() {
-            Ok(c) => c,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(2));
-                continue;
+        if greeted.is_empty() {
+            match greeter.poll(&listener, &prefix, &mut greeted) {
+                Ok(true) => {}
+                Ok(false) | Err(_) => std::thread::sleep(Duration::from_millis(2)),
             }
-            Err(_) => continue,
-        };
-        let mut hello = [0u8; HELLO_BYTES];
-        let ok = s.set_nonblocking(false).is_ok()
-            && s.set_read_timeout(Some(Duration::from_secs(5))).is_ok()
-            && s.read_exact(&mut hello).is_ok()
-            && &hello[..4] == HELLO_MAGIC
-            && hello[4..20] == secret;
-        if !ok {
-            continue; // not one of ours: refused
         }
+        let Some((mut s, hello)) = greeted.pop() else { continue };
+        // Answers go out within the hello's deadline too: a rank that stops reading cannot
+        // hold the service up.
+        let _ = s.set_write_timeout(Some(HELLO_DEADLINE));
         let (rank, n) = (u32_at(&hello, 20), u32_at(&hello, 24));
+        if n == 0 || n > MAX_RANKS {
+            let _ = reply_error(&mut s, &format!("rank {rank} says there are {n} ranks (1 to {MAX_RANKS} supported)"));
+            continue;
+        }
         let expected = *nranks.get_or_insert(n);
         if n != expected {
             problem = Some(format!("rank {rank} says there are {n} ranks, an earlier rank said {expected}"));
@@ -321,5 +328,35 @@ mod tests {
         let wrong = UniqueId::remote(id.root, [4; 16]);
         let me = PeerInfo { addr: "127.0.0.1:1".parse().unwrap(), host: 0 };
         assert!(rendezvous(&wrong, 0, 1, me, Instant::now() + Duration::from_millis(300)).is_err());
+    }
+
+    /// Idle connections (a port scanner, a health check) opened before the ranks arrive must
+    /// not hold them up: the service once read one hello at a time, 5 s each.
+    #[test]
+    fn idle_strangers_do_not_hold_up_the_rendezvous() {
+        let id = UniqueId::serve("127.0.0.1:0".parse().unwrap(), [5; 16], Duration::from_secs(60)).unwrap();
+        let idle: Vec<_> = (0..6).map(|_| TcpStream::connect(id.root).unwrap()).collect();
+        std::thread::sleep(Duration::from_millis(50));
+        let t0 = Instant::now();
+        let deadline = t0 + Duration::from_secs(8);
+        std::thread::scope(|sc| {
+            for r in 0..2u32 {
+                let id = id.clone();
+                sc.spawn(move || {
+                    let me = PeerInfo { addr: SocketAddr::new("127.0.0.1".parse().unwrap(), 2000 + r as u16), host: 1 };
+                    assert_eq!(rendezvous(&id, r, 2, me, deadline).unwrap().len(), 2);
+                });
+            }
+        });
+        assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+        drop(idle);
+    }
+
+    #[test]
+    fn an_absurd_rank_count_is_refused_before_the_table_is_sized() {
+        let id = UniqueId::serve("127.0.0.1:0".parse().unwrap(), [6; 16], Duration::from_secs(20)).unwrap();
+        let me = PeerInfo { addr: "127.0.0.1:1".parse().unwrap(), host: 0 };
+        let e = rendezvous(&id, 0, u32::MAX, me, Instant::now() + Duration::from_secs(10)).unwrap_err();
+        assert!(e.to_string().contains("4294967295 ranks"), "{e}");
     }
 }

@@ -10,7 +10,7 @@
 //! so they cannot wait on each other in a cycle.
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,6 +21,7 @@ use topoccl_transports::{Connection, Locality, PeerSetup, TransportTable};
 
 use super::bootstrap::{connect_retry, PeerInfo};
 use super::config::{Config, TransportPolicy};
+use super::greet::{Greeter, HELLO_DEADLINE, MAX_UNGREETED};
 use crate::error::{Error, Result};
 
 const DIAL_MAGIC: &[u8; 4] = b"TCDL";
@@ -99,6 +100,12 @@ pub(crate) fn connect_all(
     // Accept the higher ranks.
     let mut missing: usize = (rank as usize + 1..peers.len()).map(sockets).sum();
     listener.set_nonblocking(true).map_err(|e| Error::io("data listener", e))?;
+    let mut greeter = Greeter::<DIAL_BYTES>::new(HELLO_DEADLINE, MAX_UNGREETED);
+    let mut prefix = [0u8; 36];
+    prefix[..4].copy_from_slice(DIAL_MAGIC);
+    prefix[4..20].copy_from_slice(&auth.secret);
+    prefix[20..].copy_from_slice(&auth.comm_id);
+    let mut greeted = Vec::new();
     while missing > 0 {
         if Instant::now() >= deadline {
             let absent: Vec<String> = (rank as usize + 1..peers.len())
@@ -106,25 +113,22 @@ pub(crate) fn connect_all(
                 .map(|p| p.to_string())
                 .collect();
             return Err(Error::Bootstrap(format!(
-                "rank {rank}: ranks {} never connected before the deadline (TOPOCCL_TIMEOUT)",
-                absent.join(", ")
+                "rank {rank}: ranks {} never connected before the deadline (TOPOCCL_TIMEOUT){}",
+                absent.join(", "),
+                if greeter.dropped > 0 {
+                    format!("; {} connections without this communicator's secret were dropped", greeter.dropped)
+                } else {
+                    String::new()
+                }
             )));
         }
-        let mut s = match listener.accept() {
-            Ok((s, _)) => s,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(1));
-                continue;
-            }
-            Err(e) => return Err(Error::io("accepting a peer", e)),
-        };
-        let mut hello = [0u8; DIAL_BYTES];
-        let read = s.set_nonblocking(false).is_ok()
-            && s.set_read_timeout(Some(Duration::from_secs(5))).is_ok()
-            && s.read_exact(&mut hello).is_ok();
-        if !read || &hello[..4] != DIAL_MAGIC || hello[4..20] != auth.secret || hello[20..36] != auth.comm_id {
-            continue; // refused: not a rank of this communicator
+        if greeted.is_empty()
+            && !greeter.poll(listener, &prefix, &mut greeted).map_err(|e| Error::io("accepting a peer", e))?
+        {
+            std::thread::sleep(Duration::from_millis(1));
+            continue;
         }
+        let Some((s, hello)) = greeted.pop() else { continue };
         let from = u32::from_le_bytes([hello[36], hello[37], hello[38], hello[39]]);
         let index = u32::from_le_bytes([hello[40], hello[41], hello[42], hello[43]]) as usize;
         if from <= rank || from as usize >= peers.len() || index >= sockets(from as usize) {

@@ -28,6 +28,7 @@ mod bytes;
 pub(crate) mod call;
 mod config;
 mod connect;
+mod greet;
 mod group;
 mod netif;
 pub(crate) mod plan;
