@@ -18,7 +18,7 @@ use std::net::{Shutdown, TcpStream};
 use std::os::fd::AsRawFd;
 
 use super::direct::{self, DIRECT_MIN_BYTES};
-use super::ring::Ring;
+use super::ring::{Corrupt, Ring};
 use crate::error::{Error, Result};
 use crate::framing::{ByteStream, Framed, Peeked};
 use crate::{Connection, Meta, Region, Ticket, WaitFd, META_BYTES};
@@ -36,11 +36,22 @@ pub(crate) struct ShmByteStream {
     pub(crate) control: TcpStream,
     pub(crate) peer: String,
     pub(crate) idle: u32,
+    /// Set once the peer published an impossible ring position: every later use fails.
+    pub(crate) corrupt: Option<String>,
 }
 
 impl ShmByteStream {
+    /// Records (once) and returns the error for a corrupt ring position.
+    fn corrupted(&mut self, c: Corrupt) -> Error {
+        let why = self.corrupt.get_or_insert_with(|| format!("{} corrupted the shared-memory ring: {c}", self.peer));
+        Error::Protocol(why.clone())
+    }
+
     /// Checks the liveness line now and then; an error once the peer is gone.
     fn check_peer(&mut self) -> Result<()> {
+        if let Some(why) = &self.corrupt {
+            return Err(Error::Protocol(why.clone()));
+        }
         if self.rx.is_closed() {
             return Err(Error::PeerClosed(format!("{} closed its shared-memory connection", self.peer)));
         }
@@ -61,7 +72,7 @@ impl ShmByteStream {
 
 impl ByteStream for ShmByteStream {
     fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> Result<usize> {
-        let n = self.tx.write(bufs);
+        let n = self.tx.write(bufs).map_err(|c| self.corrupted(c))?;
         if n == 0 {
             self.check_peer()?;
         }
@@ -69,7 +80,7 @@ impl ByteStream for ShmByteStream {
     }
 
     fn read(&mut self, buf: &mut [u8]) -> Result<usize> {
-        let n = self.rx.read(buf);
+        let n = self.rx.read(buf).map_err(|c| self.corrupted(c))?;
         if n == 0 && !buf.is_empty() {
             self.check_peer()?;
         } else {
@@ -78,8 +89,16 @@ impl ByteStream for ShmByteStream {
         Ok(n)
     }
 
+    /// None once the ring is corrupt: the framing then reads, which reports it.
     fn peek(&mut self, want: usize) -> Option<Peeked<'_>> {
-        Some(self.rx.peek(want))
+        if self.corrupt.is_some() {
+            return None;
+        }
+        if let Err(c) = self.rx.readable(want) {
+            self.corrupted(c);
+            return None;
+        }
+        self.rx.peek(want).ok()
     }
 
     fn consume(&mut self, n: usize) {

@@ -153,7 +153,7 @@ impl Transport for ShmTransport {
         let mut control = setup.streams.swap_remove(0);
         let direct = if self.direct { probe_direct(&mut control, &peer)? } else { None };
         control.set_nonblocking(true).map_err(|e| hs(&peer, e))?;
-        let stream = ShmByteStream { tx, rx, control, peer, idle: 0 };
+        let stream = ShmByteStream { tx, rx, control, peer, idle: 0, corrupt: None };
         Ok(Connected::Connection(Box::new(ShmConnection::new(stream, direct))))
     }
 }

@@ -6,6 +6,13 @@
 //! see `direct`), then `capacity` bytes of data. `head` and `tail` count bytes ever written and read; the data region holds
 //! `head - tail` bytes. The producer publishes with a release store of `head` after copying;
 //! the consumer acquires `head` before copying out and releases `tail` after.
+//!
+//! The other process is not trusted with this process's memory: each side keeps its own
+//! position privately (the shared copy is only published, never read back), and the other
+//! side's position is checked before use: the consumer's `tail` must lie between what it said
+//! before and the producer's `head`, the producer's `head` between what it said before and
+//! `tail + capacity`. A position out of that range is [`Corrupt`], which the connection reports
+//! as a protocol error naming the peer; nothing is copied with it.
 
 use std::io::IoSlice;
 use std::ptr::NonNull;
@@ -34,6 +41,24 @@ pub(crate) struct Ring {
     /// of `head`. Reading the other side's cache line costs a miss whenever it moved, so each
     /// side reads it only when what it last saw is not enough.
     seen: u64,
+    /// This side's own position (the producer's `head`, the consumer's `tail`), kept here so
+    /// that a peer scribbling on the shared copy cannot move it.
+    mine: u64,
+}
+
+/// The peer published a position no honest peer could: the ring cannot be read or written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Corrupt {
+    pub what: &'static str,
+    pub got: u64,
+    pub low: u64,
+    pub high: u64,
+}
+
+impl std::fmt::Display for Corrupt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "its ring {} is {}, outside the possible {}..={}", self.what, self.got, self.low, self.high)
+    }
 }
 
 // SAFETY: the ring points into a shared mapping kept alive by `_segment`; each side of a ring
@@ -53,7 +78,7 @@ impl Ring {
         // SAFETY: as above.
         let data = unsafe { NonNull::new_unchecked(header.as_ptr().add(RING_HEADER_BYTES)) };
         // Positions start at 0 and only grow: a stale `seen` underestimates, never overstates.
-        Some(Ring { _segment: segment, header, data, capacity, seen: 0 })
+        Some(Ring { _segment: segment, header, data, capacity, seen: 0, mine: 0 })
     }
 
     fn word(&self, offset: usize) -> &AtomicU64 {
@@ -85,13 +110,24 @@ impl Ring {
         self.closed_flag().load(Ordering::Acquire) != 0
     }
 
+    /// The peer's position, checked to lie in `[self.seen, high]` (positions only grow).
+    fn peer_position(&mut self, offset: usize, what: &'static str, high: u64) -> Result<u64, Corrupt> {
+        let got = self.word(offset).load(Ordering::Acquire);
+        if got < self.seen || got > high {
+            return Err(Corrupt { what, got, low: self.seen, high });
+        }
+        self.seen = got;
+        Ok(got)
+    }
+
     /// Producer: copies as much of `bufs` as fits; returns the bytes taken.
-    pub(crate) fn write(&mut self, bufs: &[IoSlice<'_>]) -> usize {
-        let head = self.word(HEAD_OFFSET).load(Ordering::Relaxed);
+    pub(crate) fn write(&mut self, bufs: &[IoSlice<'_>]) -> Result<usize, Corrupt> {
+        let head = self.mine;
         let want: usize = bufs.iter().map(|b| b.len()).sum();
+        // `seen <= head` and `head - seen <= capacity` hold: `seen` only takes checked values.
         if self.capacity - ((head - self.seen) as usize) < want {
             // Only now read the consumer's line (a cache miss when it has moved).
-            self.seen = self.word(TAIL_OFFSET).load(Ordering::Acquire);
+            self.peer_position(TAIL_OFFSET, "tail", head)?;
         }
         let mut free = self.capacity - (head - self.seen) as usize;
         let mut pos = head;
@@ -108,30 +144,37 @@ impl Ring {
             }
         }
         if pos != head {
+            self.mine = pos;
             self.word(HEAD_OFFSET).store(pos, Ordering::Release);
         }
-        (pos - head) as usize
+        Ok((pos - head) as usize)
     }
 
-    /// Consumer: bytes known to be readable, reading the producer's line only when fewer than
-    /// `want` are known.
-    fn readable(&mut self, tail: u64, want: usize) -> usize {
+    /// Consumer: bytes known to be readable (at most `capacity`), reading the producer's line
+    /// only when fewer than `want` are known.
+    pub(crate) fn readable(&mut self, want: usize) -> Result<usize, Corrupt> {
+        let tail = self.mine;
         if ((self.seen - tail) as usize) < want {
-            self.seen = self.word(HEAD_OFFSET).load(Ordering::Acquire);
+            self.peer_position(HEAD_OFFSET, "head", tail + self.capacity as u64)?;
         }
-        (self.seen - tail) as usize
+        Ok((self.seen - tail) as usize)
     }
 
     /// Consumer: copies out up to `buf.len()` available bytes.
-    pub(crate) fn read(&mut self, buf: &mut [u8]) -> usize {
-        let tail = self.word(TAIL_OFFSET).load(Ordering::Relaxed);
-        let n = self.readable(tail, 1).min(buf.len());
+    pub(crate) fn read(&mut self, buf: &mut [u8]) -> Result<usize, Corrupt> {
+        let tail = self.mine;
+        let n = self.readable(1)?.min(buf.len());
         if n == 0 {
-            return 0;
+            return Ok(0);
         }
         self.copy_out(tail, &mut buf[..n]);
-        self.word(TAIL_OFFSET).store(tail + n as u64, Ordering::Release);
-        n
+        self.publish_tail(tail + n as u64);
+        Ok(n)
+    }
+
+    fn publish_tail(&mut self, tail: u64) {
+        self.mine = tail;
+        self.word(TAIL_OFFSET).store(tail, Ordering::Release);
     }
 
     /// Consumer: the received bytes at the read position that lie contiguously in the data
@@ -139,9 +182,9 @@ impl Ring {
     /// and how many lie between the read position and the end of the data region. The
     /// producer's position is re-read when fewer than `want` bytes are known to be there
     /// (`usize::MAX`: always).
-    pub(crate) fn peek(&mut self, want: usize) -> Peeked<'_> {
-        let tail = self.word(TAIL_OFFSET).load(Ordering::Relaxed);
-        let buffered = self.readable(tail, want);
+    pub(crate) fn peek(&mut self, want: usize) -> Result<Peeked<'_>, Corrupt> {
+        let tail = self.mine;
+        let buffered = self.readable(want)?;
         let start = (tail % self.capacity as u64) as usize;
         let until_end = self.capacity - start;
         let n = buffered.min(until_end);
@@ -149,13 +192,14 @@ impl Ring {
         // producer has finished writing it and will not touch it until `tail` moves past it,
         // which only `consume` (through `&mut self`, so not while this borrow lives) does.
         let bytes = unsafe { std::slice::from_raw_parts(self.data.as_ptr().add(start), n) };
-        Peeked { bytes, buffered, until_end, capacity: self.capacity }
+        Ok(Peeked { bytes, buffered, until_end, capacity: self.capacity })
     }
 
-    /// Consumer: releases `n` bytes at the read position (at most what [`Ring::peek`] showed).
+    /// Consumer: releases `n` bytes at the read position (at most what [`Ring::peek`] showed;
+    /// more is clamped to what has arrived).
     pub(crate) fn consume(&mut self, n: usize) {
-        let tail = self.word(TAIL_OFFSET).load(Ordering::Relaxed);
-        self.word(TAIL_OFFSET).store(tail + n as u64, Ordering::Release);
+        let n = n.min((self.seen - self.mine) as usize);
+        self.publish_tail(self.mine + n as u64);
     }
 
     fn copy_in(&self, pos: u64, src: &[u8]) {
@@ -196,11 +240,44 @@ mod tests {
         let mut got = Vec::new();
         let mut buf = [0u8; 333];
         while got.len() < data.len() {
-            sent += tx.write(&[IoSlice::new(&data[sent..(sent + 777).min(data.len())])]);
-            let n = rx.read(&mut buf);
+            sent += tx.write(&[IoSlice::new(&data[sent..(sent + 777).min(data.len())])]).unwrap();
+            let n = rx.read(&mut buf).unwrap();
             got.extend_from_slice(&buf[..n]);
         }
         assert_eq!(got, data);
-        assert_eq!(rx.read(&mut buf), 0);
+        assert_eq!(rx.read(&mut buf), Ok(0));
+    }
+
+    /// A peer that publishes an impossible position is an error, and nothing is copied with it
+    /// (before, the consumer copied `head - tail` bytes whatever they were, past the ring).
+    #[test]
+    fn impossible_peer_positions_are_errors() {
+        let seg = Arc::new(Segment::create(RING_HEADER_BYTES + 1000).unwrap());
+        let mut tx = Ring::new(seg.clone(), 0, 1000).unwrap();
+        let mut rx = Ring::new(seg, 0, 1000).unwrap();
+        let mut buf = vec![0u8; 5000];
+        assert_eq!(tx.write(&[IoSlice::new(&[1u8; 600])]), Ok(600));
+        assert_eq!(rx.read(&mut buf), Ok(600));
+        // The producer claims more than the ring holds ...
+        tx.word(HEAD_OFFSET).store(600 + 1001, Ordering::Release);
+        let e = rx.read(&mut buf).unwrap_err();
+        assert_eq!((e.what, e.got, e.low, e.high), ("head", 1601, 600, 1600));
+        assert!(rx.peek(1).is_err());
+        // ... or moves backwards.
+        tx.word(HEAD_OFFSET).store(599, Ordering::Release);
+        assert_eq!(rx.read(&mut buf).unwrap_err().what, "head");
+        // Honest again: what is published is read.
+        assert_eq!(tx.write(&[IoSlice::new(&[2u8; 300])]), Ok(300));
+        assert_eq!(rx.read(&mut buf), Ok(300));
+        // The consumer claims to have read what was never written.
+        rx.word(TAIL_OFFSET).store(10_000, Ordering::Release);
+        let e = tx.write(&[IoSlice::new(&[2u8; 900])]).unwrap_err();
+        assert_eq!((e.what, e.got, e.high), ("tail", 10_000, 900));
+        // A scribble on a side's own shared position does not move it: it is kept privately.
+        rx.word(TAIL_OFFSET).store(900, Ordering::Release);
+        tx.word(HEAD_OFFSET).store(5, Ordering::Release);
+        assert_eq!(tx.write(&[IoSlice::new(&[3u8; 10])]), Ok(10));
+        assert_eq!(rx.read(&mut buf), Ok(10));
+        assert_eq!(&buf[..10], &[3u8; 10]);
     }
 }
