@@ -64,7 +64,6 @@ fn torch_distributed_backend_suite() {
         .env("TOPOCCL_CACHE_DIR", std::env::temp_dir().join("topoccl-nccl-cache"))
         .env_remove("TOPOCCL_TIMEOUT")
         .env_remove("TOPOCCL_PY_INLINE")
-        .env_remove("TOPOCCL_PY_DISABLE")
         .env_remove("NCCL_DEBUG")
         .output()
         .unwrap();

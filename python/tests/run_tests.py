@@ -23,17 +23,9 @@ from launcher import launch  # noqa: E402
 # (name, case, world, extra environment, deadline in seconds); a rank's expected exit status
 # is 0 except where EXIT says otherwise.
 JOBS = [
-    # The 2-rank run sends every call through the worker thread and composes all_to_all,
-    # gather and scatter from grouped send/recv; the 4-rank run lets synchronous calls run
-    # inline when the worker is idle and uses ncclAlltoAll/ncclGather/ncclScatter where the
-    # library has them (the defaults).
-    (
-        "collectives-2-worker-p2p",
-        "collectives",
-        2,
-        {"TOPOCCL_PY_INLINE": "0", "TOPOCCL_PY_DISABLE": "ncclAlltoAll,ncclGather,ncclScatter"},
-        150,
-    ),
+    # The 2-rank run sends every call through the worker thread; the 4-rank run lets
+    # synchronous calls run inline when the worker is idle (the default).
+    ("collectives-2-worker", "collectives", 2, {"TOPOCCL_PY_INLINE": "0"}, 150),
     ("collectives-4", "collectives", 4, {}, 200),
     ("training-2", "training", 2, {}, 150),
     ("training-4", "training", 4, {"TOPOCCL_TEST_FSDP": "0"}, 150),

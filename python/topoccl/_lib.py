@@ -97,43 +97,42 @@ def default_library_path() -> str:
 _comm_t = c_void_p
 _stream_t = c_void_p
 
-# name: (restype, argtypes, required)
+# name: (restype, argtypes)
 _SIGNATURES = {
-    "ncclGetVersion": (c_int, [POINTER(c_int)], True),
-    "ncclGetUniqueId": (c_int, [POINTER(UniqueId)], True),
-    "ncclCommInitRank": (c_int, [POINTER(_comm_t), c_int, UniqueId, c_int], True),
-    "ncclCommDestroy": (c_int, [_comm_t], True),
-    "ncclCommAbort": (c_int, [_comm_t], True),
-    "ncclCommFinalize": (c_int, [_comm_t], False),
-    "ncclCommCount": (c_int, [_comm_t, POINTER(c_int)], True),
-    "ncclCommUserRank": (c_int, [_comm_t, POINTER(c_int)], True),
-    "ncclCommGetAsyncError": (c_int, [_comm_t, POINTER(c_int)], True),
-    "ncclGetErrorString": (c_char_p, [c_int], True),
-    "ncclGetLastError": (c_char_p, [_comm_t], True),
-    "ncclAllReduce": (c_int, [c_void_p, c_void_p, c_size_t, c_int, c_int, _comm_t, _stream_t], True),
-    "ncclBroadcast": (c_int, [c_void_p, c_void_p, c_size_t, c_int, c_int, _comm_t, _stream_t], True),
-    "ncclReduce": (c_int, [c_void_p, c_void_p, c_size_t, c_int, c_int, c_int, _comm_t, _stream_t], True),
-    "ncclAllGather": (c_int, [c_void_p, c_void_p, c_size_t, c_int, _comm_t, _stream_t], True),
-    "ncclReduceScatter": (c_int, [c_void_p, c_void_p, c_size_t, c_int, c_int, _comm_t, _stream_t], True),
-    "ncclSend": (c_int, [c_void_p, c_size_t, c_int, c_int, _comm_t, _stream_t], True),
-    "ncclRecv": (c_int, [c_void_p, c_size_t, c_int, c_int, _comm_t, _stream_t], True),
-    "ncclGroupStart": (c_int, [], True),
-    "ncclGroupEnd": (c_int, [], True),
-    "ncclRedOpCreatePreMulSum": (c_int, [POINTER(c_int), c_void_p, c_int, c_int, _comm_t], True),
-    "ncclRedOpDestroy": (c_int, [c_int, _comm_t], True),
-    # NCCL 2.28's; used where the library has them, else composed from send/recv.
-    "ncclAlltoAll": (c_int, [c_void_p, c_void_p, c_size_t, c_int, _comm_t, _stream_t], False),
-    "ncclGather": (c_int, [c_void_p, c_void_p, c_size_t, c_int, c_int, _comm_t, _stream_t], False),
-    "ncclScatter": (c_int, [c_void_p, c_void_p, c_size_t, c_int, c_int, _comm_t, _stream_t], False),
+    "ncclGetVersion": (c_int, [POINTER(c_int)]),
+    "ncclGetUniqueId": (c_int, [POINTER(UniqueId)]),
+    "ncclCommInitRank": (c_int, [POINTER(_comm_t), c_int, UniqueId, c_int]),
+    "ncclCommDestroy": (c_int, [_comm_t]),
+    "ncclCommAbort": (c_int, [_comm_t]),
+    "ncclCommFinalize": (c_int, [_comm_t]),
+    "ncclCommCount": (c_int, [_comm_t, POINTER(c_int)]),
+    "ncclCommUserRank": (c_int, [_comm_t, POINTER(c_int)]),
+    "ncclCommGetAsyncError": (c_int, [_comm_t, POINTER(c_int)]),
+    "ncclGetErrorString": (c_char_p, [c_int]),
+    "ncclGetLastError": (c_char_p, [_comm_t]),
+    "ncclAllReduce": (c_int, [c_void_p, c_void_p, c_size_t, c_int, c_int, _comm_t, _stream_t]),
+    "ncclBroadcast": (c_int, [c_void_p, c_void_p, c_size_t, c_int, c_int, _comm_t, _stream_t]),
+    "ncclReduce": (c_int, [c_void_p, c_void_p, c_size_t, c_int, c_int, c_int, _comm_t, _stream_t]),
+    "ncclAllGather": (c_int, [c_void_p, c_void_p, c_size_t, c_int, _comm_t, _stream_t]),
+    "ncclReduceScatter": (c_int, [c_void_p, c_void_p, c_size_t, c_int, c_int, _comm_t, _stream_t]),
+    "ncclSend": (c_int, [c_void_p, c_size_t, c_int, c_int, _comm_t, _stream_t]),
+    "ncclRecv": (c_int, [c_void_p, c_size_t, c_int, c_int, _comm_t, _stream_t]),
+    "ncclGroupStart": (c_int, []),
+    "ncclGroupEnd": (c_int, []),
+    "ncclRedOpCreatePreMulSum": (c_int, [POINTER(c_int), c_void_p, c_int, c_int, _comm_t]),
+    "ncclRedOpDestroy": (c_int, [c_int, _comm_t]),
+    "ncclAlltoAll": (c_int, [c_void_p, c_void_p, c_size_t, c_int, _comm_t, _stream_t]),
+    "ncclGather": (c_int, [c_void_p, c_void_p, c_size_t, c_int, c_int, _comm_t, _stream_t]),
+    "ncclScatter": (c_int, [c_void_p, c_void_p, c_size_t, c_int, c_int, _comm_t, _stream_t]),
 }
 
 
 class Library:
     """The C functions of one loaded ``libnccl.so.2``, with errors raised as :class:`NcclError`.
 
-    The raw functions are attributes (``lib.ncclAllReduce``); optional ones are ``None`` where
-    the library lacks them. :meth:`check` turns a result code into an exception; it must run
-    on the thread that made the call (the library's last-error text is per thread).
+    The raw functions are attributes (``lib.ncclAllReduce``). :meth:`check` turns a result code
+    into an exception; it must run on the thread that made the call (the library's last-error
+    text is per thread).
     """
 
     def __init__(self, path: str):
@@ -144,27 +143,16 @@ class Library:
                 "(reinstall the package with `pip install ./python`, or set TOPOCCL_NCCL_LIB)"
             )
         self._dll = ctypes.CDLL(path, mode=os.RTLD_LOCAL)
-        # Testing knob: optional functions to leave unused (their send/recv compositions run).
-        disabled = {n.strip() for n in os.environ.get("TOPOCCL_PY_DISABLE", "").split(",") if n.strip()}
-        for name, (res, args, required) in _SIGNATURES.items():
-            try:
-                if name in disabled and not required:
-                    raise AttributeError(name)
-                fn = getattr(self._dll, name)
-            except AttributeError:
-                if required:
-                    raise OSError(f"topoccl: {path} has no {name}: not topoccl's libnccl.so.2?") from None
-                setattr(self, name, None)
-                continue
+        for name, (res, args) in _SIGNATURES.items():
+            fn = getattr(self._dll, name, None)
+            if fn is None:
+                raise OSError(f"topoccl: {path} has no {name}: not topoccl's libnccl.so.2?")
             fn.restype = res
             fn.argtypes = args
             setattr(self, name, fn)
         v = c_int(0)
         self.check("ncclGetVersion", self.ncclGetVersion(ctypes.byref(v)))
         self.version = v.value
-
-    def has(self, name: str) -> bool:
-        return getattr(self, name, None) is not None
 
     def error_string(self, code: int) -> str:
         s = self.ncclGetErrorString(code)

@@ -617,21 +617,8 @@ class ProcessGroupTopoccl(dist.ProcessGroup):
             return consecutive if consecutive is not None else state["flat"].data_ptr()
 
         def issue():
-            comm = self._live_comm()
-            if lib.ncclGather is not None:
-                recv = dst_ptr() if me == root else None
-                self._check("ncclGather", lib.ncclGather(src.ptr, recv, nb, _lib.UINT8, root, comm, None))
-                return
-            with self._group("gather"):
-                if me == root:
-                    base = dst_ptr()
-                    for r in range(n):
-                        if r != me:
-                            self._check("ncclRecv", lib.ncclRecv(base + r * nb, nb, _lib.UINT8, r, comm, None))
-                else:
-                    self._check("ncclSend", lib.ncclSend(src.ptr, nb, _lib.UINT8, root, comm, None))
-            if me == root:
-                ctypes.memmove(dst_ptr() + me * nb, src.ptr, nb)
+            recv = dst_ptr() if me == root else None
+            self._check("ncclGather", lib.ncclGather(src.ptr, recv, nb, _lib.UINT8, root, self._live_comm(), None))
 
         def post():
             flat = state.pop("flat", None)
@@ -654,7 +641,7 @@ class ProcessGroupTopoccl(dist.ProcessGroup):
             ins = [_check_tensor(i, "input tensor") for i in input_tensors[0]]
             if any(i.numel() != out.numel() or i.dtype != out.dtype for i in ins):
                 raise ValueError("topoccl: scatter inputs must be shaped like the output")
-        lib, nb, n, me = self._lib, _nbytes(out), self._size, self._rank
+        lib, nb, me = self._lib, _nbytes(out), self._rank
         if nb == 0:
             return self._submit(_Op("scatter", lambda: None), output_tensors, _sync(opts))
         dst = _Contig(out)
@@ -670,21 +657,8 @@ class ProcessGroupTopoccl(dist.ProcessGroup):
             return direct if direct is not None else state["flat"].data_ptr()
 
         def issue():
-            comm = self._live_comm()
-            if lib.ncclScatter is not None:
-                send = src_ptr() if me == root else None
-                self._check("ncclScatter", lib.ncclScatter(send, dst.ptr, nb, _lib.UINT8, root, comm, None))
-                return
-            with self._group("scatter"):
-                if me == root:
-                    base = src_ptr()
-                    for r in range(n):
-                        if r != me:
-                            self._check("ncclSend", lib.ncclSend(base + r * nb, nb, _lib.UINT8, r, comm, None))
-                else:
-                    self._check("ncclRecv", lib.ncclRecv(dst.ptr, nb, _lib.UINT8, root, comm, None))
-            if me == root:
-                ctypes.memmove(dst.ptr, src_ptr() + me * nb, nb)
+            send = src_ptr() if me == root else None
+            self._check("ncclScatter", lib.ncclScatter(send, dst.ptr, nb, _lib.UINT8, root, self._live_comm(), None))
 
         def post():
             state.pop("flat", None)
@@ -726,11 +700,10 @@ class ProcessGroupTopoccl(dist.ProcessGroup):
         recv_offs = _offsets(recv_counts)
         # ncclAlltoAll only without split sizes: the choice must be the same on every rank,
         # and equal splits on one rank do not mean equal splits on all.
-        uniform = even
 
         def issue():
             comm = self._live_comm()
-            if uniform and lib.ncclAlltoAll is not None:
+            if even:
                 if send_counts[0]:
                     rc = lib.ncclAlltoAll(src.ptr, dst.ptr, send_counts[0], _lib.UINT8, comm, None)
                     self._check("ncclAlltoAll", rc)

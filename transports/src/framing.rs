@@ -14,6 +14,7 @@ use std::collections::VecDeque;
 use std::io::IoSlice;
 
 use crate::error::{Error, Result};
+use crate::pool::BufferPool;
 use crate::{Message, Meta, Region, MAX_MESSAGE_BYTES, META_BYTES};
 
 /// Payloads smaller than this are copied into the outgoing queue when they must wait; larger
@@ -24,17 +25,8 @@ pub(crate) const HEADER_BYTES: usize = 8 + META_BYTES;
 const STAGING_BYTES: usize = 64 << 10;
 /// A payload remainder at least this large is read directly into its buffer.
 const DIRECT_READ_BYTES: usize = 16 << 10;
-/// Small buffers kept for reuse.
-const POOL_BUFFERS: usize = 64;
-/// Buffers up to this capacity are small (frame headers, copied small payloads, small
-/// messages); larger ones are message buffers, of which the pool keeps at most
-/// [`POOL_LARGE_BYTES`]. One pool for both churned: a header took a message buffer, the next
-/// message grew a header's buffer, and a full pool dropped message buffers, so every large
-/// call went through the allocator again (and the pages it freed faulted back in).
+/// Buffers up to this capacity are pooled as small ones (see [`BufferPool`]).
 const SMALL_BUFFER_BYTES: usize = COPY_BELOW + HEADER_BYTES;
-/// What a stream keeps of message buffers: enough for the messages a 64 MiB call has queued
-/// at once between two ranks that both send before they receive.
-const POOL_LARGE_BYTES: usize = 64 << 20;
 /// Queued frames handed to the stream per system call.
 const WRITE_BATCH: usize = 64;
 
@@ -140,10 +132,7 @@ pub(crate) struct Framed<S> {
     /// be found.
     queues: Vec<(u32, VecDeque<(u64, Message)>)>,
     arrived: u64,
-    /// Buffers for reuse: small ones, and message buffers with their capacity in all.
-    pool: Vec<Vec<u8>>,
-    pool_large: Vec<Vec<u8>>,
-    pool_large_bytes: usize,
+    pool: BufferPool,
     closed: Option<String>,
 }
 
@@ -182,44 +171,18 @@ impl<S: ByteStream> Framed<S> {
             in_place: None,
             queues: Vec::new(),
             arrived: 0,
-            pool: Vec::new(),
-            pool_large: Vec::new(),
-            pool_large_bytes: 0,
+            pool: BufferPool::new(SMALL_BUFFER_BYTES),
             closed: None,
         }
     }
 
     /// A buffer of exactly `len` bytes, reused when possible. Contents are unspecified.
     fn buffer(&mut self, len: usize) -> Vec<u8> {
-        let pooled = if len <= SMALL_BUFFER_BYTES { self.pool.pop() } else { self.large_buffer(len) };
-        let mut v = pooled.unwrap_or_default();
-        if v.len() < len {
-            v.resize(len, 0);
-        } else {
-            v.truncate(len);
-        }
-        v
-    }
-
-    /// A pooled message buffer of at least `len` bytes' capacity, else the newest one (grown
-    /// by the caller).
-    fn large_buffer(&mut self, len: usize) -> Option<Vec<u8>> {
-        let i = self.pool_large.iter().rposition(|b| b.capacity() >= len).or(self.pool_large.len().checked_sub(1))?;
-        let v = self.pool_large.swap_remove(i);
-        self.pool_large_bytes -= v.capacity();
-        Some(v)
+        self.pool.take(len)
     }
 
     pub(crate) fn recycle(&mut self, data: Vec<u8>) {
-        let cap = data.capacity();
-        if cap <= SMALL_BUFFER_BYTES {
-            if self.pool.len() < POOL_BUFFERS {
-                self.pool.push(data);
-            }
-        } else if self.pool_large_bytes + cap <= POOL_LARGE_BYTES {
-            self.pool_large_bytes += cap;
-            self.pool_large.push(data);
-        }
+        self.pool.give(data);
     }
 
     pub(crate) fn closed(&self) -> Option<&str> {
@@ -703,8 +666,7 @@ mod tests {
             while rx.backlog() > 0 {
                 rx.progress().unwrap();
             }
-            assert_eq!(rx.pool_large.len(), N, "call {call}");
-            assert!(rx.pool.iter().all(|b| b.capacity() <= SMALL_BUFFER_BYTES));
+            assert_eq!(rx.pool.counts(), (N, true), "call {call}");
         }
         assert_eq!(addresses.len(), N, "the second call's messages landed in the first call's buffers");
     }

@@ -37,6 +37,7 @@ pub mod error;
 pub mod fault;
 mod framing;
 mod memory;
+mod pool;
 pub mod shm;
 pub mod table;
 pub mod tcp;

@@ -1,10 +1,11 @@
 //! Collectives, point-to-point transfers and groups.
 
 use std::ffi::{c_int, c_void};
+use std::sync::Arc;
 
 use topoccl::{Buffer, Collective as Kind, CollectiveCall, Dtype, ReduceOp, Reduction};
 
-use super::{dtype_of, export, guard, no_stream};
+use super::{dtype_of, export, guard, no_stream, rank_of};
 use crate::abi::*;
 use crate::call::{self, Collective, Transfer};
 use crate::error::{invalid, Result};
@@ -24,11 +25,6 @@ fn op_of(h: &Handle, op: ncclRedOp_t, dtype: Dtype) -> Result<Reduction> {
         Some(p) => Err(invalid(format!("op {op} was made for {}, the call is {}", p.dtype, dtype))),
         None => Err(invalid(format!("op {op} is not an operator of this communicator"))),
     }
-}
-
-/// A rank argument (`root`, `peer`) as the core takes it; the core checks its range.
-fn rank_of(what: &str, v: c_int, n: u32) -> Result<u32> {
-    u32::try_from(v).map_err(|_| invalid(format!("{what} {v} is out of range for {n} ranks")))
 }
 
 /// What every collective entry point does.
@@ -93,14 +89,19 @@ fn transfer(
             Some(rank),
             format_args!("{name}: buff {buf:p} count {count} datatype {datatype} peer {peer} comm {comm:p}"),
         );
-        let t = Transfer { send, buf: Buffer::host(buf), dtype, count, peer };
-        if group::active() {
-            group::push(Work::Transfer { handle: h, transfer: t });
-        } else {
-            call::run_transfers(&h, &[t])?;
-        }
+        submit_transfers(&h, vec![Transfer { send, buf: Buffer::host(buf), dtype, count, peer }])?;
         Ok(NCCL_SUCCESS)
     })
+}
+
+/// Transfers join the open group, or run now.
+fn submit_transfers(h: &Arc<Handle>, list: Vec<Transfer>) -> Result<()> {
+    if group::active() {
+        list.into_iter().for_each(|transfer| group::push(Work::Transfer { handle: h.clone(), transfer }));
+    } else if !list.is_empty() {
+        call::run_transfers(h, &list)?;
+    }
+    Ok(())
 }
 
 /// What `ncclGather` and `ncclScatter` are: point-to-point transfers between the root and
@@ -123,9 +124,6 @@ fn rooted_transfers(
         let dtype = dtype_of(datatype)?;
         let (rank, n) = h.identity()?;
         let root = rank_of("root", root, n)?;
-        if root >= n {
-            return Err(invalid(format!("root {root} is out of range for {n} ranks")));
-        }
         log::info(
             Subsys::Coll,
             Some(rank),
@@ -160,11 +158,7 @@ fn rooted_transfers(
                 list.push(t(gather, Buffer::host(single as *const c_void), root));
             }
         }
-        if group::active() {
-            list.into_iter().for_each(|transfer| group::push(Work::Transfer { handle: h.clone(), transfer }));
-        } else if !list.is_empty() {
-            call::run_transfers(&h, &list)?;
-        }
+        submit_transfers(&h, list)?;
         Ok(NCCL_SUCCESS)
     })
 }

@@ -69,6 +69,14 @@ pub(crate) fn dtype_of(datatype: crate::abi::ncclDataType_t) -> Result<topoccl::
         .ok_or_else(|| crate::error::invalid(format!("datatype {datatype} is not an ncclDataType_t (0..11)")))
 }
 
+/// A rank argument (`root`, `peer`) of a communicator of `n` ranks, checked.
+pub(crate) fn rank_of(what: &str, v: std::ffi::c_int, n: u32) -> Result<u32> {
+    u32::try_from(v)
+        .ok()
+        .filter(|r| *r < n)
+        .ok_or_else(|| crate::error::invalid(format!("{what} {v} is out of range for {n} ranks")))
+}
+
 /// A stream argument: NULL without CUDA.
 pub(crate) fn no_stream(stream: crate::abi::cudaStream_t) -> Result<()> {
     if stream.is_null() {

@@ -5,7 +5,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use topoccl::Buffer;
 
-use super::{dtype_of, export, guard, no_stream};
+use super::{dtype_of, export, guard, no_stream, rank_of};
 use crate::abi::*;
 use crate::error::{invalid, Result};
 use crate::handle::{self, Handle};
@@ -96,11 +96,7 @@ fn signal_args(sig_idx: c_int, ctx: c_int, flags: c_uint) -> Result<(u32, u32)> 
 }
 
 fn peer_of(h: &Handle, peer: c_int) -> Result<u32> {
-    let (_, n) = h.identity()?;
-    u32::try_from(peer)
-        .ok()
-        .filter(|p| *p < n)
-        .ok_or_else(|| invalid(format!("peer {peer} is out of range for {n} ranks")))
+    rank_of("peer", peer, h.identity()?.1)
 }
 
 #[allow(clippy::too_many_arguments)]
