@@ -27,6 +27,9 @@ const STAGING_BYTES: usize = 64 << 10;
 const DIRECT_READ_BYTES: usize = 16 << 10;
 /// Buffers up to this capacity are pooled as small ones (see [`BufferPool`]).
 const SMALL_BUFFER_BYTES: usize = COPY_BELOW + HEADER_BYTES;
+/// A frame's buffer is allocated whole up to this length; a longer one grows as its payload
+/// arrives (a peer's header is not trusted to size an allocation).
+const EAGER_FRAME_BYTES: usize = 16 << 20;
 /// Queued frames handed to the stream per system call.
 const WRITE_BATCH: usize = 64;
 
@@ -89,8 +92,29 @@ struct InPlace {
 struct Partial {
     tag: u32,
     meta: Meta,
+    /// The payload so far: `len` bytes, or fewer while a large frame's buffer is still growing
+    /// with what arrives ([`Partial::room`]).
     data: Vec<u8>,
     got: usize,
+    /// The payload's length, as the header announced it.
+    len: usize,
+}
+
+impl Partial {
+    fn new(tag: u32, meta: Meta, data: Vec<u8>, len: usize) -> Partial {
+        Partial { tag, meta, data, got: 0, len }
+    }
+
+    /// Room for the next bytes: the buffer grows (doubling, up to the announced length) only
+    /// as the payload actually arrives, so a header announcing 4 GiB that no payload follows
+    /// costs [`EAGER_FRAME_BYTES`], not 4 GiB.
+    fn room(&mut self) -> usize {
+        if self.got == self.data.len() && self.data.len() < self.len {
+            let grown = self.data.len().saturating_mul(2).clamp(EAGER_FRAME_BYTES, self.len);
+            self.data.resize(grown, 0);
+        }
+        self.data.len() - self.got
+    }
 }
 
 /// A frame waiting to be written: bytes of its own (the header, and a copied payload), then
@@ -346,7 +370,7 @@ impl<S: ByteStream> Framed<S> {
         let mut moved = false;
         loop {
             if let Some(mut p) = self.partial.take() {
-                let want = p.data.len() - p.got;
+                let want = p.room();
                 let staged = self.st_end - self.st_start;
                 if staged > 0 {
                     let n = staged.min(want);
@@ -354,7 +378,7 @@ impl<S: ByteStream> Framed<S> {
                     self.st_start += n;
                     p.got += n;
                 } else if want >= DIRECT_READ_BYTES {
-                    let n = self.stream.read(&mut p.data[p.got..]);
+                    let n = self.stream.read(&mut p.data[p.got..p.got + want]);
                     match n {
                         Ok(0) => {
                             self.partial = Some(p);
@@ -374,7 +398,7 @@ impl<S: ByteStream> Framed<S> {
                     continue;
                 }
                 moved = true;
-                if p.got == p.data.len() {
+                if p.got == p.len {
                     self.complete(p);
                 } else {
                     self.partial = Some(p);
@@ -384,8 +408,8 @@ impl<S: ByteStream> Framed<S> {
             if self.st_end - self.st_start >= HEADER_BYTES {
                 let (tag, len, meta) = decode_header(&self.staging[self.st_start..self.st_start + HEADER_BYTES]);
                 self.st_start += HEADER_BYTES;
-                let data = self.buffer(len);
-                let p = Partial { tag, meta, data, got: 0 };
+                let data = self.buffer(len.min(EAGER_FRAME_BYTES));
+                let p = Partial::new(tag, meta, data, len);
                 moved = true;
                 if len == 0 {
                     self.complete(p);
@@ -436,7 +460,7 @@ impl<S: ByteStream> Framed<S> {
         self.in_place = None;
         self.stream.consume(HEADER_BYTES);
         let data = self.buffer(h.len);
-        self.partial = Some(Partial { tag: h.tag, meta: h.meta, data, got: 0 });
+        self.partial = Some(Partial::new(h.tag, h.meta, data, h.len));
     }
 
     /// Reads what has arrived, recording a peer that closed.
@@ -669,5 +693,27 @@ mod tests {
             assert_eq!(rx.pool.counts(), (N, true), "call {call}");
         }
         assert_eq!(addresses.len(), N, "the second call's messages landed in the first call's buffers");
+    }
+
+    /// A header may announce up to 4 GiB: the buffer grows with the payload that actually
+    /// arrives (before, the announced length was allocated at once, whatever followed), and a
+    /// large payload that does arrive is received whole.
+    #[test]
+    fn an_announced_length_is_not_allocated_before_the_payload_comes() {
+        let mut wire = encode_header(3, u32::MAX, &[1; META_BYTES]).to_vec();
+        wire.extend_from_slice(&[9u8; 1000]);
+        let mut rx = Framed::new(Pipe { out: Vec::new(), input: wire, pos: 0, limit: 1 << 20, room: 0 });
+        while rx.progress().unwrap() {}
+        let p = rx.partial.as_ref().expect("a frame in progress");
+        assert_eq!((p.got, p.len), (1000, u32::MAX as usize));
+        assert!(p.data.capacity() <= EAGER_FRAME_BYTES, "{} bytes allocated", p.data.capacity());
+
+        let len = 3 * EAGER_FRAME_BYTES + 5;
+        let payload: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        let mut wire = encode_header(3, len as u32, &[2; META_BYTES]).to_vec();
+        wire.extend_from_slice(&payload);
+        let mut rx = Framed::new(Pipe { out: Vec::new(), input: wire, pos: 0, limit: 1 << 20, room: 0 });
+        while rx.progress().unwrap() {}
+        assert_eq!(rx.recv(3).expect("the large message").data, payload);
     }
 }
