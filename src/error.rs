@@ -26,6 +26,10 @@ pub enum Error {
     /// Ranks called different things.
     #[error("rank {rank} ran {ours}, but rank {peer} ran {theirs}")]
     Mismatch { rank: u32, peer: u32, theirs: String, ours: String },
+    /// A call failed because of another rank: `cause` is what the ranks found out by asking
+    /// each other (on a channel apart from the data path), `seen` what this rank saw.
+    #[error("{cause} [rank {rank} saw: {seen}]")]
+    Fault { rank: u32, cause: crate::diag::Verdict, seen: Box<Error> },
     /// `abort()` was called.
     #[error("the communicator was aborted")]
     Aborted,
@@ -62,9 +66,30 @@ impl Error {
             Error::Mismatch { rank, peer, theirs, ours } => {
                 Error::Mismatch { rank: *rank, peer: *peer, theirs: theirs.clone(), ours: ours.clone() }
             }
+            Error::Fault { rank, cause, seen } => {
+                Error::Fault { rank: *rank, cause: cause.clone(), seen: Box::new(seen.duplicate()) }
+            }
             Error::Aborted => Error::Aborted,
             Error::Broken(m) => Error::Broken(m.clone()),
             Error::Internal(m) => Error::Internal(m.clone()),
+        }
+    }
+}
+
+impl Error {
+    /// The ranks a failure was traced to, when it was (see [`Error::Fault`]).
+    pub fn culprits(&self) -> &[u32] {
+        match self {
+            Error::Fault { cause, .. } => &cause.culprits,
+            _ => &[],
+        }
+    }
+
+    /// What this rank itself saw: the error under a [`Error::Fault`]'s cause, else itself.
+    pub fn seen(&self) -> &Error {
+        match self {
+            Error::Fault { seen, .. } => seen.seen(),
+            e => e,
         }
     }
 }

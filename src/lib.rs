@@ -9,6 +9,7 @@
 
 pub mod buffer;
 pub mod comm;
+mod diag;
 pub mod env;
 pub mod error;
 mod exec;
@@ -20,6 +21,7 @@ pub use buffer::{Buffer, MemSpace, Region};
 pub use comm::{
     AbortHandle, CollectiveCall, Communicator, Config, Group, Lane, Pending, TransportPolicy, UniqueId, Work,
 };
+pub use diag::Verdict;
 pub use error::{Error, Result};
 pub use exec::ops;
 pub use topoccl_synth as synth;

@@ -99,7 +99,7 @@ fn a_failed_call_reports_its_error_and_breaks_the_ones_queued_after_it() {
         // A rank that only sent may have finished its part before noticing; the one that
         // received the other's message must fail with a mismatch naming both calls.
         if let Some(e) = &first {
-            mismatches += usize::from(matches!(e, Error::Mismatch { .. }));
+            mismatches += usize::from(matches!(e.seen(), Error::Mismatch { .. }));
             assert_eq!(error.as_deref(), Some(e.to_string().as_str()));
             let second = second.unwrap_or_else(|| panic!("rank {r}: a call after the failure ran"));
             assert!(matches!(second, Error::Broken(_)), "rank {r}: {second}");

@@ -84,6 +84,8 @@ fn core_code(e: &topoccl::Error) -> ncclResult_t {
         E::Transport { .. } => NCCL_SYSTEM_ERROR,
         E::PeerFailed { .. } => NCCL_REMOTE_ERROR,
         E::Timeout { .. } => NCCL_TIMEOUT,
+        // What this rank saw decides the code (a stalled peer: a timeout; a dead one: remote).
+        E::Fault { seen, .. } => core_code(seen),
         E::Mismatch { .. } => NCCL_INVALID_USAGE,
         E::Aborted => NCCL_INVALID_USAGE,
         E::Broken(_) => NCCL_INVALID_USAGE,
@@ -102,7 +104,7 @@ pub fn describe(code: c_int) -> &'static CStr {
         NCCL_INVALID_USAGE => c"invalid usage (run with NCCL_DEBUG=WARN for details)",
         NCCL_REMOTE_ERROR => c"remote process exited or there was a network error",
         NCCL_IN_PROGRESS => c"NCCL operation in progress",
-        NCCL_TIMEOUT => c"operation timed out (see TOPOCCL_TIMEOUT; the error names the ranks waited for)",
+        NCCL_TIMEOUT => c"operation timed out (see TOPOCCL_TIMEOUT; the error names the rank at fault)",
         _ => c"unknown result code",
     }
 }

@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 /// Bytes of a serialised [`UniqueId`] (NCCL's `NCCL_UNIQUE_ID_BYTES`).
 pub const UNIQUE_ID_BYTES: usize = 128;
 const ID_MAGIC: &[u8; 8] = b"TOPOCCL1";
-const HELLO_MAGIC: &[u8; 4] = b"TCHI";
+pub(crate) const HELLO_MAGIC: &[u8; 4] = b"TCHI";
 
 /// Identifies one communicator being created: where its rendezvous runs and its secret.
 #[derive(Clone, PartialEq, Eq)]
@@ -35,6 +35,15 @@ impl std::fmt::Debug for UniqueId {
 pub(crate) struct PeerInfo {
     pub addr: SocketAddr,
     pub host: u64,
+    /// The port of the process's watch service ([`crate::diag`]), on `addr`'s address.
+    pub watch_port: u16,
+}
+
+impl PeerInfo {
+    /// Where the rank's process answers progress queries.
+    pub(crate) fn watch_addr(&self) -> SocketAddr {
+        SocketAddr::new(self.addr.ip(), self.watch_port)
+    }
 }
 
 pub(crate) fn random_bytes<const N: usize>() -> Result<[u8; N]> {
@@ -77,8 +86,8 @@ fn u64_at(b: &[u8], i: usize) -> u64 {
 pub(crate) const MAX_RANKS: u32 = 1 << 20;
 
 const ADDR_BYTES: usize = 18;
-const HELLO_BYTES: usize = 4 + 16 + 4 + 4 + ADDR_BYTES + 8;
-const ENTRY_BYTES: usize = ADDR_BYTES + 8;
+const ENTRY_BYTES: usize = ADDR_BYTES + 8 + 2;
+pub(crate) const HELLO_BYTES: usize = 4 + 16 + 4 + 4 + ENTRY_BYTES;
 
 impl UniqueId {
     /// Starts a rendezvous service on an ephemeral port of this host and returns its id, as
@@ -251,8 +260,7 @@ pub(crate) fn rendezvous(
     hello.extend_from_slice(&id.secret);
     hello.extend_from_slice(&rank.to_le_bytes());
     hello.extend_from_slice(&nranks.to_le_bytes());
-    encode_addr(me.addr, &mut hello);
-    hello.extend_from_slice(&me.host.to_le_bytes());
+    encode_peer(&me, &mut hello);
     s.write_all(&hello).map_err(|e| Error::io("sending to the rendezvous", e))?;
     let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
     s.set_read_timeout(Some(left)).map_err(|e| Error::io("rendezvous socket", e))?;
@@ -270,19 +278,22 @@ pub(crate) fn rendezvous(
     }
     let mut table = vec![0u8; nranks as usize * ENTRY_BYTES];
     s.read_exact(&mut table).map_err(lost)?;
-    Ok(table
-        .chunks_exact(ENTRY_BYTES)
-        .map(|e| PeerInfo { addr: decode_addr(&e[..ADDR_BYTES]), host: u64_at(e, ADDR_BYTES) })
-        .collect())
+    Ok(table.chunks_exact(ENTRY_BYTES).map(decode_peer).collect())
 }
 
 pub(crate) fn encode_peer(p: &PeerInfo, out: &mut Vec<u8>) {
     encode_addr(p.addr, out);
     out.extend_from_slice(&p.host.to_le_bytes());
+    out.extend_from_slice(&p.watch_port.to_le_bytes());
 }
 
+/// The entry in `b` (at least [`PEER_BYTES`] long).
 pub(crate) fn decode_peer(b: &[u8]) -> PeerInfo {
-    PeerInfo { addr: decode_addr(&b[..ADDR_BYTES]), host: u64_at(b, ADDR_BYTES) }
+    PeerInfo {
+        addr: decode_addr(&b[..ADDR_BYTES]),
+        host: u64_at(b, ADDR_BYTES),
+        watch_port: u16::from_le_bytes([b[ADDR_BYTES + 8], b[ADDR_BYTES + 9]]),
+    }
 }
 
 pub(crate) const PEER_BYTES: usize = ENTRY_BYTES;
@@ -314,8 +325,11 @@ mod tests {
                 .map(|r| {
                     let id = id.clone();
                     sc.spawn(move || {
-                        let me =
-                            PeerInfo { addr: SocketAddr::new("127.0.0.1".parse().unwrap(), 1000 + r as u16), host: 9 };
+                        let me = PeerInfo {
+                            addr: SocketAddr::new("127.0.0.1".parse().unwrap(), 1000 + r as u16),
+                            host: 9,
+                            watch_port: 7,
+                        };
                         rendezvous(&id, r, 3, me, deadline).unwrap()
                     })
                 })
@@ -326,7 +340,7 @@ mod tests {
             assert_eq!(t.iter().map(|p| p.addr.port()).collect::<Vec<_>>(), [1000, 1001, 1002]);
         }
         let wrong = UniqueId::remote(id.root, [4; 16]);
-        let me = PeerInfo { addr: "127.0.0.1:1".parse().unwrap(), host: 0 };
+        let me = PeerInfo { addr: "127.0.0.1:1".parse().unwrap(), host: 0, watch_port: 0 };
         assert!(rendezvous(&wrong, 0, 1, me, Instant::now() + Duration::from_millis(300)).is_err());
     }
 
@@ -343,7 +357,11 @@ mod tests {
             for r in 0..2u32 {
                 let id = id.clone();
                 sc.spawn(move || {
-                    let me = PeerInfo { addr: SocketAddr::new("127.0.0.1".parse().unwrap(), 2000 + r as u16), host: 1 };
+                    let me = PeerInfo {
+                        addr: SocketAddr::new("127.0.0.1".parse().unwrap(), 2000 + r as u16),
+                        host: 1,
+                        watch_port: 3,
+                    };
                     assert_eq!(rendezvous(&id, r, 2, me, deadline).unwrap().len(), 2);
                 });
             }
@@ -355,7 +373,7 @@ mod tests {
     #[test]
     fn an_absurd_rank_count_is_refused_before_the_table_is_sized() {
         let id = UniqueId::serve("127.0.0.1:0".parse().unwrap(), [6; 16], Duration::from_secs(20)).unwrap();
-        let me = PeerInfo { addr: "127.0.0.1:1".parse().unwrap(), host: 0 };
+        let me = PeerInfo { addr: "127.0.0.1:1".parse().unwrap(), host: 0, watch_port: 0 };
         let e = rendezvous(&id, 0, u32::MAX, me, Instant::now() + Duration::from_secs(10)).unwrap_err();
         assert!(e.to_string().contains("4294967295 ranks"), "{e}");
     }

@@ -23,12 +23,12 @@
 //! # Ok::<(), topoccl::Error>(())
 //! ```
 
-mod bootstrap;
+pub(crate) mod bootstrap;
 mod bytes;
 pub(crate) mod call;
 mod config;
 mod connect;
-mod greet;
+pub(crate) mod greet;
 mod group;
 mod netif;
 pub(crate) mod plan;
@@ -55,6 +55,7 @@ pub use group::{Group, Lane};
 pub use submit::Pending;
 pub use work::Work;
 
+use crate::diag::{Board, Identity};
 use crate::error::{Error, Result};
 use crate::exec::ops::CpuOps;
 use crate::exec::wire::fnv1a;
@@ -182,7 +183,7 @@ impl Communicator {
         }
         let deadline = Instant::now() + config.timeout;
         let (listener, addr) = data_listener(advertised_ip(id.root_addr())?)?;
-        let me = PeerInfo { addr, host: netif::host_id() };
+        let me = PeerInfo { addr, host: netif::host_id(), watch_port: crate::diag::service::port()? };
         let peers = bootstrap::rendezvous(id, rank, nranks, me, deadline)?;
         let auth = Auth { secret: id.secret(), comm_id: comm_id(&[&id.to_bytes()]) };
         Communicator::connect(rank, peers, listener, auth, config, deadline)
@@ -244,7 +245,16 @@ impl Communicator {
             timeout: config.timeout,
             oversubscribed: local > cores,
         };
-        let exec = Executor::new(rank, links, Box::new(CpuOps), settings, Arc::new(AtomicBool::new(false)));
+        let mut exec = Executor::new(rank, links, Box::new(CpuOps), settings, Arc::new(AtomicBool::new(false)));
+        let board = Board::new(Identity {
+            rank,
+            secret: auth.secret,
+            comm_id: auth.comm_id,
+            watch: peers.iter().map(PeerInfo::watch_addr).collect(),
+            answer_within: crate::diag::answer_within(config.timeout),
+        });
+        crate::diag::service::register(&board)?;
+        exec.board = Some(board);
         let transports = exec.transports();
         let shared = Shared::new(exec);
         let runner = shared.clone();
@@ -319,7 +329,8 @@ impl Communicator {
         let mut record = Vec::with_capacity(SPLIT_RECORD);
         record.extend_from_slice(&color.unwrap_or(u32::MAX).to_le_bytes());
         record.extend_from_slice(&key.to_le_bytes());
-        bootstrap::encode_peer(&PeerInfo { addr, host: self.peers[self.rank as usize].host }, &mut record);
+        let mine = self.peers[self.rank as usize];
+        bootstrap::encode_peer(&PeerInfo { addr, ..mine }, &mut record);
         record.resize(SPLIT_RECORD, 0);
         let mut all = vec![0u8; SPLIT_RECORD * self.nranks as usize];
         self.all_gather(&record, &mut all)?;

@@ -264,22 +264,42 @@ impl Shared {
         // SAFETY: the job's regions are the submitter's buffers, valid until the job completes:
         // the promise every submission path makes (the safe APIs wait before their borrows end;
         // the raw ones are `unsafe fn`s that pass the promise to their callers).
+        let board = exec.board.clone();
+        if let Some(b) = &board {
+            b.begin(match job {
+                Job::Collective(c) => Some(&c.header),
+                Job::Transfers(_) => None,
+            });
+        }
         let r = unsafe {
             match job {
                 Job::Collective(c) => exec.run_collective(c),
                 Job::Transfers(t) => exec.run_transfers(t),
             }
         };
-        if let Err(e) = &r {
-            if !matches!(e, Error::InvalidArgument(_)) {
-                // The ranks are out of step: close the connections so the peers learn at once,
-                // and refuse what follows.
-                exec.close_links();
-                lock(&self.queue).broken.get_or_insert_with(|| e.to_string());
-                self.is_broken.store(true, Ordering::Release);
+        let e = match r {
+            Err(e) if !matches!(e, Error::InvalidArgument(_)) => e,
+            r => {
+                if let Some(b) = &board {
+                    b.end(None);
+                }
+                return r;
             }
-        }
-        r
+        };
+        // The ranks are out of step. Find out why (asking the peers, before they see this
+        // rank's connections close), then close them so the peers learn at once, and refuse
+        // what follows.
+        let e = match &board {
+            Some(b) => {
+                b.end(Some(&e));
+                crate::diag::explain(b, e)
+            }
+            None => e,
+        };
+        exec.close_links();
+        lock(&self.queue).broken.get_or_insert_with(|| e.to_string());
+        self.is_broken.store(true, Ordering::Release);
+        Err(e)
     }
 
     /// Runs a queued job with `running` already set; records its result and releases the

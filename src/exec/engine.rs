@@ -27,6 +27,7 @@ use super::memory::Memory;
 use super::ops::{LocalOps, Workspace};
 use super::program::{Action, Program, XStep};
 use super::wire::CallHeader;
+use crate::diag::{Board, Need, Wait};
 use crate::error::{Error, Result};
 use crate::types::{Dtype, ReduceOp};
 
@@ -37,6 +38,8 @@ const YIELD_ROUNDS: u32 = 2048;
 const INLINE_CHANNELS: usize = 16;
 /// Idle rounds between two checks of the clock and the abort flag.
 const CHECK_EVERY: u32 = 64;
+/// A run idle this long publishes what it waits for on its board.
+const STALL_REPORT: Duration = Duration::from_millis(100);
 /// The header of a step that exchanges no message (a local copy or reduction).
 const NO_META: Meta = [0; topoccl_transports::META_BYTES];
 /// A connection per rank (`None` for this rank itself).
@@ -56,6 +59,8 @@ pub(crate) struct RunConfig<'c> {
     /// More ranks share this host than it has cores: waiting ranks must give their core away
     /// at once (the peer they wait for may be the one not running), not spin.
     pub oversubscribed: bool,
+    /// Where a stalled run says what it waits for, so that peers asking find out.
+    pub board: Option<&'c Board>,
 }
 
 impl RunConfig<'_> {
@@ -150,16 +155,21 @@ pub(crate) unsafe fn run(prog: &Program, metas: &[Meta], res: Resources<'_>, cfg
 impl Run<'_> {
     fn run(&mut self) -> Result<()> {
         // Clock reads cost as much as a spin round and most idle episodes last a few rounds,
-        // so the clock is first read after CHECK_EVERY idle rounds (the deadline is late by
-        // those few microseconds), then every CHECK_EVERY rounds.
+        // so while spinning the clock is read every CHECK_EVERY idle rounds (the deadline is
+        // late by those few microseconds); once the loop sleeps in poll(2), every round.
         let mut idle_since: Option<Instant> = None;
         let mut idle_rounds = 0u32;
+        let mut slept = false;
         let mut fds: Vec<WaitFd> = Vec::new();
         let mut round = 0usize;
+        let mut reported = false;
         loop {
             let mut moved = false;
             for &p in &self.prog.peers {
-                moved |= link(self.links, p)?.progress().map_err(transport_error(p))?;
+                let l = link(self.links, p)?;
+                // A peer closing is news, not progress: it must not restart the deadline of a
+                // run that waits on another peer.
+                moved |= l.progress().map_err(transport_error(p))? && l.closed().is_none();
             }
             // Channels take turns at going first: room freed on a connection goes to the
             // first channel that asks, and a fixed order let low channels (one tree's lanes)
@@ -178,31 +188,49 @@ impl Run<'_> {
             }
             if moved {
                 idle_rounds = 0;
+                idle_since = None;
+                slept = false;
+                if reported {
+                    reported = false;
+                    if let Some(b) = self.cfg.board {
+                        b.unstalled();
+                    }
+                }
                 continue;
             }
             idle_rounds += 1;
-            if idle_rounds == CHECK_EVERY {
-                idle_since = Some(Instant::now());
-            } else if idle_rounds % CHECK_EVERY == 0 {
+            if slept || idle_rounds % CHECK_EVERY == 0 {
                 if self.cfg.abort.load(Ordering::Relaxed) {
                     return Err(Error::Aborted);
                 }
-                if idle_since.is_some_and(|t| t.elapsed() >= self.cfg.timeout) {
+                // Another rank found the job broken and said why: waiting on is pointless.
+                if let Some(v) = self.cfg.board.and_then(Board::told) {
+                    return Err(Error::PeerFailed { peer: v.found_by, reason: "it found the job broken".into() });
+                }
+                let now = Instant::now();
+                let idle = now.duration_since(*idle_since.get_or_insert(now));
+                if let (Some(b), false) = (self.cfg.board, reported) {
+                    if idle >= STALL_REPORT {
+                        reported = true;
+                        b.stalled(now - idle, self.waits());
+                    }
+                }
+                if idle >= self.cfg.timeout {
                     return Err(Error::Timeout {
                         rank: self.cfg.rank,
-                        secs: self.cfg.timeout.as_secs_f64(),
+                        secs: idle.as_secs_f64(),
                         call: self.cfg.what(),
                         waiting: self.blocked(),
                     });
                 }
             }
-            self.idle_wait(idle_rounds, &mut fds)?;
+            slept = self.idle_wait(idle_rounds, &mut fds)?;
         }
     }
 
     /// Spin briefly, then yield, then sleep in `poll(2)` (shared memory: short naps, since
-    /// its data comes without a descriptor becoming ready).
-    fn idle_wait(&mut self, rounds: u32, fds: &mut Vec<WaitFd>) -> Result<()> {
+    /// its data comes without a descriptor becoming ready); whether it slept in `poll(2)`.
+    fn idle_wait(&mut self, rounds: u32, fds: &mut Vec<WaitFd>) -> Result<bool> {
         fds.clear();
         let mut spin = false;
         for &p in &self.prog.peers {
@@ -218,14 +246,16 @@ impl Run<'_> {
             } else {
                 wait::wait(fds, Duration::from_micros(500))
                     .map_err(|e| Error::Transport { peer: self.cfg.rank, source: e })?;
+                return Ok(true);
             }
         } else if rounds < 8 {
             std::thread::yield_now();
         } else {
             wait::wait(fds, Duration::from_millis(20))
                 .map_err(|e| Error::Transport { peer: self.cfg.rank, source: e })?;
+            return Ok(true);
         }
-        Ok(())
+        Ok(false)
     }
 
     fn flushed(&mut self) -> Result<bool> {
@@ -396,6 +426,31 @@ impl Run<'_> {
         Ok(true)
     }
 
+    /// The peers the unfinished channels wait for (channels waiting for another channel of
+    /// this rank are left out), else the peers whose sends are still queued.
+    fn waits(&self) -> Vec<Wait> {
+        let mut out = Vec::new();
+        for (c, ch) in self.prog.channels.iter().enumerate() {
+            let s = self.state[c];
+            let Some(st) = ch.steps.get(s.step) else { continue };
+            if !self.deps_done(c, s.step, s.slice) {
+                continue;
+            }
+            let (peer, need) = if st.action.receives() { (st.from, Need::Message) } else { (st.to, Need::Room) };
+            let (step, steps) = (s.step as u32 + 1, ch.steps.len() as u32);
+            out.push(Wait { peer, channel: c as u32, step, steps, need });
+        }
+        if out.is_empty() {
+            for &p in &self.prog.peers {
+                if self.links.get(p as usize).and_then(Option::as_ref).is_some_and(|l| l.backlog() > 0) {
+                    let steps = self.prog.channels.first().map_or(0, |c| c.steps.len() as u32);
+                    out.push(Wait { peer: p, channel: 0, step: steps, steps, need: Need::Room });
+                }
+            }
+        }
+        out
+    }
+
     /// What every unfinished channel waits for.
     fn blocked(&self) -> String {
         let mut out = Vec::new();
@@ -463,7 +518,14 @@ fn receive(
 }
 
 /// A message must belong to this very call and have the expected length.
-fn check(cfg: &RunConfig<'_>, from: u32, expected: &Meta, meta: &Meta, got: usize, want: usize) -> Result<()> {
+pub(crate) fn check(
+    cfg: &RunConfig<'_>,
+    from: u32,
+    expected: &Meta,
+    meta: &Meta,
+    got: usize,
+    want: usize,
+) -> Result<()> {
     if meta != expected {
         let ours = CallHeader::decode(expected).map(|h| h.describe()).unwrap_or_default();
         let theirs = CallHeader::decode(expected).map(|h| h.mismatch(meta)).unwrap_or_default();
@@ -507,6 +569,7 @@ mod tests {
 
     fn config(abort: &AtomicBool, slice_bytes: usize, max_backlog: usize) -> RunConfig<'_> {
         RunConfig {
+            board: None,
             rank: 0,
             dtype: Dtype::Uint8,
             op: ReduceOp::Sum,

@@ -112,7 +112,14 @@ impl Executor {
             None
         };
         let metas = [job.header.encode()];
-        let cfg = self.settings.run(self.rank, &self.abort, call.dtype, call.reduction.op(), Some(job.header));
+        let cfg = self.settings.run(
+            self.rank,
+            &self.abort,
+            call.dtype,
+            call.reduction.op(),
+            Some(job.header),
+            self.board.as_deref(),
+        );
         let res = Resources { mem: &mem, links: &mut self.links, ops, forward: &mut self.forward };
         // SAFETY: the caller's regions are valid and ours for the call (this fn's contract);
         // the rest are this executor's workspaces, alive until after the run.
@@ -201,7 +208,7 @@ impl Executor {
         for (src, dst) in own_sends.into_iter().zip(own_recvs) {
             prog.add_copy(dst, src);
         }
-        let cfg = self.settings.run(self.rank, &self.abort, Dtype::Uint8, ReduceOp::Sum, None);
+        let cfg = self.settings.run(self.rank, &self.abort, Dtype::Uint8, ReduceOp::Sum, None, self.board.as_deref());
         let res = Resources { mem: &mem, links: &mut self.links, ops: &mut *self.ops, forward: &mut self.forward };
         // SAFETY: the transfers' regions are valid and ours for the call (this fn's contract).
         unsafe { engine::run(&prog, &metas, res, &cfg) }

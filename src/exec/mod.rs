@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use topoccl_transports::Connection;
 
+use crate::diag::Board;
 use ops::{LocalOps, Workspace};
 
 /// How the executor runs: the settings every run shares.
@@ -33,6 +34,9 @@ pub(crate) struct Settings {
 
 impl Settings {
     /// The configuration of one run of the engine.
+    ///
+    /// With a board, a stalled run gives up early enough that finding out why (asking the
+    /// peers, up to two answer deadlines) still ends within the timeout.
     pub(crate) fn run<'a>(
         &self,
         rank: u32,
@@ -40,17 +44,23 @@ impl Settings {
         dtype: crate::types::Dtype,
         op: crate::types::ReduceOp,
         call: Option<wire::CallHeader>,
+        board: Option<&'a Board>,
     ) -> engine::RunConfig<'a> {
+        let timeout = match board {
+            Some(_) => self.timeout.saturating_sub(2 * crate::diag::answer_within(self.timeout)).max(self.timeout / 2),
+            None => self.timeout,
+        };
         engine::RunConfig {
             rank,
             dtype,
             op,
             slice_bytes: self.slice_bytes,
             max_backlog: self.max_backlog,
-            timeout: self.timeout,
+            timeout,
             abort,
             call,
             oversubscribed: self.oversubscribed,
+            board,
         }
     }
 }
@@ -66,6 +76,8 @@ pub(crate) struct Executor {
     pub settings: Settings,
     /// Set from any thread: the running call fails with `Aborted` within milliseconds.
     pub abort: Arc<AtomicBool>,
+    /// Where this rank's progress is published for its peers (none in a bare executor).
+    pub board: Option<Arc<Board>>,
     scratch: Option<Workspace>,
     /// Slices receive-reduce-send steps reduce into and send on from.
     forward: Vec<Workspace>,
@@ -80,7 +92,7 @@ impl Executor {
         abort: Arc<AtomicBool>,
     ) -> Executor {
         let nranks = links.len() as u32;
-        Executor { rank, nranks, links, ops, settings, abort, scratch: None, forward: Vec::new() }
+        Executor { rank, nranks, links, ops, settings, abort, board: None, scratch: None, forward: Vec::new() }
     }
 
     /// Closes every connection: peers see this rank gone, and no connection reads the memory

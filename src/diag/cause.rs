@@ -1,0 +1,342 @@
+//! Following the chain of waits from a failed rank to the rank at its end.
+//!
+//! Each rank on the chain is asked how far it is ([`Answer`]); the chain ends at the first
+//! rank that explains it: one that does not answer (stopped, hung, gone), one whose own
+//! failure started there (a mismatch, an abort), one that already knows the cause (a verdict),
+//! one that is not in the call the others wait in (behind, or in another call), one that runs
+//! but waits for nobody, or a cycle. Asking is a parameter, so the reasoning is tested on
+//! made-up answers.
+
+use super::protocol::Answer;
+use super::{Status, Verdict, Wait};
+
+/// Ranks visited at most (a chain longer than the communicator is a cycle anyway).
+const MAX_HOPS: usize = 4096;
+
+/// The cause of `me`'s failure (of `nranks`), asking ranks with `ask`. `mine` is this rank's own status,
+/// including the failure it saw.
+pub(crate) fn find(me: u32, nranks: u32, mine: &Status, mut ask: impl FnMut(u32) -> Answer) -> Verdict {
+    let mut chain: Vec<String> = Vec::new();
+    let mut visited = vec![me];
+    let mut cur: Status = mine.clone();
+    let verdict = |culprits: Vec<u32>, what: String, chain: &[String]| {
+        let text = if chain.is_empty() { what } else { format!("{what}; chain of waits: {}", chain.join(", ")) };
+        Verdict { culprits, text, found_by: me }
+    };
+    for _ in 0..MAX_HOPS {
+        let r = cur.rank;
+        if r != me {
+            if let Some(v) = &cur.verdict {
+                let mut text = v.text.clone();
+                if !chain.is_empty() {
+                    text = format!("{text} (found by rank {}; reached through {})", v.found_by, chain.join(", "));
+                }
+                return Verdict { culprits: v.culprits.clone(), text, found_by: me };
+            }
+            if cur.first {
+                let why = cur.error.as_deref().unwrap_or("it failed");
+                return verdict(vec![r], format!("rank {r} failed first: {why}"), &chain);
+            }
+        }
+        // A rank whose own failure names a peer (it closed, its connection broke) points
+        // there first: what it waited for before is older news.
+        let (next, how) = match (cur.blames, cur.waits.first()) {
+            (Some(p), _) => (p, format!("rank {r} lost its connection to rank {p}")),
+            (None, Some(w)) => (w.peer, describe_wait(&cur, w)),
+            (None, None) => match cur.blames {
+                Some(p) => (p, format!("rank {r} lost its connection to rank {p}")),
+                None if r == me => {
+                    return verdict(vec![me], format!("rank {me} failed with nothing to wait for"), &chain);
+                }
+                None if cur.running => {
+                    let call = cur.call.as_ref().map_or_else(|| "a call".to_string(), ToString::to_string);
+                    return verdict(
+                        vec![r],
+                        format!(
+                            "rank {r} is in {call} and waits for no rank (still working, or stuck outside topoccl)"
+                        ),
+                        &chain,
+                    );
+                }
+                None => {
+                    let last = cur.call.as_ref().map_or_else(|| "none".to_string(), ToString::to_string);
+                    return verdict(
+                        vec![r],
+                        format!("rank {r} is not in any call (its last: {last}, ended {:.1} s ago)", secs(cur.for_ms)),
+                        &chain,
+                    );
+                }
+            },
+        };
+        chain.push(how);
+        if let Some(at) = visited.iter().position(|&v| v == next) {
+            let cycle: Vec<u32> = visited[at..].to_vec();
+            return verdict(
+                cycle.clone(),
+                format!("ranks {cycle:?} wait for each other in a cycle (no rank is behind: a fault in a connection or in topoccl)"),
+                &chain,
+            );
+        }
+        visited.push(next);
+        let waiter = cur;
+        cur = match ask(next) {
+            Answer::Status(s) => *s,
+            other => {
+                let when =
+                    waiter.call.as_ref().map(|c| format!(" while rank {} is in {c}", waiter.rank)).unwrap_or_default();
+                return verdict(vec![next], format!("rank {next} {other}{when}"), &chain);
+            }
+        };
+        match at(&waiter, &cur) {
+            Next::Follow => {}
+            Next::End(why) => return verdict(vec![next], why, &chain),
+            Next::Mismatch => {
+                let all: Vec<Answer> = (0..nranks)
+                    .map(|r| if r == me { Answer::Status(Box::new(mine.clone())) } else { ask(r) })
+                    .collect();
+                let mut v = odd_one_out(me, &format!("found waiting: {}", chain.join(", ")), &all);
+                v.found_by = me;
+                return v;
+            }
+        }
+    }
+    verdict(visited.clone(), "the chain of waits did not end".into(), &chain)
+}
+
+/// The ranks out of step in a mismatch `what` found by `me`: those whose call differs from
+/// the one most ranks are in (both sides, when no call has a majority), and those that do not
+/// answer.
+pub(crate) fn odd_one_out(me: u32, what: &str, all: &[Answer]) -> Verdict {
+    let call = |a: &Answer| match a {
+        Answer::Status(s) => s.call.as_ref().map(|c| c.text.clone()),
+        _ => None,
+    };
+    let mut counts: Vec<(Option<String>, usize)> = Vec::new();
+    for a in all.iter().filter(|a| matches!(a, Answer::Status(_))) {
+        let c = call(a);
+        match counts.iter_mut().find(|(k, _)| *k == c) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((c, 1)),
+        }
+    }
+    counts.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+    let majority = match counts.as_slice() {
+        [(c, n), rest @ ..] if rest.first().map_or(true, |(_, m)| m < n) => Some(c.clone()),
+        _ => None,
+    };
+    let mut culprits = Vec::new();
+    let mut parts = Vec::new();
+    for (r, a) in all.iter().enumerate() {
+        let r = r as u32;
+        match (a, &majority) {
+            (Answer::Status(_), Some(m)) if call(a) == *m => {}
+            (Answer::Status(_), _) => {
+                let c = call(a).unwrap_or_else(|| "no call".into());
+                parts.push(format!("rank {r} is in {c}"));
+                culprits.push(r);
+            }
+            (other, _) => {
+                parts.push(format!("rank {r} {other}"));
+                culprits.push(r);
+            }
+        }
+    }
+    let most = match &majority {
+        Some(Some(m)) => format!("; the other ranks are in {m}"),
+        _ => String::new(),
+    };
+    Verdict {
+        culprits,
+        text: format!("ranks called different things: {}{most} ({what})", parts.join(", ")),
+        found_by: me,
+    }
+}
+
+/// What the chain does at a rank another waits for.
+enum Next {
+    /// It is in the call and waits in turn (or is earlier and waits): follow it.
+    Follow,
+    /// It is where the chain ends, for this reason.
+    End(String),
+    /// It runs a different call with the same number: the ranks called different things.
+    Mismatch,
+}
+
+/// Whether `waitee` is where `waiter` waits for it: in the same call, or in an earlier one
+/// waiting in turn (the chain goes on); else why not.
+fn at(waiter: &Status, waitee: &Status) -> Next {
+    let Some(wanted) = waiter.call.as_ref() else { return Next::Follow };
+    let Some(seq) = wanted.seq else { return Next::Follow };
+    let (w, r) = (waiter.rank, waitee.rank);
+    let its_seq = waitee.call.as_ref().and_then(|c| c.seq);
+    let its = waitee.call.as_ref().map_or_else(|| "none yet".to_string(), ToString::to_string);
+    if its_seq == Some(seq) && waitee.call.as_ref() != Some(wanted) {
+        return Next::Mismatch;
+    }
+    if waitee.error.is_some() {
+        // It failed in the call (or before it): its own error and waits tell more.
+        return Next::Follow;
+    }
+    if !waitee.running {
+        return Next::End(if its_seq == Some(seq) {
+            format!("rank {r} finished {wanted} but rank {w} still waits for its data")
+        } else {
+            format!("rank {r} has not started {wanted}: it is idle ({:.1} s), its last call {its}", secs(waitee.for_ms))
+        });
+    }
+    let earlier = its_seq.is_some_and(|s| s < seq) || its_seq.is_none();
+    if its_seq == Some(seq) || (earlier && !waitee.waits.is_empty()) {
+        return Next::Follow;
+    }
+    Next::End(format!("rank {r} is in {its}, not in {wanted} where rank {w} waits for it"))
+}
+
+fn describe_wait(s: &Status, w: &Wait) -> String {
+    let call = s.call.as_ref().map(|c| format!(" in {c}")).unwrap_or_default();
+    let stalled = s.stalled_ms.map(|ms| format!(", stalled {:.1} s", secs(ms))).unwrap_or_default();
+    format!("rank {} waits for rank {}{call} ({w}{stalled})", s.rank, w.peer)
+}
+
+fn secs(ms: u64) -> f64 {
+    ms as f64 / 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{CallInfo, Need};
+    use super::*;
+
+    fn call(seq: u32) -> Option<CallInfo> {
+        Some(CallInfo { seq: Some(seq), text: format!("call #{seq}: all_reduce of 8 × float (sum)") })
+    }
+
+    fn waiting(rank: u32, seq: u32, on: &[u32]) -> Status {
+        let waits = on.iter().map(|&peer| Wait { peer, channel: 0, step: 2, steps: 6, need: Need::Message }).collect();
+        Status {
+            rank,
+            pid: 100 + rank,
+            calls: u64::from(seq) + 1,
+            call: call(seq),
+            running: true,
+            for_ms: 5000,
+            stalled_ms: Some(5000),
+            waits,
+            error: None,
+            first: false,
+            blames: None,
+            verdict: None,
+        }
+    }
+
+    fn asked(all: Vec<Answer>) -> impl FnMut(u32) -> Answer {
+        move |r| all[r as usize].clone()
+    }
+
+    #[test]
+    fn a_stopped_rank_at_the_end_of_the_chain_is_named() {
+        // 4 ranks in a ring; rank 1 stopped: 3 waits for 2, 2 for 1.
+        let all = vec![
+            Answer::Status(Box::new(waiting(0, 7, &[3]))),
+            Answer::Silent,
+            Answer::Status(Box::new(waiting(2, 7, &[1]))),
+            Answer::Status(Box::new(waiting(3, 7, &[2]))),
+        ];
+        let mut mine = waiting(3, 7, &[2]);
+        mine.error = Some("timed out".into());
+        let v = find(3, 4, &mine, asked(all.clone()));
+        assert_eq!(v.culprits, vec![1], "{}", v.text);
+        assert!(v.text.contains("rank 1 does not answer"), "{}", v.text);
+        assert!(v.text.contains("rank 3 waits for rank 2") && v.text.contains("rank 2 waits for rank 1"), "{}", v.text);
+        assert!(v.text.contains("call #7"), "{}", v.text);
+        // Rank 0 waits for rank 3, which waits for 2: the same rank at the end.
+        assert_eq!(find(0, 4, &waiting(0, 7, &[3]), asked(all)).culprits, vec![1]);
+    }
+
+    #[test]
+    fn a_rank_that_skipped_the_call_is_behind() {
+        let mut idle = waiting(2, 6, &[]);
+        idle.running = false;
+        let all = vec![
+            Answer::Status(Box::new(waiting(0, 7, &[1]))),
+            Answer::Status(Box::new(waiting(1, 7, &[2]))),
+            Answer::Status(Box::new(idle)),
+        ];
+        let v = find(0, 3, &waiting(0, 7, &[1]), asked(all));
+        assert_eq!(v.culprits, vec![2]);
+        assert!(v.text.contains("rank 2 has not started call #7"), "{}", v.text);
+    }
+
+    #[test]
+    fn a_known_verdict_is_taken_and_first_failures_are_named() {
+        let mut told = waiting(1, 7, &[]);
+        told.error = Some("timed out".into());
+        told.verdict = Some(Verdict { culprits: vec![3], text: "rank 3 does not answer".into(), found_by: 1 });
+        let all = vec![Answer::Gone, Answer::Status(Box::new(told))];
+        let mut mine = waiting(0, 7, &[]);
+        mine.blames = Some(1);
+        let v = find(0, 2, &mine, asked(all));
+        assert_eq!(v.culprits, vec![3]);
+        assert!(v.text.starts_with("rank 3 does not answer"), "{}", v.text);
+
+        let mut mismatched = waiting(1, 7, &[]);
+        mismatched.error = Some("rank 1 ran x, but rank 0 ran y".into());
+        mismatched.first = true;
+        let v = find(0, 2, &mine, asked(vec![Answer::Gone, Answer::Status(Box::new(mismatched))]));
+        assert_eq!(v.culprits, vec![1]);
+        assert!(v.text.contains("failed first"), "{}", v.text);
+    }
+
+    #[test]
+    fn a_rank_still_in_an_earlier_call_is_followed_not_blamed() {
+        // Rank 2 finished call #5 and waits in #6 for rank 1, which is still in #5 waiting for
+        // rank 0, which does not answer.
+        let all = vec![
+            Answer::Silent,
+            Answer::Status(Box::new(waiting(1, 5, &[0]))),
+            Answer::Status(Box::new(waiting(2, 6, &[1]))),
+        ];
+        let v = find(2, 3, &waiting(2, 6, &[1]), asked(all));
+        assert_eq!(v.culprits, vec![0], "{}", v.text);
+    }
+
+    #[test]
+    fn a_rank_in_another_call_of_the_same_number_is_a_mismatch() {
+        let mut other = waiting(2, 7, &[1]);
+        other.call = Some(CallInfo { seq: Some(7), text: "call #7: reduce of 8 × float (sum) with root 0".into() });
+        let all = vec![
+            Answer::Status(Box::new(waiting(0, 7, &[2]))),
+            Answer::Status(Box::new(waiting(1, 7, &[2]))),
+            Answer::Status(Box::new(other)),
+        ];
+        let v = find(0, 3, &waiting(0, 7, &[2]), asked(all));
+        assert_eq!(v.culprits, vec![2], "{}", v.text);
+    }
+
+    #[test]
+    fn the_rank_whose_call_differs_from_most_is_out_of_step() {
+        let all: Vec<Answer> = [7, 7, 8, 7]
+            .iter()
+            .enumerate()
+            .map(|(r, &c)| Answer::Status(Box::new(waiting(r as u32, c, &[]))))
+            .collect();
+        let v = odd_one_out(1, "mismatch", &all);
+        assert_eq!(v.culprits, vec![2], "{}", v.text);
+        let two: Vec<Answer> = all[..2].iter().cloned().chain([all[2].clone()]).skip(1).collect();
+        assert_eq!(odd_one_out(0, "mismatch", &two).culprits, vec![0, 1]);
+    }
+
+    #[test]
+    fn gone_closed_and_cycles() {
+        let mut mine = waiting(0, 3, &[]);
+        mine.blames = Some(1);
+        assert!(find(0, 2, &mine, |_| Answer::Gone).text.contains("rank 1 is gone"));
+        assert!(find(0, 2, &mine, |_| Answer::Closed).text.contains("closed its communicator"));
+        let all = vec![
+            Answer::Status(Box::new(waiting(0, 3, &[1]))),
+            Answer::Status(Box::new(waiting(1, 3, &[2]))),
+            Answer::Status(Box::new(waiting(2, 3, &[1]))),
+        ];
+        let v = find(0, 3, &waiting(0, 3, &[1]), asked(all));
+        assert_eq!(v.culprits, vec![1, 2], "{}", v.text);
+    }
+}

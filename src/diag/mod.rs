@@ -1,0 +1,340 @@
+//! Finding out which rank a failed call was waiting on, on a channel apart from the data path.
+//!
+//! Each rank keeps a [`Board`]: the call it runs (or ran last), and once the call stalls, what
+//! each of its channels waits for. Every process runs one small watch service
+//! ([`service`]) that answers authenticated questions about its communicators' boards, on its
+//! own thread and socket, so a rank whose data path is stuck (or whose progress thread is busy)
+//! still answers, and a rank that does not answer is itself the answer: stopped, hung or gone.
+//!
+//! When a call fails for want of a peer (a timeout, a peer that closed, a broken connection),
+//! the rank follows the chain of waits from itself, asking each rank on it in turn
+//! ([`cause`]): "rank 3 waits for rank 2, which waits for rank 1, which does not answer". It
+//! then tells every other rank what it found (a [`Verdict`]) before it closes its connections,
+//! so the ranks that fail next because this one closed (its neighbours, which would otherwise
+//! blame it) report the same cause. `SIGUSR1` prints a running job's table of calls in flight
+//! ([`dump`]).
+
+pub(crate) mod cause;
+pub(crate) mod dump;
+pub(crate) mod protocol;
+pub(crate) mod service;
+mod signal;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::Error;
+use crate::exec::wire::{CallHeader, Called};
+
+/// What one rank found (or was told) made a call fail: the ranks at fault and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Verdict {
+    /// The ranks at fault (one, usually; several that wait on each other in a cycle).
+    pub culprits: Vec<u32>,
+    /// What happened, with the chain of waits that led to it.
+    pub text: String,
+    /// The rank that found this out.
+    pub found_by: u32,
+}
+
+impl std::fmt::Display for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+/// What a waiting channel needs from a peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum Need {
+    /// A message from the peer.
+    Message,
+    /// Room on the connection to the peer (it stopped reading).
+    Room,
+}
+
+/// One stalled channel: step `step` of `steps` waits for `need` from `peer`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Wait {
+    pub peer: u32,
+    pub channel: u32,
+    pub step: u32,
+    pub steps: u32,
+    pub need: Need,
+}
+
+impl std::fmt::Display for Wait {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let need = match self.need {
+            Need::Message => "a message",
+            Need::Room => "room to send",
+        };
+        write!(f, "channel {} step {}/{}: {need}", self.channel, self.step, self.steps)
+    }
+}
+
+/// The call a rank runs or ran last, as others are told of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct CallInfo {
+    /// The collective's call number (identical on every rank that made the same calls);
+    /// `None` for grouped send/recv.
+    pub seq: Option<u32>,
+    pub text: String,
+}
+
+impl CallInfo {
+    fn of(header: Option<&CallHeader>) -> CallInfo {
+        match header {
+            Some(h) if h.called != Called::SendRecv => CallInfo { seq: Some(h.seq), text: h.describe() },
+            _ => CallInfo { seq: None, text: "grouped send/recv".into() },
+        }
+    }
+}
+
+impl std::fmt::Display for CallInfo {
+    /// `call #7: all_reduce of 1024 × float (sum)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+/// One rank's answer to "how far are you?".
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Status {
+    pub rank: u32,
+    pub pid: u32,
+    /// Calls started so far (collectives and send/recv groups).
+    pub calls: u64,
+    /// The running call, or the last one.
+    pub call: Option<CallInfo>,
+    pub running: bool,
+    /// Milliseconds since the call started (running) or ended (idle).
+    pub for_ms: u64,
+    /// Milliseconds without progress, once the running call stalled.
+    pub stalled_ms: Option<u64>,
+    /// What the stalled call waits for (kept once the call failed).
+    pub waits: Vec<Wait>,
+    /// Why the communicator failed, if it did.
+    pub error: Option<String>,
+    /// Whether that failure started here (a mismatch, an abort, a bug) rather than being
+    /// caused by a peer.
+    pub first: bool,
+    /// The peer the failure names (a peer that closed, a broken connection).
+    pub blames: Option<u32>,
+    pub verdict: Option<Verdict>,
+}
+
+struct Progress {
+    calls: u64,
+    call: Option<CallInfo>,
+    header: Option<CallHeader>,
+    running: bool,
+    since: Instant,
+    stalled_since: Option<Instant>,
+    waits: Vec<Wait>,
+    error: Option<String>,
+    first: bool,
+    blames: Option<u32>,
+    verdict: Option<Verdict>,
+}
+
+/// Who a board belongs to, and how to reach its peers' watch services.
+#[derive(Debug, Clone)]
+pub(crate) struct Identity {
+    pub rank: u32,
+    pub secret: [u8; 16],
+    pub comm_id: [u8; 16],
+    /// Every rank's watch service (this rank's too).
+    pub watch: Vec<SocketAddr>,
+    /// How long a rank may take to answer before it counts as stopped.
+    pub answer_within: Duration,
+}
+
+/// A rank's progress, as its watch service reports it. Written by the thread that runs the
+/// rank's calls (a few stores per call; what a stalled call waits for only once it stalls),
+/// read by the watch service when asked.
+pub(crate) struct Board {
+    pub id: Identity,
+    progress: Mutex<Progress>,
+    /// Set once a verdict is recorded, for the engine's check without the lock.
+    has_verdict: AtomicBool,
+}
+
+impl Board {
+    pub(crate) fn new(id: Identity) -> Arc<Board> {
+        Arc::new(Board {
+            id,
+            progress: Mutex::new(Progress {
+                calls: 0,
+                call: None,
+                header: None,
+                running: false,
+                since: Instant::now(),
+                stalled_since: None,
+                waits: Vec::new(),
+                error: None,
+                first: false,
+                blames: None,
+                verdict: None,
+            }),
+            has_verdict: AtomicBool::new(false),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Progress> {
+        // Every critical section leaves the progress consistent.
+        self.progress.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A call starts (`None`: a send/recv group). The description is made when asked.
+    pub(crate) fn begin(&self, header: Option<&CallHeader>) {
+        let mut p = self.lock();
+        p.calls += 1;
+        p.header = header.copied();
+        p.call = None;
+        p.running = true;
+        p.since = Instant::now();
+        p.stalled_since = None;
+        p.waits.clear();
+    }
+
+    /// The running call ended (well, or with `error`).
+    pub(crate) fn end(&self, error: Option<&Error>) {
+        let mut p = self.lock();
+        p.running = false;
+        p.since = Instant::now();
+        p.stalled_since = None;
+        match error {
+            None => p.waits.clear(),
+            Some(e) => {
+                p.error.get_or_insert_with(|| e.to_string());
+                let (first, blames) = origin(e);
+                p.first = first;
+                p.blames = blames;
+            }
+        }
+    }
+
+    /// The running call has not moved since `since`; its channels wait for `waits`.
+    pub(crate) fn stalled(&self, since: Instant, waits: Vec<Wait>) {
+        let mut p = self.lock();
+        p.stalled_since = Some(since);
+        p.waits = waits;
+    }
+
+    /// The stalled call moves again.
+    pub(crate) fn unstalled(&self) {
+        let mut p = self.lock();
+        p.stalled_since = None;
+        p.waits.clear();
+    }
+
+    /// Records the cause of this rank's failure (found here, or told by a peer); the first one
+    /// stays.
+    pub(crate) fn set_verdict(&self, v: Verdict) -> Verdict {
+        let v = self.lock().verdict.get_or_insert(v).clone();
+        self.has_verdict.store(true, Ordering::Release);
+        v
+    }
+
+    /// The verdict another rank sent, if one did (cheap while none has).
+    pub(crate) fn told(&self) -> Option<Verdict> {
+        if !self.has_verdict.load(Ordering::Acquire) {
+            return None;
+        }
+        self.verdict().filter(|v| v.found_by != self.id.rank)
+    }
+
+    pub(crate) fn verdict(&self) -> Option<Verdict> {
+        self.lock().verdict.clone()
+    }
+
+    pub(crate) fn status(&self) -> Status {
+        let mut p = self.lock();
+        if p.call.is_none() && p.calls > 0 {
+            p.call = Some(CallInfo::of(p.header.as_ref()));
+        }
+        let now = Instant::now();
+        Status {
+            rank: self.id.rank,
+            pid: std::process::id(),
+            calls: p.calls,
+            call: p.call.clone(),
+            running: p.running,
+            for_ms: now.duration_since(p.since).as_millis() as u64,
+            stalled_ms: p.stalled_since.map(|t| now.duration_since(t).as_millis() as u64),
+            waits: p.waits.clone(),
+            error: p.error.clone(),
+            first: p.first,
+            blames: p.blames,
+            verdict: p.verdict.clone(),
+        }
+    }
+}
+
+/// Whether `e` started on this rank, and the peer it names.
+fn origin(e: &Error) -> (bool, Option<u32>) {
+    match e {
+        Error::PeerFailed { peer, .. } | Error::Transport { peer, .. } => (false, Some(*peer)),
+        Error::Timeout { .. } => (false, None),
+        Error::Fault { cause, .. } => (false, cause.culprits.first().copied()),
+        _ => (true, None),
+    }
+}
+
+/// Whether a failure of a call may have been caused by another rank, so that finding out
+/// which is worth asking around.
+pub(crate) fn caused_by_peer(e: &Error) -> bool {
+    matches!(e, Error::PeerFailed { .. } | Error::Transport { .. } | Error::Timeout { .. } | Error::Mismatch { .. })
+}
+
+/// How long a rank may take to answer a question before it counts as stopped: long enough
+/// for a loaded machine, short against the call timeout it is a part of.
+pub(crate) fn answer_within(timeout: Duration) -> Duration {
+    (timeout / 10).clamp(Duration::from_millis(200), Duration::from_secs(2))
+}
+
+/// `e`, the failure of this rank's call, with its cause when a peer caused it: a verdict a
+/// peer already sent, else the end of the chain of waits from here, which is then sent to
+/// every other rank (before this rank's connections close, so that the ranks failing because
+/// of that closing report the same cause).
+pub(crate) fn explain(board: &Board, e: Error) -> Error {
+    if !caused_by_peer(&e) {
+        // Started here: peers that ask see it (`Status::first`).
+        return e;
+    }
+    let me = board.id.rank;
+    let cause = match board.verdict() {
+        Some(v) => v,
+        None => {
+            let mine = board.status();
+            let found = if matches!(e, Error::Mismatch { .. }) {
+                // Which side of a mismatch is out of step: the ranks whose call differs from
+                // most ranks' (asking everyone, which only a mismatch needs).
+                let ranks: Vec<u32> = (0..board.id.watch.len() as u32).collect();
+                let all = protocol::for_each_rank(&ranks, |r| {
+                    if r == me {
+                        protocol::Answer::Status(Box::new(mine.clone()))
+                    } else {
+                        protocol::ask(&board.id, r)
+                    }
+                });
+                cause::odd_one_out(me, &e.to_string(), &all)
+            } else {
+                cause::find(me, board.id.watch.len() as u32, &mine, |r| protocol::ask(&board.id, r))
+            };
+            let v = board.set_verdict(found);
+            if v.found_by == me {
+                // The culprits too: one that runs on (a mismatch's other side) must hear it
+                // before it sees this rank's connections close.
+                let others: Vec<u32> = (0..board.id.watch.len() as u32).filter(|r| *r != me).collect();
+                protocol::for_each_rank(&others, |r| protocol::tell(&board.id, r, &v));
+            }
+            v
+        }
+    };
+    Error::Fault { rank: me, cause, seen: Box::new(e) }
+}
