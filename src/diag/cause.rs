@@ -94,7 +94,8 @@ pub(crate) fn find(me: u32, nranks: u32, mine: &Status, mut ask: impl FnMut(u32)
                 let all: Vec<Answer> = (0..nranks)
                     .map(|r| if r == me { Answer::Status(Box::new(mine.clone())) } else { ask(r) })
                     .collect();
-                let mut v = odd_one_out(me, &format!("found waiting: {}", chain.join(", ")), &all);
+                let seq = waiter.call.as_ref().and_then(|c| c.seq);
+                let mut v = odd_one_out(me, &format!("found waiting: {}", chain.join(", ")), seq, &all);
                 v.found_by = me;
                 return v;
             }
@@ -103,17 +104,17 @@ pub(crate) fn find(me: u32, nranks: u32, mine: &Status, mut ask: impl FnMut(u32)
     verdict(visited.clone(), "the chain of waits did not end".into(), &chain)
 }
 
-/// The ranks out of step in a mismatch `what` found by `me`: those whose call differs from
-/// the one most ranks are in (both sides, when no call has a majority), and those that do not
-/// answer.
-pub(crate) fn odd_one_out(me: u32, what: &str, all: &[Answer]) -> Verdict {
-    let call = |a: &Answer| match a {
-        Answer::Status(s) => s.call.as_ref().map(|c| c.text.clone()),
-        _ => None,
+/// The ranks out of step in a mismatch `what` that `me` found in its call number `seq`:
+/// those whose call of that number differs from the one most ranks made (all that made one,
+/// when none has a majority). Ranks that have not reached that call are behind, not out of
+/// step; ranks that do not answer are named too.
+pub(crate) fn odd_one_out(me: u32, what: &str, seq: Option<u32>, all: &[Answer]) -> Verdict {
+    let call_no = |a: &Answer| -> Option<String> {
+        let Answer::Status(s) = a else { return None };
+        s.call.iter().chain(s.recent.iter()).find(|c| c.seq.is_some() && c.seq == seq).map(|c| c.text.clone())
     };
-    let mut counts: Vec<(Option<String>, usize)> = Vec::new();
-    for a in all.iter().filter(|a| matches!(a, Answer::Status(_))) {
-        let c = call(a);
+    let mut counts: Vec<(String, usize)> = Vec::new();
+    for c in all.iter().filter_map(call_no) {
         match counts.iter_mut().find(|(k, _)| *k == c) {
             Some((_, n)) => *n += 1,
             None => counts.push((c, 1)),
@@ -128,11 +129,11 @@ pub(crate) fn odd_one_out(me: u32, what: &str, all: &[Answer]) -> Verdict {
     let mut parts = Vec::new();
     for (r, a) in all.iter().enumerate() {
         let r = r as u32;
-        match (a, &majority) {
-            (Answer::Status(_), Some(m)) if call(a) == *m => {}
-            (Answer::Status(_), _) => {
-                let c = call(a).unwrap_or_else(|| "no call".into());
-                parts.push(format!("rank {r} is in {c}"));
+        match (a, call_no(a)) {
+            (Answer::Status(_), None) => {}
+            (Answer::Status(_), Some(c)) if Some(&c) == majority.as_ref() => {}
+            (Answer::Status(_), Some(c)) => {
+                parts.push(format!("rank {r} made {c}"));
                 culprits.push(r);
             }
             (other, _) => {
@@ -141,10 +142,7 @@ pub(crate) fn odd_one_out(me: u32, what: &str, all: &[Answer]) -> Verdict {
             }
         }
     }
-    let most = match &majority {
-        Some(Some(m)) => format!("; the other ranks are in {m}"),
-        _ => String::new(),
-    };
+    let most = majority.map(|m| format!("; the other ranks made {m}")).unwrap_or_default();
     Verdict {
         culprits,
         text: format!("ranks called different things: {}{most} ({what})", parts.join(", ")),
@@ -217,6 +215,7 @@ mod tests {
             pid: 100 + rank,
             calls: u64::from(seq) + 1,
             call: call(seq),
+            recent: Vec::new(),
             running: true,
             for_ms: 5000,
             stalled_ms: Some(5000),
@@ -314,15 +313,20 @@ mod tests {
 
     #[test]
     fn the_rank_whose_call_differs_from_most_is_out_of_step() {
-        let all: Vec<Answer> = [7, 7, 8, 7]
-            .iter()
-            .enumerate()
-            .map(|(r, &c)| Answer::Status(Box::new(waiting(r as u32, c, &[]))))
-            .collect();
-        let v = odd_one_out(1, "mismatch", &all);
+        // Rank 2 made another call #7 than ranks 0 and 3; rank 1 is still in #6 (behind, not
+        // out of step) and made no call #7 yet.
+        let mut all: Vec<Status> = [7, 6, 7, 7].iter().enumerate().map(|(r, &c)| waiting(r as u32, c, &[])).collect();
+        all[2].call = Some(CallInfo { seq: Some(7), text: "call #7: reduce".into() });
+        let answers: Vec<Answer> = all.iter().cloned().map(|s| Answer::Status(Box::new(s))).collect();
+        let v = odd_one_out(0, "mismatch", Some(7), &answers);
         assert_eq!(v.culprits, vec![2], "{}", v.text);
-        let two: Vec<Answer> = all[..2].iter().cloned().chain([all[2].clone()]).skip(1).collect();
-        assert_eq!(odd_one_out(0, "mismatch", &two).culprits, vec![0, 1]);
+        // One that went on remembers its call #7.
+        all[3].recent = all[3].call.take().into_iter().collect();
+        all[3].call = call(8);
+        let answers: Vec<Answer> = all.iter().cloned().map(|s| Answer::Status(Box::new(s))).collect();
+        assert_eq!(odd_one_out(0, "mismatch", Some(7), &answers).culprits, vec![2]);
+        // Two ranks, two calls: no majority, both named.
+        assert_eq!(odd_one_out(0, "mismatch", Some(7), &[answers[0].clone(), answers[2].clone()]).culprits, vec![0, 1]);
     }
 
     #[test]

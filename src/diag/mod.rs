@@ -110,6 +110,9 @@ pub(crate) struct Status {
     pub calls: u64,
     /// The running call, or the last one.
     pub call: Option<CallInfo>,
+    /// The collectives before it, newest last (at most [`RECENT_CALLS`]): what a rank called
+    /// as call #k, to tell which side of a mismatch is out of step.
+    pub recent: Vec<CallInfo>,
     pub running: bool,
     /// Milliseconds since the call started (running) or ended (idle).
     pub for_ms: u64,
@@ -127,10 +130,15 @@ pub(crate) struct Status {
     pub verdict: Option<Verdict>,
 }
 
+/// Collectives a board remembers besides the running one.
+pub(crate) const RECENT_CALLS: usize = 32;
+
 struct Progress {
     calls: u64,
     call: Option<CallInfo>,
     header: Option<CallHeader>,
+    /// The collectives before `header`, oldest first.
+    recent: std::collections::VecDeque<CallHeader>,
     running: bool,
     since: Instant,
     stalled_since: Option<Instant>,
@@ -171,6 +179,7 @@ impl Board {
                 calls: 0,
                 call: None,
                 header: None,
+                recent: std::collections::VecDeque::with_capacity(RECENT_CALLS),
                 running: false,
                 since: Instant::now(),
                 stalled_since: None,
@@ -193,6 +202,12 @@ impl Board {
     pub(crate) fn begin(&self, header: Option<&CallHeader>) {
         let mut p = self.lock();
         p.calls += 1;
+        if let Some(h) = p.header.filter(|h| h.called != Called::SendRecv) {
+            if p.recent.len() == RECENT_CALLS {
+                p.recent.pop_front();
+            }
+            p.recent.push_back(h);
+        }
         p.header = header.copied();
         p.call = None;
         p.running = true;
@@ -263,6 +278,7 @@ impl Board {
             pid: std::process::id(),
             calls: p.calls,
             call: p.call.clone(),
+            recent: p.recent.iter().map(|h| CallInfo::of(Some(h))).collect(),
             running: p.running,
             for_ms: now.duration_since(p.since).as_millis() as u64,
             stalled_ms: p.stalled_since.map(|t| now.duration_since(t).as_millis() as u64),
@@ -322,7 +338,7 @@ pub(crate) fn explain(board: &Board, e: Error) -> Error {
                         protocol::ask(&board.id, r)
                     }
                 });
-                cause::odd_one_out(me, &e.to_string(), &all)
+                cause::odd_one_out(me, &e.to_string(), mine.call.as_ref().and_then(|c| c.seq), &all)
             } else {
                 cause::find(me, board.id.watch.len() as u32, &mine, |r| protocol::ask(&board.id, r))
             };
