@@ -14,6 +14,8 @@ pub mod env;
 pub mod error;
 mod exec;
 pub mod fp8;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod tuner;
 pub mod types;
 

@@ -36,6 +36,8 @@
 pub mod error;
 pub mod fault;
 mod framing;
+#[doc(hidden)]
+pub mod fuzzing;
 mod memory;
 mod pool;
 pub mod shm;

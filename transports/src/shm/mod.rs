@@ -11,10 +11,10 @@
 //! the segment (another container, `/proc` hidden), both sides decline, and the transport table
 //! gives the pair to the next transport on the streams they already have.
 
-mod connection;
+pub(crate) mod connection;
 mod direct;
-mod ring;
-mod segment;
+pub(crate) mod ring;
+pub(crate) mod segment;
 
 use std::io::{self, Read, Write};
 use std::net::TcpStream;

@@ -24,8 +24,8 @@ use crate::framing::Peeked;
 
 /// Bytes of the ring header.
 pub(crate) const RING_HEADER_BYTES: usize = 256;
-const HEAD_OFFSET: usize = 0;
-const TAIL_OFFSET: usize = 128;
+pub(crate) const HEAD_OFFSET: usize = 0;
+pub(crate) const TAIL_OFFSET: usize = 128;
 const CLOSED_OFFSET: usize = 192;
 const WRITING_OFFSET: usize = 196;
 const REVOKED_OFFSET: usize = 200;
@@ -81,7 +81,7 @@ impl Ring {
         Some(Ring { _segment: segment, header, data, capacity, seen: 0, mine: 0 })
     }
 
-    fn word(&self, offset: usize) -> &AtomicU64 {
+    pub(crate) fn word(&self, offset: usize) -> &AtomicU64 {
         // SAFETY: offsets 0 and 128 of the header are 8-aligned, in the mapping, and only ever
         // accessed atomically by both processes.
         unsafe { &*(self.header.as_ptr().add(offset) as *const AtomicU64) }
