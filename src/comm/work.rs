@@ -264,8 +264,7 @@ impl Shared {
         // SAFETY: the job's regions are the submitter's buffers, valid until the job completes:
         // the promise every submission path makes (the safe APIs wait before their borrows end;
         // the raw ones are `unsafe fn`s that pass the promise to their callers).
-        let board = exec.board.clone();
-        if let Some(b) = &board {
+        if let Some(b) = &exec.board {
             b.begin(match job {
                 Job::Collective(c) => Some(&c.header),
                 Job::Transfers(_) => None,
@@ -280,7 +279,7 @@ impl Shared {
         let e = match r {
             Err(e) if !matches!(e, Error::InvalidArgument(_)) => e,
             r => {
-                if let Some(b) = &board {
+                if let Some(b) = &exec.board {
                     b.end(None);
                 }
                 return r;
@@ -289,7 +288,7 @@ impl Shared {
         // The ranks are out of step. Find out why (asking the peers, before they see this
         // rank's connections close), then close them so the peers learn at once, and refuse
         // what follows.
-        let e = match &board {
+        let e = match &exec.board {
             Some(b) => {
                 b.end(Some(&e));
                 crate::diag::explain(b, e)

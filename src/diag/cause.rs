@@ -43,30 +43,25 @@ pub(crate) fn find(me: u32, nranks: u32, mine: &Status, mut ask: impl FnMut(u32)
         let (next, how) = match (cur.blames, cur.waits.first()) {
             (Some(p), _) => (p, format!("rank {r} lost its connection to rank {p}")),
             (None, Some(w)) => (w.peer, describe_wait(&cur, w)),
-            (None, None) => match cur.blames {
-                Some(p) => (p, format!("rank {r} lost its connection to rank {p}")),
-                None if r == me => {
-                    return verdict(vec![me], format!("rank {me} failed with nothing to wait for"), &chain);
-                }
-                None if cur.running => {
-                    let call = cur.call.as_ref().map_or_else(|| "a call".to_string(), ToString::to_string);
-                    return verdict(
-                        vec![r],
-                        format!(
-                            "rank {r} is in {call} and waits for no rank (still working, or stuck outside topoccl)"
-                        ),
-                        &chain,
-                    );
-                }
-                None => {
-                    let last = cur.call.as_ref().map_or_else(|| "none".to_string(), ToString::to_string);
-                    return verdict(
-                        vec![r],
-                        format!("rank {r} is not in any call (its last: {last}, ended {:.1} s ago)", secs(cur.for_ms)),
-                        &chain,
-                    );
-                }
-            },
+            (None, None) if r == me => {
+                return verdict(vec![me], format!("rank {me} failed with nothing to wait for"), &chain);
+            }
+            (None, None) if cur.running => {
+                let call = cur.call.as_ref().map_or_else(|| "a call".to_string(), ToString::to_string);
+                return verdict(
+                    vec![r],
+                    format!("rank {r} is in {call} and waits for no rank (still working, or stuck outside topoccl)"),
+                    &chain,
+                );
+            }
+            (None, None) => {
+                let last = cur.call.as_ref().map_or_else(|| "none".to_string(), ToString::to_string);
+                return verdict(
+                    vec![r],
+                    format!("rank {r} is not in any call (its last: {last}, ended {:.1} s ago)", secs(cur.for_ms)),
+                    &chain,
+                );
+            }
         };
         chain.push(how);
         if let Some(at) = visited.iter().position(|&v| v == next) {

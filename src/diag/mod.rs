@@ -21,7 +21,6 @@ pub(crate) mod service;
 mod signal;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -167,8 +166,6 @@ pub(crate) struct Identity {
 pub(crate) struct Board {
     pub id: Identity,
     progress: Mutex<Progress>,
-    /// Set once a verdict is recorded, for the engine's check without the lock.
-    has_verdict: AtomicBool,
 }
 
 impl Board {
@@ -189,7 +186,6 @@ impl Board {
                 blames: None,
                 verdict: None,
             }),
-            has_verdict: AtomicBool::new(false),
         })
     }
 
@@ -250,16 +246,11 @@ impl Board {
     /// Records the cause of this rank's failure (found here, or told by a peer); the first one
     /// stays.
     pub(crate) fn set_verdict(&self, v: Verdict) -> Verdict {
-        let v = self.lock().verdict.get_or_insert(v).clone();
-        self.has_verdict.store(true, Ordering::Release);
-        v
+        self.lock().verdict.get_or_insert(v).clone()
     }
 
-    /// The verdict another rank sent, if one did (cheap while none has).
+    /// The verdict another rank sent, if one did (asked by a stalled run, off the hot path).
     pub(crate) fn told(&self) -> Option<Verdict> {
-        if !self.has_verdict.load(Ordering::Acquire) {
-            return None;
-        }
         self.verdict().filter(|v| v.found_by != self.id.rank)
     }
 
