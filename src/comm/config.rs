@@ -120,7 +120,7 @@ impl Config {
         if let Some(b) = number("TOPOCCL_SLICE_BYTES", 64.0, (1u64 << 30) as f64)? {
             c.slice_bytes = (b as usize / 64) * 64;
         }
-        if let Some(b) = number("TOPOCCL_SHM_BYTES", 4096.0, (1u64 << 30) as f64)? {
+        if let Some(b) = number("TOPOCCL_SHM_BYTES", 4096.0, topoccl_transports::shm::MAX_RING_BYTES as f64)? {
             c.shm_ring_bytes = b as usize;
         }
         if let Some(d) = number("TOPOCCL_SHM_DIRECT", 0.0, 1.0)? {

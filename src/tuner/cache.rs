@@ -7,6 +7,11 @@
 //! version's file is ignored, so an upgrade never runs a stale decision. Writes go to a
 //! temporary file renamed into place, so ranks sharing a host never read half a file. The cache
 //! is an optimisation: a file that cannot be read or written is treated as absent.
+//!
+//! A cached schedule runs without being proven again, so the cache trusts only what this user
+//! alone could have written: directories are made private (0700), and a file, or a directory
+//! holding it, owned by another user or writable by group or others is ignored (as `ssh` treats
+//! its keys).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -79,7 +84,7 @@ impl DiskCache {
     /// The decisions stored for a topology (empty when there are none or the file is stale).
     pub fn decisions(&self, fingerprint: u64) -> BTreeMap<String, Choice> {
         self.decision_path(fingerprint)
-            .and_then(|p| std::fs::read(p).ok())
+            .and_then(|p| read_private(&p))
             .and_then(|b| serde_json::from_slice::<DecisionFile>(&b).ok())
             .filter(|f| f.version == version())
             .map(|f| f.decisions)
@@ -97,11 +102,13 @@ impl DiskCache {
         }
     }
 
-    /// A stored schedule, if one was written for exactly this key by this version.
+    /// A stored schedule, if one was written for exactly this key by this version and is
+    /// well-formed (`Schedule::validate`); whether it computes the collective is the caller's
+    /// to prove.
     pub fn schedule(&self, fingerprint: u64, key: &str) -> Option<Schedule> {
-        let bytes = std::fs::read(self.schedule_path(fingerprint, key)?).ok()?;
+        let bytes = read_private(&self.schedule_path(fingerprint, key)?)?;
         let file: ScheduleFile = serde_json::from_slice(&bytes).ok()?;
-        (file.version == version() && file.key == key).then_some(file.schedule)
+        (file.version == version() && file.key == key && file.schedule.validate().is_ok()).then_some(file.schedule)
     }
 
     pub fn store_schedule(&self, fingerprint: u64, key: &str, schedule: &Schedule) {
@@ -113,15 +120,41 @@ impl DiskCache {
     }
 }
 
+/// Whether `path` could only have been written by this user: it and its directory belong to
+/// the effective user and are not writable by group or others.
+fn private(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let me = nix::unistd::geteuid().as_raw();
+    let mine = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.uid() == me && m.mode() & 0o022 == 0);
+    mine(path) && path.parent().is_some_and(mine)
+}
+
+/// The contents of `path` if it exists and is [`private`].
+fn read_private(path: &Path) -> Option<Vec<u8>> {
+    if !private(path) {
+        return None;
+    }
+    std::fs::read(path).ok()
+}
+
 /// Writes `bytes` to a temporary file beside `path` and renames it over `path`; failures are
-/// ignored (the cache is optional).
+/// ignored (the cache is optional). Directories it makes are private.
 fn write_atomically(path: &Path, bytes: &[u8]) {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
     let Some(dir) = path.parent() else { return };
-    if std::fs::create_dir_all(dir).is_err() {
+    if std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).is_err() {
         return;
     }
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    if std::fs::write(&tmp, bytes).is_ok() && std::fs::rename(&tmp, path).is_err() {
+    // Private whatever the umask, or the next read would ignore it.
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, bytes));
+    if written.is_err() || std::fs::rename(&tmp, path).is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
 }
@@ -165,6 +198,31 @@ mod tests {
         assert_eq!(c.schedule(1, "ring/all_gather"), Some(s));
         assert_eq!(c.schedule(1, "ring/all_reduce"), None);
         assert_eq!(DiskCache::disabled().schedule(1, "ring/all_gather"), None);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn files_others_could_write_are_ignored() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempdir("shared");
+        let c = DiskCache::at(&d);
+        let t = topoccl_synth::topology::resolve("ring:4").unwrap();
+        let s = Registry::builtin().generate("ring", &Request::new(&t, Collective::AllGather)).unwrap();
+        c.store_schedule(1, "ring/all_gather", &s);
+        c.store_decision(1, "all_gather/1024", &Choice::new("ring", 1, 0));
+        assert_eq!(std::fs::metadata(&d).unwrap().permissions().mode() & 0o777, 0o700);
+        assert!(c.schedule(1, "ring/all_gather").is_some());
+        // A directory anyone may write into: a planted file could be there.
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert_eq!(c.schedule(1, "ring/all_gather"), None);
+        assert!(c.decisions(1).is_empty());
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let file = std::fs::read_dir(&d)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("schedule-")));
+        std::fs::set_permissions(file.unwrap(), std::fs::Permissions::from_mode(0o666)).unwrap();
+        assert_eq!(c.schedule(1, "ring/all_gather"), None);
         let _ = std::fs::remove_dir_all(&d);
     }
 

@@ -295,7 +295,15 @@ impl Selector {
             return Ok(s.clone());
         }
         let disk_key = key.to_string();
-        let schedule = match self.options.cache.schedule(self.fingerprint, &disk_key) {
+        // A cached schedule was proven when it was made (by this version: the cache checks),
+        // and the cache reads only files of this user that no one else can write; what is
+        // checked again is what a mix-up of files would break: the collective and the ranks.
+        let cached = self
+            .options
+            .cache
+            .schedule(self.fingerprint, &disk_key)
+            .filter(|s| s.collective == collective && s.nranks as usize == self.topology.nranks());
+        let schedule = match cached {
             Some(s) => s,
             None => {
                 let started = Instant::now();
@@ -440,6 +448,36 @@ mod tests {
         assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
         let c = Choice::new("tree", 1, 0);
         assert!(s.schedule(&c, Collective::Reduce { root: 9 }, 4096).is_err());
+    }
+
+    #[test]
+    fn a_schedule_filed_under_another_collective_is_ignored() {
+        let dir = std::env::temp_dir().join(format!("topoccl-misfiled-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut s = Selector::new(
+            resolve("ring:4").unwrap(),
+            SelectorOptions { cache: DiskCache::at(&dir), ..Default::default() },
+        )
+        .unwrap();
+        let choice = Choice::new("ring", 1, 0);
+        let key = ScheduleKey {
+            algorithm: "ring".into(),
+            collective: Collective::ReduceScatter,
+            pipeline: choice.pipeline,
+            channels: choice.channels,
+            sized: 0,
+            follow_paths: s.options.sim.follow_paths,
+        };
+        let mut gather = Registry::builtin()
+            .generate("ring", &topoccl_synth::algorithms::Request::new(&s.topology, Collective::AllGather))
+            .unwrap();
+        gather.name = "misfiled".into();
+        s.options.cache.store_schedule(s.fingerprint, &key.to_string(), &gather);
+        let got = s.schedule(&choice, Collective::ReduceScatter, 4096).unwrap();
+        assert_eq!(got.collective, Collective::ReduceScatter);
+        assert_ne!(got.name, "misfiled");
+        topoccl_synth::verify::verify(&got).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -220,11 +220,12 @@ pub fn verify_with(s: &Schedule, opts: VerifyOptions) -> Result<VerifyReport> {
     s.validate()?;
     let n = s.nranks;
     let k = s.chunks / n;
+    // At most 3 × MAX_CHUNKS (validated), so neither the sum nor the index overflows.
     let cells = if opts.in_place {
-        s.chunks + s.scratch_chunks
+        s.chunks as usize + s.scratch_chunks as usize
     } else {
-        s.input_chunks() + s.output_chunks() + s.scratch_chunks
-    } as usize;
+        s.input_chunks() as usize + s.output_chunks() as usize + s.scratch_chunks as usize
+    };
     let mut offset = Vec::with_capacity(n as usize);
     let mut total_channels = 0;
     for p in &s.ranks {

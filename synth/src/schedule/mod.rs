@@ -36,8 +36,14 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-pub use crate::topology::Rank;
+pub use crate::topology::{Rank, MAX_RANKS};
 pub use builder::ScheduleBuilder;
+
+/// The most chunks a schedule's buffers may be cut into (`chunks`, and `scratch_chunks`
+/// apart). The largest generated schedules (TACOS on 4 096 ranks) use well under a million;
+/// the bound keeps a loaded file's counts from overflowing the verifier's arithmetic or sizing
+/// gigabytes (found by fuzzing: `"chunks": 3000000000`).
+pub const MAX_CHUNKS: u32 = 1 << 22;
 
 /// The collective a schedule computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -462,7 +468,8 @@ impl Schedule {
         s
     }
 
-    /// Checks structure (not meaning): ranks, peers, slots and dependencies in range. The
+    /// Checks structure (not meaning): ranks, peers, slots and dependencies in range, chunk
+    /// counts within [`MAX_CHUNKS`] and ranks within [`MAX_RANKS`]. The
     /// verifier and simulator call this first, so a hand-written or loaded schedule gets a
     /// clear message instead of an index panic.
     pub fn validate(&self) -> Result<()> {
@@ -472,6 +479,14 @@ impl Schedule {
         }
         if self.ranks.len() != self.nranks as usize {
             return bad(format!("nranks is {} but {} rank programs are given", self.nranks, self.ranks.len()));
+        }
+        if self.nranks as usize > MAX_RANKS {
+            return bad(format!("{} ranks is more than the {MAX_RANKS} a schedule may have", self.nranks));
+        }
+        for (what, n) in [("chunks", self.chunks), ("scratch_chunks", self.scratch_chunks)] {
+            if n > MAX_CHUNKS {
+                return bad(format!("{what} is {n}, more than the {MAX_CHUNKS} a schedule may have"));
+            }
         }
         let multiple = self.collective.chunk_multiple(self.nranks);
         if self.chunks == 0 || self.chunks % multiple != 0 {
@@ -587,5 +602,19 @@ mod tests {
         let mut b = ScheduleBuilder::new("t", Collective::AllGather, 2, 3);
         b.push(0, 0, Op::Copy { src: Slot::input(0), dst: Slot::output(0) }, 1);
         assert!(b.build().validate().unwrap_err().to_string().contains("multiple of 2"));
+    }
+
+    #[test]
+    fn chunk_counts_are_bounded() {
+        // Found by fuzzing: these loaded, then overflowed the verifier's arithmetic or sized
+        // gigabytes in it.
+        let mut s = ScheduleBuilder::new("t", Collective::AllReduce, 2, 2).build();
+        s.chunks = 3_000_000_000;
+        assert!(s.validate().unwrap_err().to_string().contains("chunks is 3000000000"));
+        s.chunks = 2;
+        s.scratch_chunks = 4_000_000_000;
+        assert!(s.validate().unwrap_err().to_string().contains("scratch_chunks is 4000000000"));
+        s.scratch_chunks = MAX_CHUNKS;
+        s.validate().unwrap();
     }
 }

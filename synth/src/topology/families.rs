@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 
-use super::{Link, LinkKind, Node, NodeKind, Rank, Topology};
+use super::{check_size, Link, LinkKind, Node, NodeKind, Rank, Topology};
 use crate::error::{Error, Result};
 
 /// The family names [`generate`] understands.
@@ -73,6 +73,15 @@ pub fn generate(spec: &str) -> Result<Topology> {
         .map(|d| d.parse::<usize>().ok().filter(|&d| d > 0))
         .collect::<Option<_>>()
         .ok_or_else(|| bad(spec, format!("`{dims_str}` is not a list of positive sizes like 4x4")))?;
+    // Refuse sizes too large before generating anything: the rank count, and for the
+    // families whose links grow faster than their ranks, the links.
+    let ranks = dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).unwrap_or(usize::MAX);
+    let links = match kind {
+        "full" => ranks.saturating_mul(ranks.saturating_sub(1)),
+        "hypercube" => ranks.saturating_mul(ranks.max(1).ilog2() as usize),
+        _ => 0,
+    };
+    check_size(ranks, 0, links).map_err(|m| bad(spec, m))?;
     let want = |n: usize| -> Result<()> {
         if dims.len() == n {
             Ok(())
@@ -211,6 +220,22 @@ fn cluster(spec: &str, hosts: usize, gpus: usize, opts: &str) -> Result<Topology
     if !(oversub.is_finite() && oversub >= 1.0) {
         return Err(bad(spec, "oversub must be ≥ 1".into()));
     }
+    // Size before building: per host two switches, a NIC per GPU or one, the GPUs; then the
+    // fabric's leaves and spines. Every count below is bounded by the rank check in `generate`
+    // except the spines, which `radix` sets.
+    let nic_count = if per_gpu_nic { hosts * gpus } else { hosts };
+    let (leaves, spines) = match (hosts > 1, fattree) {
+        (false, _) => (0, 0),
+        (true, false) => (1, 0),
+        (true, true) => {
+            let leaves = nic_count.div_ceil(radix);
+            // Enough spines that each leaf's uplinks carry its downlinks divided by `oversub`.
+            (leaves, if leaves > 1 { ((radix as f64 / oversub).ceil() as usize).max(1) } else { 0 })
+        }
+    };
+    let node_count = (hosts * (2 + gpus) + nic_count + leaves).saturating_add(spines);
+    let link_count = (hosts * gpus * 2 + nic_count).saturating_add(leaves.saturating_mul(spines)).saturating_mul(2);
+    check_size(hosts * gpus, node_count, link_count).map_err(|m| bad(spec, m))?;
 
     let mut nodes = Vec::new();
     let mut links = Vec::new();
@@ -253,7 +278,6 @@ fn cluster(spec: &str, hosts: usize, gpus: usize, opts: &str) -> Result<Topology
         }
     }
     if hosts > 1 {
-        let leaves = if fattree { nics.len().div_ceil(radix) } else { 1 };
         let leaf_ids: Vec<usize> = (0..leaves)
             .map(|l| {
                 add(
@@ -270,8 +294,6 @@ fn cluster(spec: &str, hosts: usize, gpus: usize, opts: &str) -> Result<Topology
             duplex(&mut links, nic, leaf, net);
         }
         if leaves > 1 {
-            // Enough spines that each leaf's uplinks carry its downlinks divided by `oversub`.
-            let spines = ((radix as f64 / oversub).ceil() as usize).max(1);
             let up = Link { bandwidth: net.bandwidth * radix as f64 / oversub / spines as f64, ..net };
             let spine_ids: Vec<usize> =
                 (0..spines).map(|s| add(&mut nodes, format!("spine{s}"), NodeKind::Switch, None, "fabric")).collect();
@@ -318,6 +340,12 @@ mod tests {
     }
 
     #[test]
+    fn the_largest_modelled_cluster_is_within_the_bounds() {
+        assert_eq!(generate("cluster:512x8").unwrap().nranks(), 4096);
+        assert_eq!(generate("cluster:512x8,fabric=fattree").unwrap().nranks(), 4096);
+    }
+
+    #[test]
     fn bad_specs_say_why() {
         for (spec, want) in [
             ("torus2d:4", "needs 2"),
@@ -326,6 +354,11 @@ mod tests {
             ("ring:x", "positive sizes"),
             ("blob:4", "unknown family"),
             ("ring:4,bw=0", "bandwidth"),
+            // Found by fuzzing: sizes that allocated gigabytes before anything was checked.
+            ("ring:99999999", "more than the 65536"),
+            ("cluster:2888888x4", "more than the 65536"),
+            ("torus3d:99999999999x99999999999x99999999999", "more than the 65536"),
+            ("full:4096", "directed links"),
         ] {
             let err = generate(spec).unwrap_err().to_string();
             assert!(err.contains(want), "{spec}: {err}");

@@ -17,7 +17,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
-use super::{families, Link, LinkKind, Node, NodeKind, Rank, Topology};
+use super::{families, Link, LinkKind, Node, NodeKind, Rank, Topology, MAX_LINKS, MAX_RANKS};
 use crate::error::{Error, Result};
 
 #[derive(Deserialize)]
@@ -65,6 +65,9 @@ struct LinkSpec {
     #[serde(default)]
     kind: LinkKind,
 }
+
+/// The most parallel links one entry may declare (an H100 has 18 NVLinks).
+const MAX_COUNT: u32 = 1024;
 
 fn one() -> u32 {
     1
@@ -118,6 +121,12 @@ pub fn parse(text: &str, origin: &Path, default_name: &str) -> Result<Topology> 
             (None, false) => None,
         };
         if let Some(r) = rank {
+            if r as usize >= MAX_RANKS {
+                return Err(at(
+                    entry.span().start,
+                    format!("rank {r} is beyond the {MAX_RANKS} ranks a topology may have"),
+                ));
+            }
             next_rank = next_rank.max(r + 1);
         }
         nodes.push(Node {
@@ -139,8 +148,15 @@ pub fn parse(text: &str, origin: &Path, default_name: &str) -> Result<Topology> 
         if a == b {
             return Err(at(entry.span().start, format!("link from `{}` to itself", l.a)));
         }
-        if l.count == 0 {
-            return Err(at(entry.span().start, "count must be at least 1".into()));
+        if l.count == 0 || l.count > MAX_COUNT {
+            return Err(at(entry.span().start, format!("count must be from 1 to {MAX_COUNT}, got {}", l.count)));
+        }
+        let adding = l.count as usize * if l.duplex { 2 } else { 1 };
+        if links.len() + adding > MAX_LINKS {
+            return Err(at(
+                entry.span().start,
+                format!("more than the {MAX_LINKS} directed links a topology may have"),
+            ));
         }
         let link = Link { bandwidth: l.bandwidth, latency: l.latency, kind: l.kind };
         super::check_link(&link).map_err(|m| at(entry.span().start, m))?;
@@ -266,6 +282,26 @@ link = [ { a = "g0", b = "g1", bandwidth = 25.0, latency = 0.7, count = 2, kind 
 
         let err = parse_str("name = \"x\"\nbogus = 1\n").unwrap_err().to_string();
         assert!(err.starts_with("test.toml:2:") && err.contains("bogus"), "{err}");
+    }
+
+    #[test]
+    fn sizes_from_a_file_are_bounded() {
+        // Found by fuzzing: the largest rank number panicked (an add overflow), a large one
+        // sized a table of 32 GB, and a link's count was unbounded.
+        for rank in ["4294967295", "4000000000", "65536"] {
+            let text = format!("node = [ {{ name = \"g0\", kind = \"gpu\", rank = {rank} }} ]\n");
+            let err = parse_str(&text).unwrap_err().to_string();
+            assert!(err.contains("beyond the 65536 ranks"), "{err}");
+        }
+        let text = "node = [ { name = \"g0\", kind = \"gpu\" }, { name = \"g1\", kind = \"gpu\" } ]\nlink = [ { a = \"g0\", b = \"g1\", bandwidth = 1.0, count = 4000000000 } ]\n";
+        let err = parse_str(text).unwrap_err().to_string();
+        assert!(err.contains("count must be from 1 to 1024"), "{err}");
+        let text = format!(
+            "node = [ {{ name = \"g0\", kind = \"gpu\" }}, {{ name = \"g1\", kind = \"gpu\" }} ]\nlink = [ {} ]\n",
+            vec!["{ a = \"g0\", b = \"g1\", bandwidth = 1.0, count = 1024 }"; 2100].join(", ")
+        );
+        let err = parse_str(&text).unwrap_err().to_string();
+        assert!(err.contains("directed links"), "{err}");
     }
 
     #[test]

@@ -28,6 +28,32 @@ pub use routing::Route;
 /// A rank number, 0-based, dense.
 pub type Rank = u32;
 
+/// The largest topology accepted, in ranks, nodes and directed links. Sixteen times the
+/// largest cluster we model (`cluster:512x8`, 4 096 GPUs), so no real machine is refused; the
+/// bounds keep a mistyped or hostile file or family from sizing gigabytes of tables (found by
+/// fuzzing: `ring:99999999`, a node with `rank = 4000000000`).
+pub const MAX_RANKS: usize = 1 << 16;
+/// See [`MAX_RANKS`].
+pub const MAX_NODES: usize = 1 << 20;
+/// See [`MAX_RANKS`]. `full:2048` (4 192 256 directed links) is the largest full mesh.
+pub const MAX_LINKS: usize = 1 << 22;
+
+/// Checks a topology's size against [`MAX_RANKS`], [`MAX_NODES`] and [`MAX_LINKS`] before
+/// anything of that size is built.
+pub(crate) fn check_size(ranks: usize, nodes: usize, links: usize) -> std::result::Result<(), String> {
+    let over = |what: &str, n: usize, max: usize| format!("{n} {what} is more than the {max} a topology may have");
+    if ranks > MAX_RANKS {
+        return Err(over("ranks", ranks, MAX_RANKS));
+    }
+    if nodes > MAX_NODES {
+        return Err(over("nodes", nodes, MAX_NODES));
+    }
+    if links > MAX_LINKS {
+        return Err(over("directed links", links, MAX_LINKS));
+    }
+    Ok(())
+}
+
 /// What a vertex of the topology is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -116,6 +142,7 @@ impl Topology {
     pub fn new(name: impl Into<String>, nodes: Vec<Node>, links: Vec<(usize, usize, Link)>) -> Result<Topology> {
         let name = name.into();
         let invalid = |message: String| Error::InvalidTopology { name: name.clone(), message };
+        check_size(0, nodes.len(), links.len()).map_err(invalid)?;
         let mut graph = DiGraph::with_capacity(nodes.len(), links.len());
         let mut seen = HashSet::new();
         for node in nodes {
@@ -128,6 +155,12 @@ impl Topology {
         for idx in graph.node_indices() {
             if let Some(r) = graph[idx].rank {
                 let r = r as usize;
+                if r >= MAX_RANKS {
+                    return Err(invalid(format!(
+                        "rank {r} of `{}` is beyond the {MAX_RANKS} ranks a topology may have",
+                        graph[idx].name
+                    )));
+                }
                 if rank_nodes.len() <= r {
                     rank_nodes.resize(r + 1, None);
                 }

@@ -29,6 +29,9 @@ use segment::Segment;
 
 /// Default data bytes per direction.
 pub const DEFAULT_RING_BYTES: usize = 4 << 20;
+/// The largest ring a peer may announce: the most `TOPOCCL_SHM_BYTES` may be set
+/// to, and small enough that the segment's size cannot overflow.
+pub const MAX_RING_BYTES: usize = 1 << 30;
 const HANDSHAKE_MAGIC: &[u8; 4] = b"TSHM";
 
 /// The shared-memory backend.
@@ -115,8 +118,13 @@ impl ShmTransport {
         let fd = i32::from_le_bytes(word(8..12));
         let mut q = [0u8; 8];
         q.copy_from_slice(&msg[12..20]);
-        let ring_bytes = u64::from_le_bytes(q) as usize;
-        let span = ring_span(ring_bytes);
+        let ring_bytes = u64::from_le_bytes(q);
+        if ring_bytes == 0 || ring_bytes > MAX_RING_BYTES as u64 {
+            return Err(Error::Protocol(format!(
+                "{peer} announced shared-memory rings of {ring_bytes} bytes (1 to {MAX_RING_BYTES} expected)"
+            )));
+        }
+        let span = ring_span(ring_bytes as usize);
         let opened = Segment::open(pid, fd, 2 * span);
         control.write_all(&[u8::from(opened.is_ok())]).map_err(|e| hs(peer, e))?;
         Ok(opened.ok().map(|s| (Arc::new(s), span)))
@@ -194,6 +202,24 @@ mod tests {
             };
             (made(x), made(h.join().unwrap()))
         })
+    }
+
+    #[test]
+    fn an_absurd_ring_size_from_the_peer_is_an_error() {
+        // Found by fuzzing: the announced size went unchecked into the segment's size, where
+        // it overflowed.
+        for announced in [0u64, u64::MAX, (MAX_RING_BYTES as u64) + 1] {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let mut a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+            let mut b = l.accept().unwrap().0;
+            let mut msg = HANDSHAKE_MAGIC.to_vec();
+            msg.extend_from_slice(&std::process::id().to_le_bytes());
+            msg.extend_from_slice(&0i32.to_le_bytes());
+            msg.extend_from_slice(&announced.to_le_bytes());
+            a.write_all(&msg).unwrap();
+            let err = ShmTransport::default().join(&mut b, "rank 3").err().expect("refused");
+            assert!(err.to_string().contains("rank 3 announced shared-memory rings"), "{err}");
+        }
     }
 
     #[test]

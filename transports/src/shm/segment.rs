@@ -4,7 +4,8 @@
 //! 64 MiB default turns into SIGBUS with POSIX shm), and nothing is left behind when a process
 //! dies. The peer opens it through `/proc/<pid>/fd/<fd>` while the creator holds it open. The
 //! memory is reserved with `posix_fallocate` up front, so a lack of memory is an error at set-up
-//! rather than a SIGBUS on first touch.
+//! rather than a SIGBUS on first touch, and sealed against resizing, so the peer cannot cause
+//! one later by truncating the file.
 
 use std::ffi::CStr;
 use std::fs::OpenOptions;
@@ -12,10 +13,15 @@ use std::num::NonZeroUsize;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::ptr::NonNull;
 
+use nix::fcntl::{fcntl, FcntlArg, SealFlag};
 use nix::sys::memfd::{memfd_create, MemFdCreateFlag};
 use nix::sys::mman::{mmap, munmap, MapFlags, ProtFlags};
 
 use crate::error::{Error, Result};
+
+/// The seals every segment carries: its size is fixed once created, so neither process can
+/// shrink the file under the other's mapping (a SIGBUS) or grow it.
+const FIXED_SIZE: SealFlag = SealFlag::F_SEAL_SHRINK.union(SealFlag::F_SEAL_GROW);
 
 /// A mapping shared with another process. Unmapped on drop.
 pub(crate) struct Segment {
@@ -40,10 +46,13 @@ impl Segment {
     pub(crate) fn create(len: usize) -> Result<Segment> {
         let size = NonZeroUsize::new(len).ok_or_else(|| Error::Unsupported("empty shared segment".into()))?;
         let name: &CStr = c"topoccl-shm";
-        let fd = memfd_create(name, MemFdCreateFlag::MFD_CLOEXEC).map_err(|e| sys("memfd_create", e))?;
+        let fd = memfd_create(name, MemFdCreateFlag::MFD_CLOEXEC | MemFdCreateFlag::MFD_ALLOW_SEALING)
+            .map_err(|e| sys("memfd_create", e))?;
         let off = libc_off(len)?;
         nix::fcntl::posix_fallocate(fd.as_raw_fd(), 0, off)
             .map_err(|e| sys(&format!("reserving {len} bytes of shared memory"), e))?;
+        fcntl(fd.as_raw_fd(), FcntlArg::F_ADD_SEALS(FIXED_SIZE | SealFlag::F_SEAL_SEAL))
+            .map_err(|e| sys("sealing the shared memory's size", e))?;
         let base = map(&fd, size)?;
         Ok(Segment { base, len, file: Some(fd) })
     }
@@ -60,6 +69,12 @@ impl Segment {
         let meta = file.metadata().map_err(|e| Error::io(format!("inspecting {path}"), e))?;
         if meta.len() < len as u64 {
             return Err(Error::Protocol(format!("{path} has {} bytes, expected {len}", meta.len())));
+        }
+        // A file that could shrink after we map it would turn our reads into SIGBUS.
+        let seals = fcntl(file.as_raw_fd(), FcntlArg::F_GET_SEALS)
+            .map_err(|e| sys(&format!("reading the seals of {path}"), e))?;
+        if !SealFlag::from_bits_truncate(seals).contains(FIXED_SIZE) {
+            return Err(Error::Protocol(format!("{path} is not sealed against resizing")));
         }
         let base = map(&file, size)?;
         Ok(Segment { base, len, file: None })
@@ -101,5 +116,26 @@ impl Drop for Segment {
         // SAFETY: `base`/`len` are exactly the mapping made in `map`, and every ring that
         // points into it holds an `Arc<Segment>`, so nothing uses it after this.
         let _ = unsafe { munmap(self.base.cast(), self.len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_are_sealed_and_unsealed_files_are_refused() {
+        let mine = Segment::create(8192).unwrap();
+        let fd = mine.raw_fd().unwrap();
+        let theirs = Segment::open(std::process::id(), fd, 8192).unwrap();
+        assert_eq!(theirs.len(), 8192);
+        // The seals hold: the file cannot shrink under a mapping.
+        assert!(nix::unistd::ftruncate(mine.file.as_ref().unwrap(), 0).is_err());
+
+        // A peer's file that could shrink is refused before it is mapped.
+        let loose = memfd_create(c"loose", MemFdCreateFlag::MFD_CLOEXEC).unwrap();
+        nix::unistd::ftruncate(&loose, 8192).unwrap();
+        let err = Segment::open(std::process::id(), loose.as_raw_fd(), 8192).err().expect("refused");
+        assert!(err.to_string().contains("not sealed"), "{err}");
     }
 }
