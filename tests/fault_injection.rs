@@ -1,19 +1,26 @@
 //! The fault-injection suite: ranks as processes running random checked collectives, one of
 //! them faulted at a random moment (killed; stopped past the deadline; idle, never making the
-//! call the others wait in; skipping a call, so the ranks call different things), over TCP and
+//! call the others wait in; skipping a call, so the ranks call different things; its
+//! connection to one peer closed, fed a corrupted header, or black-holed), over TCP and
 //! shared memory, on 2 to 8 ranks. Every surviving rank must fail within the deadline with an
 //! error naming the faulty rank (the same on every rank), never return wrong data, never hang,
 //! and then build a communicator without the faulty rank (a shrink) that works.
 //!
 //! Each scenario prints one row; the table is the suite's output (`--nocapture`).
 //! `TOPOCCL_FI_ROUNDS` sets how many random scenarios run per fault kind and transport (1 in CI),
-//! `TOPOCCL_FI_SEED` the seed, `TOPOCCL_FI_ONLY=stop-shm` (say) one kind and transport.
+//! `TOPOCCL_FI_SEED` the seed, `TOPOCCL_FI_ONLY=stop-shm` (say) one kind and transport (each
+//! scenario draws from its own generator, so a scenario replays alone).
 
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use topoccl::{Collective, CollectiveCall, Communicator, Dtype, Error, ReduceOp};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use topoccl::transports::fault::{Fault, Faulty};
+use topoccl::transports::{Connection, TransportTable};
+use topoccl::{Collective, CollectiveCall, Communicator, Config, Dtype, Error, ReduceOp};
 
 /// The call deadline the ranks run with, seconds.
 const TIMEOUT_S: f64 = 3.0;
@@ -90,6 +97,48 @@ fn checked_call(comm: &Communicator, c: Collective, count: usize, i: u64) -> Res
     }
 }
 
+/// The rank's configuration from the environment; on the faulty rank, for the link faults
+/// (`close`, `garbage`, `stall`), its connection to rank `FI_PEER` wrapped in a [`Faulty`] that
+/// strikes at its `FI_SENDS`-th send. A thread prints `FAULT at <time>` when it strikes.
+fn link_fault_config(fault: &str) -> Config {
+    let mut cfg = Config::from_env().expect("configuration from the environment");
+    let faulty = env_u64("FI_RANK");
+    let me = env_u64("RANK");
+    let sends = env_u64("FI_SENDS").unwrap_or(u64::MAX);
+    let link_to = env_u64("FI_PEER").map(|p| p as u32);
+    let fault = match fault {
+        "close" => Fault::CloseAfter(sends),
+        "garbage" => Fault::CorruptMeta(sends),
+        "stall" => Fault::StallAfter(sends),
+        _ => return cfg,
+    };
+    if faulty != me {
+        return cfg;
+    }
+    let counters: Arc<Mutex<Vec<Arc<AtomicU64>>>> = Arc::default();
+    let watched = counters.clone();
+    std::thread::spawn(move || loop {
+        // The fault strikes at send `sends` (its index, for a corrupted header: the count
+        // reaches sends + 1 once that send went through).
+        let struck = sends + u64::from(matches!(fault, Fault::CorruptMeta(_)));
+        if watched.lock().unwrap().iter().any(|c| c.load(Ordering::Relaxed) >= struck) {
+            println!("FAULT at {}", unix_now());
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    });
+    let wrap = move |peer: u32, c: Box<dyn Connection>| -> Box<dyn Connection> {
+        if Some(peer) != link_to {
+            return c;
+        }
+        let f = Faulty::new(c, fault);
+        counters.lock().unwrap().push(f.counter());
+        Box::new(f)
+    };
+    cfg.transports = TransportTable::new().wrapped(Arc::new(wrap));
+    cfg
+}
+
 /// A rank process (`TOPOCCL_FI_CHILD`): random checked calls until one fails; then a shrink
 /// without the ranks the error names, and a checked all-reduce on it. Exit codes: 3 failed
 /// and recovered, 4 wrong data, 5 failed and the recovery failed.
@@ -100,7 +149,7 @@ fn fi_child_rank() {
     }
     let seed = env_u64("FI_SEED").unwrap_or(1);
     let fault = std::env::var("FI_FAULT").unwrap_or_default();
-    let comm = match Communicator::from_env() {
+    let comm = match Communicator::from_env_with(link_fault_config(&fault)) {
         Ok(c) => c,
         Err(e) => {
             println!("INIT FAILED: {e}");
@@ -178,6 +227,22 @@ enum Kind {
     Stop,
     Idle,
     Skip,
+    /// The faulty rank's connection to one peer closes at a random send (a link went down).
+    Close,
+    /// One message of the faulty rank to one peer carries a corrupted header.
+    Garbage,
+    /// The faulty rank's connection to one peer stops moving at a random send, staying open
+    /// (a black-holed link); both processes and their watch services go on.
+    Stall,
+}
+
+impl Kind {
+    const ALL: [Kind; 7] = [Kind::Kill, Kind::Stop, Kind::Idle, Kind::Skip, Kind::Close, Kind::Garbage, Kind::Stall];
+
+    /// Faults of the faulty rank's connections, injected inside its process.
+    fn on_links(self) -> bool {
+        matches!(self, Kind::Close | Kind::Garbage | Kind::Stall)
+    }
 }
 
 /// How one surviving rank ended.
@@ -236,6 +301,7 @@ fn signal(child: &Child, sig: &str) {
 fn scenario(kind: Kind, transport: &'static str, rng: &mut Rng) -> Row {
     let n = 2 + rng.below(7) as u32;
     let faulty = rng.below(u64::from(n)) as u32;
+    let peer = (faulty + 1 + rng.below(u64::from(n - 1)) as u32) % n;
     let seed = rng.next();
     let at = 1 + rng.below(20);
     let port = free_port();
@@ -245,40 +311,61 @@ fn scenario(kind: Kind, transport: &'static str, rng: &mut Rng) -> Row {
         ("FI_FAULT", format!("{kind:?}").to_lowercase()),
         ("FI_RANK", faulty.to_string()),
         ("FI_AT", at.to_string()),
+        // For the link faults: the send of the faulty rank's connections that fails (the
+        // first call has at least this many on some connection only when it is large).
+        ("FI_SENDS", (20 + rng.below(400)).to_string()),
+        ("FI_PEER", peer.to_string()),
     ];
     let mut kids: Vec<Child> = (0..n).map(|r| spawn_rank(r, n, port, &env)).collect();
     let mut readers: Vec<BufReader<_>> = kids.iter_mut().map(|k| BufReader::new(k.stdout.take().unwrap())).collect();
+    // What each rank printed before its output is read to the end.
+    let mut early = vec![String::new(); n as usize];
     for (r, rd) in readers.iter_mut().enumerate() {
         let mut line = String::new();
         while !line.contains("READY") {
             line.clear();
-            assert!(rd.read_line(&mut line).unwrap() > 0, "rank {r} of {n} ended before its first call");
+            let ended = rd.read_line(&mut line).unwrap() == 0;
+            early[r].push_str(&line);
+            // A link fault may strike in the first call.
+            if ended || (kind.on_links() && line.starts_with("ERROR")) {
+                assert!(kind.on_links(), "rank {r} of {n} ended before its first call");
+                break;
+            }
         }
     }
     // A random moment of the random calls.
     std::thread::sleep(Duration::from_millis(rng.below(200)));
-    let t0 = Instant::now();
     let mut fault_at = unix_now();
     match kind {
         Kind::Kill => signal(&kids[faulty as usize], "-KILL"),
         Kind::Stop => signal(&kids[faulty as usize], "-STOP"),
-        Kind::Idle | Kind::Skip => {
+        Kind::Idle | Kind::Skip | Kind::Close | Kind::Garbage | Kind::Stall => {
             // When the faulty rank reached the call it idles in or skips (it says so then).
-            let mut line = String::new();
-            while !line.starts_with("FAULT at ") {
+            let (f, mut line) = (faulty as usize, String::new());
+            loop {
+                if let Some(t) = early[f].lines().find_map(|l| l.strip_prefix("FAULT at ")) {
+                    fault_at = t.trim().parse().unwrap();
+                    break;
+                }
                 line.clear();
-                assert!(readers[faulty as usize].read_line(&mut line).unwrap() > 0, "the faulty rank ended early");
+                if readers[f].read_line(&mut line).unwrap() == 0 {
+                    // Only a link fault's rank may end first: its error came before its
+                    // watcher saw the fault strike; the error's own time bounds it.
+                    assert!(kind.on_links(), "the faulty rank ended early");
+                    break;
+                }
+                early[f].push_str(&line);
             }
-            fault_at = line["FAULT at ".len()..].trim().parse().unwrap();
         }
     }
+    let t0 = Instant::now();
     // The error must come within the deadline; recovering (a shrink) may take another.
     let limit = Duration::from_secs_f64(TIMEOUT_S * 3.0 + 5.0);
     let mut outcomes = Vec::new();
     let mut worst = Duration::ZERO;
     for (r, k) in kids.iter_mut().enumerate() {
         let r = r as u32;
-        if r == faulty && kind != Kind::Skip {
+        if r == faulty && !matches!(kind, Kind::Skip) && !kind.on_links() {
             continue;
         }
         let status = loop {
@@ -291,7 +378,7 @@ fn scenario(kind: Kind, transport: &'static str, rng: &mut Rng) -> Row {
             }
             std::thread::sleep(Duration::from_millis(10));
         };
-        let mut text = String::new();
+        let mut text = std::mem::take(&mut early[r as usize]);
         let _ = readers[r as usize].read_to_string(&mut text);
         let error = text.lines().find(|l| l.starts_with("ERROR")).unwrap_or("").to_string();
         // "ERROR [culprits] at T: message"
@@ -308,7 +395,15 @@ fn scenario(kind: Kind, transport: &'static str, rng: &mut Rng) -> Row {
             .map_or(f64::MAX, |t| (t - fault_at).max(0.0));
         // A mismatch between two ranks has no majority to tell which is out of step: both
         // are named.
-        let named = culprits == [faulty] || (kind == Kind::Skip && n == 2 && culprits.contains(&faulty));
+        // A broken link has two ends, and from outside either may be at fault: the link (the
+        // faulty rank and its peer on it) is the right answer. A black-holed one inside a ring
+        // leaves every rank of the ring waiting for its predecessor: without counts of what
+        // each side sent and received, the cycle is named, and it must hold the link.
+        let named = match kind {
+            Kind::Close => culprits == [faulty.min(peer), faulty.max(peer)],
+            Kind::Stall => culprits.contains(&faulty) && culprits.contains(&peer),
+            _ => culprits == [faulty] || (kind == Kind::Skip && n == 2 && culprits.contains(&faulty)),
+        };
         let outcome = match status.and_then(|s| s.code()) {
             None => Outcome::Hang,
             Some(4) => Outcome::WrongData(text),
@@ -337,15 +432,18 @@ fn scenario(kind: Kind, transport: &'static str, rng: &mut Rng) -> Row {
 #[test]
 fn every_fault_names_the_faulty_rank_and_a_new_communicator_works() {
     let rounds = env_u64("TOPOCCL_FI_ROUNDS").unwrap_or(1);
-    let mut rng = Rng(env_u64("TOPOCCL_FI_SEED").unwrap_or(0x5eed_1234_abcd));
+    let seed = env_u64("TOPOCCL_FI_SEED").unwrap_or(0x5eed_1234_abcd);
     let mut rows = Vec::new();
-    for _ in 0..rounds {
-        for kind in [Kind::Kill, Kind::Stop, Kind::Idle, Kind::Skip] {
-            for transport in ["tcp", "shm"] {
+    for round in 0..rounds {
+        for (k, kind) in Kind::ALL.into_iter().enumerate() {
+            for (t, transport) in ["tcp", "shm"].into_iter().enumerate() {
                 let wanted = std::env::var("TOPOCCL_FI_ONLY").unwrap_or_default();
                 if !wanted.is_empty() && wanted != format!("{kind:?}-{transport}").to_lowercase() {
                     continue;
                 }
+                // Each scenario draws from its own generator, so TOPOCCL_FI_ONLY replays it.
+                let mut rng =
+                    Rng(seed ^ (round * 64 + k as u64 * 2 + t as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
                 let row = scenario(kind, transport, &mut rng);
                 let bad: Vec<_> = row.outcomes.iter().filter(|o| **o != Outcome::Named).collect();
                 println!(

@@ -65,7 +65,9 @@ pub(crate) fn find(me: u32, nranks: u32, mine: &Status, mut ask: impl FnMut(u32)
         };
         chain.push(how);
         if let Some(at) = visited.iter().position(|&v| v == next) {
-            let cycle: Vec<u32> = visited[at..].to_vec();
+            let mut cycle: Vec<u32> = visited[at..].to_vec();
+            // The same verdict whichever rank of the cycle found it.
+            cycle.sort_unstable();
             return verdict(
                 cycle.clone(),
                 format!("ranks {cycle:?} wait for each other in a cycle (no rank is behind: a fault in a connection or in topoccl)"),
@@ -82,9 +84,27 @@ pub(crate) fn find(me: u32, nranks: u32, mine: &Status, mut ask: impl FnMut(u32)
                 return verdict(vec![next], format!("rank {next} {other}{when}"), &chain);
             }
         };
+        if waiter.blames == Some(next) && cur.error.is_none() {
+            // The connection broke on `r`'s side while `next` runs on, not failed: the link
+            // between them (or one end's network), not a rank that stopped.
+            let mut ends = vec![r, next];
+            ends.sort_unstable();
+            return verdict(
+                ends,
+                format!(
+                    "the connection between rank {r} and rank {next} broke while both processes run (a network fault)"
+                ),
+                &chain,
+            );
+        }
         match at(&waiter, &cur) {
             Next::Follow => {}
             Next::End(why) => return verdict(vec![next], why, &chain),
+            Next::Link(why) => {
+                let mut ends = vec![waiter.rank, next];
+                ends.sort_unstable();
+                return verdict(ends, why, &chain);
+            }
             Next::Mismatch => {
                 let all: Vec<Answer> = (0..nranks)
                     .map(|r| if r == me { Answer::Status(Box::new(mine.clone())) } else { ask(r) })
@@ -153,6 +173,9 @@ enum Next {
     End(String),
     /// It runs a different call with the same number: the ranks called different things.
     Mismatch,
+    /// It finished the call, so what the waiter waits for was lost on the way: the link
+    /// between the two is at fault, for this reason.
+    Link(String),
 }
 
 /// Whether `waitee` is where `waiter` waits for it: in the same call, or in an earlier one
@@ -170,12 +193,26 @@ fn at(waiter: &Status, waitee: &Status) -> Next {
         // It failed in the call (or before it): its own error and waits tell more.
         return Next::Follow;
     }
+    // It went past the call the waiter waits in: if it made the same call, it sent what that
+    // call sends and the data was lost between them.
+    if its_seq.is_some_and(|s| s > seq) || (its_seq == Some(seq) && !waitee.running) {
+        let made = waitee.call.iter().chain(waitee.recent.iter()).find(|c| c.seq == Some(seq));
+        match made {
+            Some(c) if c != wanted => return Next::Mismatch,
+            Some(_) => {
+                return Next::Link(format!(
+                    "rank {r} finished {wanted} (it is {}) but rank {w} still waits for its data: lost between them (a network fault)",
+                    if waitee.running { format!("in {its}") } else { "idle".to_string() }
+                ))
+            }
+            None => {}
+        }
+    }
     if !waitee.running {
-        return Next::End(if its_seq == Some(seq) {
-            format!("rank {r} finished {wanted} but rank {w} still waits for its data")
-        } else {
-            format!("rank {r} has not started {wanted}: it is idle ({:.1} s), its last call {its}", secs(waitee.for_ms))
-        });
+        return Next::End(format!(
+            "rank {r} has not started {wanted}: it is idle ({:.1} s), its last call {its}",
+            secs(waitee.for_ms)
+        ));
     }
     let earlier = its_seq.is_some_and(|s| s < seq) || its_seq.is_none();
     if its_seq == Some(seq) || (earlier && !waitee.waits.is_empty()) {
@@ -244,6 +281,29 @@ mod tests {
         assert!(v.text.contains("call #7"), "{}", v.text);
         // Rank 0 waits for rank 3, which waits for 2: the same rank at the end.
         assert_eq!(find(0, 4, &waiting(0, 7, &[3]), asked(all)).culprits, vec![1]);
+    }
+
+    #[test]
+    fn a_rank_past_the_call_whose_data_never_came_names_the_link() {
+        // Rank 1 sent its part of call #82 and went on to #83; rank 0 still waits for it.
+        let mut past = waiting(1, 83, &[2]);
+        past.recent = call(82).into_iter().collect();
+        let mut two = waiting(2, 83, &[1]);
+        two.recent = call(82).into_iter().collect();
+        let all = vec![
+            Answer::Status(Box::new(waiting(0, 82, &[1]))),
+            Answer::Status(Box::new(past.clone())),
+            Answer::Status(Box::new(two)),
+        ];
+        let v = find(0, 3, &waiting(0, 82, &[1]), asked(all.clone()));
+        assert_eq!(v.culprits, vec![0, 1], "{}", v.text);
+        assert!(v.text.contains("lost between them"), "{}", v.text);
+        // Had it made another call #82, the ranks called different things.
+        past.recent[0].text = "call #82: reduce".into();
+        let mut all = all;
+        all[1] = Answer::Status(Box::new(past));
+        let v = find(0, 3, &waiting(0, 82, &[1]), asked(all));
+        assert_eq!(v.culprits, vec![1], "{}", v.text);
     }
 
     #[test]
@@ -335,7 +395,30 @@ mod tests {
             Answer::Status(Box::new(waiting(1, 3, &[2]))),
             Answer::Status(Box::new(waiting(2, 3, &[1]))),
         ];
-        let v = find(0, 3, &waiting(0, 3, &[1]), asked(all));
+        let v = find(0, 3, &waiting(0, 3, &[1]), asked(all.clone()));
         assert_eq!(v.culprits, vec![1, 2], "{}", v.text);
+        // Found from the other side of the cycle: the same ranks, in the same order.
+        assert_eq!(find(2, 3, &waiting(2, 3, &[1]), asked(all)).culprits, vec![1, 2]);
+    }
+
+    #[test]
+    fn a_broken_connection_between_running_ranks_names_the_link() {
+        // Rank 1 lost its connection to rank 0, which runs on and has not noticed yet: the
+        // link is named, not rank 0 for "waiting for nobody".
+        let mut one = waiting(1, 82, &[]);
+        one.error = Some("rank 0 failed or exited".into());
+        one.blames = Some(0);
+        let mut zero = waiting(0, 82, &[]);
+        zero.stalled_ms = None;
+        let all = vec![Answer::Status(Box::new(zero)), Answer::Status(Box::new(one.clone())), Answer::Gone];
+        let v = find(1, 3, &one, asked(all.clone()));
+        assert_eq!(v.culprits, vec![0, 1], "{}", v.text);
+        assert!(v.text.contains("connection between rank 1 and rank 0 broke"), "{}", v.text);
+        // A third rank that lost its connection to rank 1 (which closed all of its own when it
+        // failed) follows rank 1's blame to the same link.
+        let mut two = waiting(2, 82, &[]);
+        two.error = Some("rank 1 failed or exited".into());
+        two.blames = Some(1);
+        assert_eq!(find(2, 3, &two, asked(all)).culprits, vec![0, 1]);
     }
 }

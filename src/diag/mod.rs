@@ -329,7 +329,19 @@ pub(crate) fn explain(board: &Board, e: Error) -> Error {
                         protocol::ask(&board.id, r)
                     }
                 });
-                cause::odd_one_out(me, &e.to_string(), mine.call.as_ref().and_then(|c| c.seq), &all)
+                let found = cause::odd_one_out(me, &e.to_string(), mine.call.as_ref().and_then(|c| c.seq), &all);
+                match (&e, found.culprits.is_empty()) {
+                    // Every rank made the same calls: the message itself was not what its
+                    // sender's call sends (corrupted on the way, or a confused sender).
+                    (Error::Mismatch { peer, theirs, ours, .. }, true) => Verdict {
+                        culprits: vec![*peer],
+                        text: format!(
+                            "rank {peer} sent {theirs} to rank {me}, which ran {ours}, though every rank made the same calls: a corrupted message or a confused sender"
+                        ),
+                        found_by: me,
+                    },
+                    _ => found,
+                }
             } else {
                 cause::find(me, board.id.watch.len() as u32, &mine, |r| protocol::ask(&board.id, r))
             };
