@@ -123,3 +123,71 @@ fn a_switched_machine_with_per_pair_classes_on_shared_links_runs_checked() {
     assert!(stdout.contains("Out of bounds values : 0 OK"), "{stdout}");
     assert!(namespaces_of(pid).is_empty(), "left behind: {:?}", namespaces_of(pid));
 }
+
+/// A link of an emulated topology taken down mid-run (carrier lost, no reset: TCP just stops
+/// moving): every rank fails within the deadline, no rank reports success or wrong data, and
+/// each error names the link's two ends among its culprits.
+#[test]
+fn a_link_taken_down_mid_run_fails_every_rank_naming_the_link() {
+    if skip() {
+        return;
+    }
+    let timeout_s = 3.0;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_collbench"))
+        .args(["--emulate", "ring:3", "-b", "1M", "-e", "1M", "-N", "100000", "--algo", "ring", "-c", "1"])
+        .env("TOPOCCL_TIMEOUT", timeout_s.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let started = Instant::now();
+    while namespaces_of(pid).len() < 3 {
+        assert!(started.elapsed() < Duration::from_secs(30), "the network never came up");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The ranks are moving data; then the link between ranks 0 and 1 goes down.
+    std::thread::sleep(Duration::from_millis(3000));
+    let ns0 = format!("topoccl-{pid}-0");
+    netns::run("ip", &["-n", &ns0, "link", "set", "to1", "down"]).unwrap();
+    let down = Instant::now();
+    let deadline = down + Duration::from_secs_f64(timeout_s * 2.0 + 10.0);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("collbench still runs {:?} after the link went down", down.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let took = down.elapsed();
+    let mut stdout = String::new();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut stdout).unwrap();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    eprintln!("{stderr}\nthe run ended {:.2} s after the link went down (TOPOCCL_TIMEOUT {timeout_s} s)", took.as_secs_f64());
+    assert_ne!(status.code(), Some(0), "the run succeeded over a dead link:\n{stdout}\n{stderr}");
+    assert!(!stdout.contains("FAILED") && !stderr.contains("wrong"), "{stdout}\n{stderr}");
+    assert!(
+        took < Duration::from_secs_f64(timeout_s + 5.0),
+        "the ranks failed {took:?} after the link went down:\n{stderr}"
+    );
+    // Every rank's error names the link: the two ends, or a cycle of waits through it (a
+    // ring whose one link is dead leaves every rank waiting for its predecessor).
+    for r in 0..3 {
+        let line = stderr
+            .lines()
+            .find(|l| l.starts_with(&format!("collbench: rank {r}: ")))
+            .unwrap_or_else(|| panic!("no error from rank {r}:\n{stderr}"));
+        let named: Vec<u32> = line
+            .split_once("ranks [")
+            .and_then(|(_, rest)| rest.split_once(']'))
+            .map(|(list, _)| list.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+            .unwrap_or_default();
+        let link = line.contains("between rank 0 and rank 1") || line.contains("between rank 1 and rank 0");
+        assert!(link || (named.contains(&0) && named.contains(&1)), "rank {r} does not name the link: {line}");
+    }
+    assert!(namespaces_of(pid).is_empty(), "left behind: {:?}", namespaces_of(pid));
+}

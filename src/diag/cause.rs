@@ -78,6 +78,15 @@ pub(crate) fn find(me: u32, nranks: u32, mine: &Status, mut ask: impl FnMut(u32)
         let waiter = cur;
         cur = match ask(next) {
             Answer::Status(s) => *s,
+            Answer::NoRoute(why) => {
+                // This rank cannot reach it at all: the network between the two is cut, which
+                // says nothing against the process; the pair is named.
+                let (a, b) = (me.min(next), me.max(next));
+                let what = format!(
+                    "rank {next} cannot be reached from rank {me} over the network ({why}): a link down or a partition between rank {a} and rank {b}"
+                );
+                return verdict(vec![a, b], what, &chain);
+            }
             other => {
                 let when =
                     waiter.call.as_ref().map(|c| format!(" while rank {} is in {c}", waiter.rank)).unwrap_or_default();
@@ -304,6 +313,18 @@ mod tests {
         all[1] = Answer::Status(Box::new(past));
         let v = find(0, 3, &waiting(0, 82, &[1]), asked(all));
         assert_eq!(v.culprits, vec![1], "{}", v.text);
+    }
+
+    #[test]
+    fn a_rank_the_network_cannot_reach_is_named_with_the_asker() {
+        let all = vec![
+            Answer::Status(Box::new(waiting(0, 9, &[2]))),
+            Answer::NoRoute("Network is unreachable".into()),
+            Answer::Status(Box::new(waiting(2, 9, &[1]))),
+        ];
+        let v = find(0, 3, &waiting(0, 9, &[2]), asked(all));
+        assert_eq!(v.culprits, vec![0, 1], "{}", v.text);
+        assert!(v.text.contains("a link down or a partition"), "{}", v.text);
     }
 
     #[test]

@@ -94,7 +94,11 @@ pub(crate) enum Answer {
     Gone,
     /// Its process answers, but has no such communicator any more (destroyed or aborted).
     Closed,
-    /// Could not reach it, or it answered nonsense.
+    /// The network between the asking rank and it carries nothing: connecting found no route
+    /// or no answer at all (a stopped process's kernel still accepts connections; a link down
+    /// or a partition does not).
+    NoRoute(String),
+    /// It answered nonsense, or there is no such rank.
     Unreachable(String),
 }
 
@@ -105,6 +109,7 @@ impl std::fmt::Display for Answer {
             Answer::Silent => f.write_str("does not answer (stopped or hung)"),
             Answer::Gone => f.write_str("is gone (its process exited or was killed)"),
             Answer::Closed => f.write_str("has closed its communicator (destroyed or aborted)"),
+            Answer::NoRoute(why) => write!(f, "cannot be reached over the network ({why})"),
             Answer::Unreachable(why) => write!(f, "cannot be reached ({why})"),
         }
     }
@@ -112,7 +117,11 @@ impl std::fmt::Display for Answer {
 
 fn exchange(addr: SocketAddr, request: &[u8], body: &[u8], deadline: Instant) -> std::io::Result<(TcpStream, u8)> {
     let left = || deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
-    let mut s = TcpStream::connect_timeout(&addr, left())?;
+    let mut s = TcpStream::connect_timeout(&addr, left()).map_err(|e| match e.kind() {
+        ErrorKind::ConnectionRefused => e,
+        // Not the process: the way to it.
+        _ => std::io::Error::new(ErrorKind::NotConnected, e.to_string()),
+    })?;
     s.set_nodelay(true)?;
     s.set_write_timeout(Some(left()))?;
     let mut all = request.to_vec();
@@ -130,6 +139,7 @@ fn failed(e: std::io::Error) -> Answer {
         ErrorKind::WouldBlock | ErrorKind::TimedOut => Answer::Silent,
         // The process died between accepting and answering.
         ErrorKind::UnexpectedEof | ErrorKind::ConnectionReset => Answer::Gone,
+        ErrorKind::NotConnected => Answer::NoRoute(e.to_string()),
         _ => Answer::Unreachable(e.to_string()),
     }
 }
