@@ -17,6 +17,11 @@
 //! call fails with what each channel is stuck on; a closed peer fails it at once; `abort`
 //! ends it within milliseconds.
 
+mod check;
+mod stuck;
+
+pub(crate) use check::check;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -27,7 +32,7 @@ use super::memory::Memory;
 use super::ops::{LocalOps, Workspace};
 use super::program::{Action, Program, XStep};
 use super::wire::CallHeader;
-use crate::diag::{Board, Need, Wait};
+use crate::diag::Board;
 use crate::error::{Error, Result};
 use crate::types::{Dtype, ReduceOp};
 
@@ -425,58 +430,6 @@ impl Run<'_> {
         }
         Ok(true)
     }
-
-    /// The peers the unfinished channels wait for (channels waiting for another channel of
-    /// this rank are left out), else the peers whose sends are still queued.
-    fn waits(&self) -> Vec<Wait> {
-        let mut out = Vec::new();
-        for (c, ch) in self.prog.channels.iter().enumerate() {
-            let s = self.state[c];
-            let Some(st) = ch.steps.get(s.step) else { continue };
-            if !self.deps_done(c, s.step, s.slice) {
-                continue;
-            }
-            let (peer, need) = if st.action.receives() { (st.from, Need::Message) } else { (st.to, Need::Room) };
-            let (step, steps) = (s.step as u32 + 1, ch.steps.len() as u32);
-            out.push(Wait { peer, channel: c as u32, step, steps, need });
-        }
-        if out.is_empty() {
-            for &p in &self.prog.peers {
-                if self.links.get(p as usize).and_then(Option::as_ref).is_some_and(|l| l.backlog() > 0) {
-                    let steps = self.prog.channels.first().map_or(0, |c| c.steps.len() as u32);
-                    out.push(Wait { peer: p, channel: 0, step: steps, steps, need: Need::Room });
-                }
-            }
-        }
-        out
-    }
-
-    /// What every unfinished channel waits for.
-    fn blocked(&self) -> String {
-        let mut out = Vec::new();
-        for (c, ch) in self.prog.channels.iter().enumerate() {
-            let s = self.state[c];
-            let Some(st) = ch.steps.get(s.step) else { continue };
-            let what = if !self.deps_done(c, s.step, s.slice) {
-                "another channel".to_string()
-            } else if st.action.receives() {
-                format!("a message from rank {}", st.from)
-            } else {
-                format!("room to send to rank {}", st.to)
-            };
-            out.push(format!("channel {c} step {}/{} waits for {what}", s.step + 1, ch.steps.len()));
-        }
-        if out.is_empty() {
-            return "all steps are done; data to send is still queued (a peer stopped reading)".to_string();
-        }
-        let more = out.len().saturating_sub(4);
-        out.truncate(4);
-        let mut s = out.join("; ");
-        if more > 0 {
-            s += &format!("; and {more} more channels");
-        }
-        s
-    }
 }
 
 /// The regions of bytes `[off, off + n)` of the spans `st` uses (the others are placeholders,
@@ -515,31 +468,6 @@ fn receive(
             Action::Send | Action::Copy | Action::Reduce => Ok(()),
         }
     }
-}
-
-/// A message must belong to this very call and have the expected length.
-pub(crate) fn check(
-    cfg: &RunConfig<'_>,
-    from: u32,
-    expected: &Meta,
-    meta: &Meta,
-    got: usize,
-    want: usize,
-) -> Result<()> {
-    if meta != expected {
-        let ours = CallHeader::decode(expected).map(|h| h.describe()).unwrap_or_default();
-        let theirs = CallHeader::decode(expected).map(|h| h.mismatch(meta)).unwrap_or_default();
-        return Err(Error::Mismatch { rank: cfg.rank, peer: from, theirs, ours });
-    }
-    if got != want {
-        return Err(Error::Mismatch {
-            rank: cfg.rank,
-            peer: from,
-            theirs: format!("a message of {got} bytes"),
-            ours: format!("{} expecting {want} bytes (is TOPOCCL_SLICE_BYTES set alike everywhere?)", cfg.what()),
-        });
-    }
-    Ok(())
 }
 
 #[cfg(test)]
