@@ -167,7 +167,10 @@ fn a_link_taken_down_mid_run_fails_every_rank_naming_the_link() {
     let mut stderr = String::new();
     std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut stdout).unwrap();
     std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
-    eprintln!("{stderr}\nthe run ended {:.2} s after the link went down (TOPOCCL_TIMEOUT {timeout_s} s)", took.as_secs_f64());
+    eprintln!(
+        "{stderr}\nthe run ended {:.2} s after the link went down (TOPOCCL_TIMEOUT {timeout_s} s)",
+        took.as_secs_f64()
+    );
     assert_ne!(status.code(), Some(0), "the run succeeded over a dead link:\n{stdout}\n{stderr}");
     assert!(!stdout.contains("FAILED") && !stderr.contains("wrong"), "{stdout}\n{stderr}");
     assert!(
