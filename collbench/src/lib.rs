@@ -189,7 +189,10 @@ pub fn run(args: &Args, out: &mut dyn Write) -> Result<i32> {
             match run_rank(args, &plan, topo, *comm, &config, (how, progress), out) {
                 Ok(code) => Ok(code),
                 Err(e) => {
-                    eprintln!("collbench: rank {rank}: {e}");
+                    // One write: the ranks share the launcher's standard error, and a line
+                    // written in pieces interleaves with another rank's.
+                    let line = format!("collbench: rank {rank}: {e}\n");
+                    let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
                     Ok(1)
                 }
             }

@@ -282,6 +282,19 @@ impl Board {
     }
 }
 
+impl Drop for Board {
+    /// A failed communicator's last status stays answerable (see `service::remember_closed`).
+    fn drop(&mut self) {
+        let failed = {
+            let p = self.lock();
+            p.error.is_some() || p.verdict.is_some()
+        };
+        if failed {
+            service::remember_closed(self.id.secret, self.id.comm_id, self.status());
+        }
+    }
+}
+
 /// Whether `e` started on this rank, and the peer it names.
 fn origin(e: &Error) -> (bool, Option<u32>) {
     match e {

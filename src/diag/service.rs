@@ -16,16 +16,30 @@ use std::time::Duration;
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 
 use super::protocol::{self, Kind, Request, MAX_BODY_BYTES, REQUEST_BYTES};
-use super::{dump, signal, Board, Verdict};
+use super::{dump, signal, Board, Status, Verdict};
 use crate::comm::greet::{Greeter, HELLO_DEADLINE, MAX_UNGREETED};
 use crate::error::{Error, Result};
 
 /// How long a greeted connection may take to send its body and read its answer.
 const IO_DEADLINE: Duration = Duration::from_millis(500);
 
+/// Closed communicators whose last status is still answered.
+const CLOSED_KEPT: usize = 64;
+
 struct Service {
     port: u16,
     boards: Mutex<Vec<Weak<Board>>>,
+    /// The last status of communicators that failed and were closed, newest last: a rank that
+    /// adopted a verdict and closed must still tell it to a rank that failed later, because of
+    /// that closing, and never heard it (the verdict's sender could not reach it).
+    closed: Mutex<std::collections::VecDeque<Closed>>,
+}
+
+/// A closed communicator's last status, under its secret and id.
+struct Closed {
+    secret: [u8; 16],
+    comm_id: [u8; 16],
+    status: Status,
 }
 
 static SERVICE: OnceLock<std::result::Result<Arc<Service>, String>> = OnceLock::new();
@@ -42,7 +56,7 @@ fn start() -> Result<Arc<Service>> {
         .map_err(|e| Error::io("opening the watch service's socket", e))?;
     listener.set_nonblocking(true).map_err(|e| Error::io("the watch service's socket", e))?;
     let port = listener.local_addr().map_err(|e| Error::io("the watch service's address", e))?.port();
-    let svc = Arc::new(Service { port, boards: Mutex::new(Vec::new()) });
+    let svc = Arc::new(Service { port, boards: Mutex::new(Vec::new()), closed: Mutex::default() });
     let wake = signal::install();
     let served = svc.clone();
     std::thread::Builder::new()
@@ -64,6 +78,17 @@ pub(crate) fn register(board: &Arc<Board>) -> Result<()> {
     boards.retain(|b| b.strong_count() > 0);
     boards.push(Arc::downgrade(board));
     Ok(())
+}
+
+/// Keeps answering `status` (a failed communicator's last) after its board is gone.
+pub(crate) fn remember_closed(secret: [u8; 16], comm_id: [u8; 16], status: Status) {
+    if let Some(Ok(svc)) = SERVICE.get() {
+        let mut closed = svc.closed.lock().unwrap_or_else(|p| p.into_inner());
+        if closed.len() == CLOSED_KEPT {
+            closed.pop_front();
+        }
+        closed.push_back(Closed { secret, comm_id, status });
+    }
 }
 
 /// Every live board of this process.
@@ -120,15 +145,23 @@ impl Service {
         let board = self.find(&r);
         let mut body = vec![0u8; r.body.min(MAX_BODY_BYTES)];
         s.read_exact(&mut body)?;
-        let Some(board) = board else { return s.write_all(&[protocol::UNKNOWN]) };
+        let status_answer = |status: &Status| {
+            let json = serde_json::to_vec(status).unwrap_or_default();
+            let mut out = vec![protocol::OK];
+            out.extend_from_slice(&(json.len() as u32).to_le_bytes());
+            out.extend_from_slice(&json);
+            out
+        };
+        let Some(board) = board else {
+            let closed = self.closed.lock().unwrap_or_else(|p| p.into_inner());
+            let last = closed.iter().rev().find(|c| c.secret == r.secret && c.comm_id == r.comm_id);
+            return match (r.kind, last) {
+                (Kind::Status, Some(c)) => s.write_all(&status_answer(&c.status)),
+                _ => s.write_all(&[protocol::UNKNOWN]),
+            };
+        };
         match r.kind {
-            Kind::Status => {
-                let json = serde_json::to_vec(&board.status()).unwrap_or_default();
-                let mut out = vec![protocol::OK];
-                out.extend_from_slice(&(json.len() as u32).to_le_bytes());
-                out.extend_from_slice(&json);
-                s.write_all(&out)
-            }
+            Kind::Status => s.write_all(&status_answer(&board.status())),
             Kind::Verdict => {
                 match protocol::decode_body::<Verdict>(&body) {
                     Some(v) if v.found_by == r.from => {
@@ -139,5 +172,41 @@ impl Service {
                 s.write_all(&[protocol::OK])
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::protocol::{ask, Answer};
+    use super::super::{Identity, Verdict};
+    use super::*;
+
+    #[test]
+    fn a_closed_communicator_still_tells_its_verdict() {
+        let addr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port().unwrap());
+        let id = |rank, comm_id| Identity {
+            rank,
+            secret: [7; 16],
+            comm_id,
+            watch: vec![addr, addr],
+            answer_within: Duration::from_secs(2),
+        };
+        // Rank 1 adopted a verdict, then closed its communicator.
+        let board = Board::new(id(1, [42; 16]));
+        register(&board).unwrap();
+        board.set_verdict(Verdict { culprits: vec![0, 1], text: "the link broke".into(), found_by: 0 });
+        drop(board);
+        match ask(&id(0, [42; 16]), 1) {
+            Answer::Status(s) => {
+                assert!(!s.running);
+                assert_eq!(s.verdict.map(|v| v.culprits), Some(vec![0, 1]));
+            }
+            other => panic!("{other}"),
+        }
+        // One that closed without failing is closed, as before.
+        let board = Board::new(id(1, [43; 16]));
+        register(&board).unwrap();
+        drop(board);
+        assert!(matches!(ask(&id(0, [43; 16]), 1), Answer::Closed));
     }
 }
