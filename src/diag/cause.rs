@@ -210,8 +210,10 @@ fn at(waiter: &Status, waitee: &Status) -> Next {
             Some(c) if c != wanted => return Next::Mismatch,
             Some(_) => {
                 return Next::Link(format!(
-                    "rank {r} finished {wanted} (it is {}) but rank {w} still waits for its data: lost between them (a network fault)",
-                    if waitee.running { format!("in {its}") } else { "idle".to_string() }
+                    "rank {r} finished {wanted} (it is {}) but rank {w} still waits for its data: lost between rank {} and rank {} (a network fault)",
+                    if waitee.running { format!("in {its}") } else { "idle".to_string() },
+                    w.min(r),
+                    w.max(r)
                 ))
             }
             None => {}
@@ -306,7 +308,7 @@ mod tests {
         ];
         let v = find(0, 3, &waiting(0, 82, &[1]), asked(all.clone()));
         assert_eq!(v.culprits, vec![0, 1], "{}", v.text);
-        assert!(v.text.contains("lost between them"), "{}", v.text);
+        assert!(v.text.contains("lost between rank 0 and rank 1"), "{}", v.text);
         // Had it made another call #82, the ranks called different things.
         past.recent[0].text = "call #82: reduce".into();
         let mut all = all;

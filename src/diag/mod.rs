@@ -295,6 +295,9 @@ impl Drop for Board {
     }
 }
 
+/// Ranks after it (in rank order) that a rank told a verdict passes it on to.
+const FORWARD_TO: u32 = 2;
+
 /// Whether `e` started on this rank, and the peer it names.
 fn origin(e: &Error) -> (bool, Option<u32>) {
     match e {
@@ -328,7 +331,16 @@ pub(crate) fn explain(board: &Board, e: Error) -> Error {
     }
     let me = board.id.rank;
     let cause = match board.verdict() {
-        Some(v) => v,
+        Some(v) => {
+            // Told by another rank: pass it on to the next few ranks before this one closes, so
+            // that a rank the finder could not reach (across a cut link) hears it from a
+            // neighbour rather than blaming that neighbour for closing.
+            let n = board.id.watch.len() as u32;
+            let next: Vec<u32> =
+                (1..=FORWARD_TO.min(n.saturating_sub(1))).map(|k| (me + k) % n).filter(|&r| r != v.found_by).collect();
+            protocol::for_each_rank(&next, |r| protocol::tell(&board.id, r, &v));
+            v
+        }
         None => {
             let mine = board.status();
             let found = if matches!(e, Error::Mismatch { .. }) {

@@ -163,8 +163,9 @@ impl Service {
         match r.kind {
             Kind::Status => s.write_all(&status_answer(&board.status())),
             Kind::Verdict => {
+                // From the rank that found it, or passed on by one it told.
                 match protocol::decode_body::<Verdict>(&body) {
-                    Some(v) if v.found_by == r.from => {
+                    Some(v) if (v.found_by as usize) < board.id.watch.len() => {
                         board.set_verdict(v);
                     }
                     _ => return Ok(()),
