@@ -295,6 +295,20 @@ impl Drop for Board {
     }
 }
 
+/// A verdict another rank tells this one within `patience`.
+fn wait_for_told(board: &Board, patience: Duration) -> Option<Verdict> {
+    let until = Instant::now() + patience;
+    loop {
+        if let Some(v) = board.told() {
+            return Some(v);
+        }
+        if Instant::now() >= until {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// Ranks after it (in rank order) that a rank told a verdict passes it on to.
 const FORWARD_TO: u32 = 2;
 
@@ -368,7 +382,14 @@ pub(crate) fn explain(board: &Board, e: Error) -> Error {
                     _ => found,
                 }
             } else {
-                cause::find(me, board.id.watch.len() as u32, &mine, |r| protocol::ask(&board.id, r))
+                let found = cause::find(me, board.id.watch.len() as u32, &mine, |r| protocol::ask(&board.id, r));
+                if mine.blames.is_some_and(|p| found.culprits == [p]) {
+                    // Only the rank that closed on this one is named: it may have closed
+                    // because another rank told it the cause, which is on its way here too.
+                    wait_for_told(board, board.id.answer_within).unwrap_or(found)
+                } else {
+                    found
+                }
             };
             let v = board.set_verdict(found);
             if v.found_by == me {
