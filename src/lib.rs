@@ -14,6 +14,8 @@ pub mod env;
 pub mod error;
 mod exec;
 pub mod fp8;
+// The fuzz harnesses (fuzz/): compiled only by cargo-fuzz, never into the library.
+#[cfg(fuzzing)]
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod tuner;

@@ -3,7 +3,7 @@
 //! it, and leaves no namespace behind, also when it is interrupted or a previous run was
 //! killed.
 
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use collbench::emu::netns;
@@ -44,6 +44,38 @@ fn run_ok(args: &[&str]) -> (u32, String) {
     (pid, stdout.into_owned())
 }
 
+/// Starts collbench with `args` and `TOPOCCL_TIMEOUT` = `timeout_s`, and waits until its
+/// emulated network (`namespaces` of them) is up; stdout is piped when `stdout` is set.
+fn start_emulation(args: &[&str], timeout_s: f64, namespaces: usize, stdout: bool) -> Child {
+    let child = Command::new(env!("CARGO_BIN_EXE_collbench"))
+        .args(args)
+        .env("TOPOCCL_TIMEOUT", timeout_s.to_string())
+        .stdout(if stdout { Stdio::piped() } else { Stdio::null() })
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while namespaces_of(child.id()).len() < namespaces {
+        assert!(started.elapsed() < Duration::from_secs(30), "the network never came up");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child
+}
+
+/// How `child` ended, or `None` (and it is killed) if it still runs at `deadline`.
+fn ended_by(child: &mut Child, deadline: Instant) -> Option<ExitStatus> {
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return Some(s);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 #[test]
 fn a_checked_all_reduce_runs_on_an_emulated_line_and_nothing_is_left() {
     if skip() {
@@ -82,30 +114,14 @@ fn an_interrupted_run_tears_the_network_down() {
     if skip() {
         return;
     }
-    let mut child = Command::new(env!("CARGO_BIN_EXE_collbench"))
-        .args(["--emulate", "ring:3", "-b", "256M", "-e", "256M", "-N", "50", "--emulate-scale", "1"])
-        .env("TOPOCCL_TIMEOUT", "60")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let args = ["--emulate", "ring:3", "-b", "256M", "-e", "256M", "-N", "50", "--emulate-scale", "1"];
+    let mut child = start_emulation(&args, 60.0, 3, false);
     let pid = child.id();
-    let started = Instant::now();
-    while namespaces_of(pid).len() < 3 {
-        assert!(started.elapsed() < Duration::from_secs(30), "the network never came up");
-        std::thread::sleep(Duration::from_millis(50));
-    }
     // Let the ranks start moving data, then Ctrl-C.
     std::thread::sleep(Duration::from_millis(1500));
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGINT).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "collbench did not end after SIGINT");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status =
+        ended_by(&mut child, Instant::now() + Duration::from_secs(20)).expect("collbench did not end after SIGINT");
     assert_eq!(status.code(), Some(130));
     assert!(namespaces_of(pid).is_empty(), "left behind: {:?}", namespaces_of(pid));
 }
@@ -133,35 +149,16 @@ fn a_link_taken_down_mid_run_fails_every_rank_naming_the_link() {
         return;
     }
     let timeout_s = 3.0;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_collbench"))
-        .args(["--emulate", "ring:3", "-b", "1M", "-e", "1M", "-N", "100000", "--algo", "ring", "-c", "1"])
-        .env("TOPOCCL_TIMEOUT", timeout_s.to_string())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let args = ["--emulate", "ring:3", "-b", "1M", "-e", "1M", "-N", "100000", "--algo", "ring", "-c", "1"];
+    let mut child = start_emulation(&args, timeout_s, 3, true);
     let pid = child.id();
-    let started = Instant::now();
-    while namespaces_of(pid).len() < 3 {
-        assert!(started.elapsed() < Duration::from_secs(30), "the network never came up");
-        std::thread::sleep(Duration::from_millis(50));
-    }
     // The ranks are moving data; then the link between ranks 0 and 1 goes down.
     std::thread::sleep(Duration::from_millis(3000));
     let ns0 = format!("topoccl-{pid}-0");
     netns::run("ip", &["-n", &ns0, "link", "set", "to1", "down"]).unwrap();
     let down = Instant::now();
-    let deadline = down + Duration::from_secs_f64(timeout_s * 2.0 + 10.0);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("collbench still runs {:?} after the link went down", down.elapsed());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = ended_by(&mut child, down + Duration::from_secs_f64(timeout_s * 2.0 + 10.0))
+        .unwrap_or_else(|| panic!("collbench still runs {:?} after the link went down", down.elapsed()));
     let took = down.elapsed();
     let mut stdout = String::new();
     let mut stderr = String::new();

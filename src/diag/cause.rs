@@ -81,7 +81,7 @@ pub(crate) fn find(me: u32, nranks: u32, mine: &Status, mut ask: impl FnMut(u32)
             Answer::NoRoute(why) => {
                 // This rank cannot reach it at all: the network between the two is cut, which
                 // says nothing against the process; the pair is named.
-                let (a, b) = (me.min(next), me.max(next));
+                let [a, b] = ends(me, next);
                 let what = format!(
                     "rank {next} cannot be reached from rank {me} over the network ({why}): a link down or a partition between rank {a} and rank {b}"
                 );
@@ -96,10 +96,8 @@ pub(crate) fn find(me: u32, nranks: u32, mine: &Status, mut ask: impl FnMut(u32)
         if waiter.blames == Some(next) && cur.error.is_none() {
             // The connection broke on `r`'s side while `next` runs on, not failed: the link
             // between them (or one end's network), not a rank that stopped.
-            let mut ends = vec![r, next];
-            ends.sort_unstable();
             return verdict(
-                ends,
+                ends(r, next).to_vec(),
                 format!(
                     "the connection between rank {r} and rank {next} broke while both processes run (a network fault)"
                 ),
@@ -109,11 +107,7 @@ pub(crate) fn find(me: u32, nranks: u32, mine: &Status, mut ask: impl FnMut(u32)
         match at(&waiter, &cur) {
             Next::Follow => {}
             Next::End(why) => return verdict(vec![next], why, &chain),
-            Next::Link(why) => {
-                let mut ends = vec![waiter.rank, next];
-                ends.sort_unstable();
-                return verdict(ends, why, &chain);
-            }
+            Next::Link(why) => return verdict(ends(waiter.rank, next).to_vec(), why, &chain),
             Next::Mismatch => {
                 let all: Vec<Answer> = (0..nranks)
                     .map(|r| if r == me { Answer::Status(Box::new(mine.clone())) } else { ask(r) })
@@ -209,12 +203,11 @@ fn at(waiter: &Status, waitee: &Status) -> Next {
         match made {
             Some(c) if c != wanted => return Next::Mismatch,
             Some(_) => {
+                let [a, b] = ends(w, r);
                 return Next::Link(format!(
-                    "rank {r} finished {wanted} (it is {}) but rank {w} still waits for its data: lost between rank {} and rank {} (a network fault)",
+                    "rank {r} finished {wanted} (it is {}) but rank {w} still waits for its data: lost between rank {a} and rank {b} (a network fault)",
                     if waitee.running { format!("in {its}") } else { "idle".to_string() },
-                    w.min(r),
-                    w.max(r)
-                ))
+                ));
             }
             None => {}
         }
@@ -230,6 +223,11 @@ fn at(waiter: &Status, waitee: &Status) -> Next {
         return Next::Follow;
     }
     Next::End(format!("rank {r} is in {its}, not in {wanted} where rank {w} waits for it"))
+}
+
+/// The two ends of a link, in rank order (the same verdict from either side).
+fn ends(a: u32, b: u32) -> [u32; 2] {
+    [a.min(b), a.max(b)]
 }
 
 fn describe_wait(s: &Status, w: &Wait) -> String {

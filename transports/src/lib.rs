@@ -36,6 +36,8 @@
 pub mod error;
 pub mod fault;
 mod framing;
+// The fuzz harnesses (fuzz/): compiled only by cargo-fuzz, never into the library.
+#[cfg(fuzzing)]
 #[doc(hidden)]
 pub mod fuzzing;
 mod memory;
