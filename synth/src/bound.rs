@@ -111,10 +111,15 @@ pub fn bound(topo: &Topology, collective: Collective) -> Bound {
                     pack_trees(&RankGraph::of(topo), PackingShape::Bidirectional, 0.02).upper,
                 ));
             }
-            if trees > rsag {
-                b(trees, "trees", true, shapes)
+            let (rate, shape, exact) = if trees > rsag { (trees, "trees", true) } else { (rsag, "rs+ag", cut.exact) };
+            // Every shape meets the message count: a shape's rate above it is a weak certificate
+            // (the trees' packing may branch at switches, which cannot reduce).
+            let (messages, grouping) = message_rate(topo);
+            shapes.push((grouping, messages));
+            if messages < rate * (1.0 - 1e-9) {
+                b(messages, grouping, true, shapes)
             } else {
-                b(rsag, "rs+ag", cut.exact, shapes)
+                b(rate, shape, exact, shapes)
             }
         }
         Collective::Broadcast { root } => {
@@ -133,6 +138,55 @@ pub fn bound(topo: &Topology, collective: Collective) -> Bound {
             let rate = worst * (n * n) as f64 / (n - 1) as f64;
             b(rate, "injection", false, vec![("injection", rate)])
         }
+    }
+}
+
+/// The message-count bound of all-reduce, whatever its shape. Parties that must all learn a sum
+/// of all their inputs by one-way messages need at least 2(G−1) messages per element among G
+/// parties (the one-way gossip bound; a chain in and back out meets it). Take the hosts (or the
+/// ranks) as parties, free to talk inside: each of the 2(G−1)·M bytes crossing between parties
+/// leaves one party and enters another, so the time is at least 2(G−1)·M over the parties'
+/// summed egress (and ingress) bandwidth. On a cluster of H hosts with B of NICs each this is
+/// H·B / 2(H−1), the bandwidth-optimal all-reduce (Patarasuk and Yuan). Returns the rate and
+/// which parties gave it.
+pub fn message_rate(topo: &Topology) -> (f64, &'static str) {
+    let n = topo.nranks();
+    let (host_of, hosts) = topo.hosts();
+    let graph = topo.graph();
+    // Party of every node: its rank's host where a rank's host is named, else none.
+    let party_rate = |party: &dyn Fn(usize) -> Option<usize>, parties: usize| {
+        if parties < 2 {
+            return f64::INFINITY;
+        }
+        let (mut egress, mut ingress) = (0.0, 0.0);
+        for g in topo.link_groups() {
+            let (a, b) = (party(g.from.index()), party(g.to.index()));
+            if a != b {
+                if a.is_some() {
+                    egress += g.bandwidth;
+                }
+                if b.is_some() {
+                    ingress += g.bandwidth;
+                }
+            }
+        }
+        f64::min(egress, ingress) / (2 * (parties - 1)) as f64
+    };
+    let mut rank_of_node = vec![None; graph.node_count()];
+    for r in 0..n as Rank {
+        rank_of_node[topo.rank_node(r).index()] = Some(r as usize);
+    }
+    let by_rank = party_rate(&|v| rank_of_node[v], n);
+    let host_index: std::collections::HashMap<&str, usize> =
+        hosts.iter().enumerate().map(|(i, h)| (h.as_str(), i)).collect();
+    debug_assert_eq!(host_of.len(), n);
+    let host_of_node: Vec<Option<usize>> =
+        graph.node_indices().map(|v| host_index.get(graph[v].host.as_str()).copied()).collect();
+    let by_host = party_rate(&|v| host_of_node[v], hosts.len());
+    if by_host < by_rank {
+        (by_host, "messages between hosts")
+    } else {
+        (by_rank, "messages between ranks")
     }
 }
 
@@ -305,6 +359,19 @@ mod tests {
         // 4 ranks' shares must cross one 12.5 GB/s NIC: x* ≤ 12.5/4.
         assert!(b.exact && b.per_rank <= 12.5 / 4.0 + 1e-6, "{b:?}");
         assert!(b.per_rank > 12.5 / 4.0 * 0.99, "{b:?}");
+    }
+
+    #[test]
+    fn all_reduce_across_hosts_is_bounded_by_the_messages_between_them() {
+        // Eight hosts of eight 25 GB/s NICs: 2·7 host-to-host messages per element over
+        // 8·200 GB/s, whatever the trees' packing certifies.
+        let t = resolve("cluster:8x8").unwrap();
+        let b = bound(&t, Collective::AllReduce);
+        assert!((b.rate_gbps - 8.0 * 200.0 / 14.0).abs() < 1e-6, "{b:?}");
+        assert_eq!(b.shape, "messages between hosts");
+        // Inside one host the ranks are the parties, and other shapes bind first.
+        let one = bound(&resolve("dgx1").unwrap(), Collective::AllReduce);
+        assert!(one.shape != "messages between hosts", "{one:?}");
     }
 
     #[test]

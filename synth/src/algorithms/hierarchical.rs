@@ -3,8 +3,9 @@
 //! all-gather inside each host. Inter-host traffic is 2(H−1)/H of the data per rank-block rather
 //! than a flat ring's crossing of every slow link by every chunk.
 
+use super::rails::{host_members, local_order};
 use super::ring::{all_gather_round, all_reduce_round, reduce_scatter_round};
-use super::{ring_order, unsupported, Request, ScheduleGenerator};
+use super::{unsupported, Request, ScheduleGenerator};
 use crate::error::Result;
 use crate::schedule::{Collective, Rank, Schedule, ScheduleBuilder, Slot};
 
@@ -27,11 +28,7 @@ impl ScheduleGenerator for Hierarchical {
             return Err(unsupported("hier", coll, "the hierarchical algorithm builds all-reduce only"));
         }
         let topo = req.topology;
-        let (host_of, hosts) = topo.hosts();
-        let mut members: Vec<Vec<Rank>> = vec![Vec::new(); hosts.len()];
-        for (r, &h) in host_of.iter().enumerate() {
-            members[h as usize].push(r as Rank);
-        }
+        let (members, hosts) = host_members(topo);
         let m = members[0].len();
         if let Some(odd) = members.iter().position(|g| g.len() != m) {
             return Err(unsupported(
@@ -48,7 +45,7 @@ impl ScheduleGenerator for Hierarchical {
         }
         // Intra-host ring order: the bandwidth-maximising order of the first host, applied by
         // local index to every host (hosts of a cluster are alike).
-        let local = topo.select(&members[0]).map(|t| ring_order(&t)).unwrap_or_else(|_| (0..m as Rank).collect());
+        let local = local_order(topo, &members[0]);
         let h = hosts.len() as u32;
         let k = req.pipeline.max(1);
         let block = h * k; // chunks per local block

@@ -6,6 +6,7 @@
 
 pub mod alltoall;
 pub mod hierarchical;
+pub mod rails;
 pub mod rd;
 pub mod rhd;
 pub mod ring;

@@ -4,12 +4,15 @@
 //! The round functions work on any ring of ranks and any block → slot mapping, so that composite
 //! algorithms (hierarchical) reuse them on sub-rings.
 
+use super::rails::HostLayout;
 use super::{ring_order, unsupported, Request, ScheduleGenerator};
 use crate::error::Result;
 use crate::schedule::{Collective, Op, Rank, Schedule, ScheduleBuilder, Slot};
 
 /// NCCL-style rings over a topology-aware rank order; with several channels, odd channels run
-/// the ring the other way round so that both directions of every link carry data.
+/// the ring the other way round so that both directions of every link carry data. On a machine
+/// of several alike hosts each channel enters the hosts at its own rank ([`HostLayout::ring`]),
+/// so the channels together use every NIC, and there are as many channels as ranks per host.
 pub struct Ring;
 
 fn neighbours(order: &[Rank], i: usize) -> (Rank, Rank, Rank) {
@@ -121,13 +124,30 @@ pub(crate) fn all_gather_round(
     }
 }
 
-/// The ring order of channel `c`: odd channels reversed.
-fn channel_order(order: &[Rank], c: u32) -> Vec<Rank> {
-    let mut o = order.to_vec();
-    if c % 2 == 1 {
-        o.reverse();
+/// The rings of a request's channels: on hosts alike, entering each host at a rank of its own
+/// ([`HostLayout::ring`]); elsewhere the bandwidth-maximising order, odd channels reversed.
+fn channel_orders(req: &Request) -> Vec<Vec<Rank>> {
+    let n = req.nranks();
+    let layout = HostLayout::of(req.topology);
+    let rings = match (req.channels, &layout) {
+        (0, Some(l)) => l.per_host() as u32,
+        (0, None) if n > 2 => 2,
+        (0, None) => 1,
+        (c, _) => c,
+    };
+    if let Some(l) = layout {
+        return (0..rings).map(|c| l.ring(c, rings)).collect();
     }
-    o
+    let order = ring_order(req.topology);
+    (0..rings)
+        .map(|c| {
+            let mut o = order.clone();
+            if c % 2 == 1 {
+                o.reverse();
+            }
+            o
+        })
+        .collect()
 }
 
 impl ScheduleGenerator for Ring {
@@ -143,12 +163,8 @@ impl ScheduleGenerator for Ring {
 
     fn generate(&self, req: &Request) -> Result<Schedule> {
         let n = req.nranks();
-        let order = ring_order(req.topology);
-        let rings = match req.channels {
-            0 if n > 2 => 2,
-            0 => 1,
-            c => c,
-        };
+        let orders = channel_orders(req);
+        let rings = orders.len() as u32;
         let k = req.pipeline.max(1);
         let rounds = rings * k; // chunks per block
         let coll = req.collective;
@@ -160,21 +176,21 @@ impl ScheduleGenerator for Ring {
         b.in_place(true);
         for j in 0..rounds {
             let ch = j % rings;
-            let o = channel_order(&order, ch);
+            let o = &orders[ch as usize];
             // Block of ring position p: the data "owned" by the rank there.
             let blk = |p: usize| o[p] * rounds + j;
             match coll {
                 Collective::AllReduce => {
-                    all_reduce_round(&mut b, &o, ch, 1, &|p| Slot::input(blk(p)), &|p| Slot::output(blk(p)))
+                    all_reduce_round(&mut b, o, ch, 1, &|p| Slot::input(blk(p)), &|p| Slot::output(blk(p)))
                 }
                 Collective::ReduceScatter => {
-                    reduce_scatter_round(&mut b, &o, ch, 1, &|p| Slot::input(blk(p)), &|_| Slot::output(j))
+                    reduce_scatter_round(&mut b, o, ch, 1, &|p| Slot::input(blk(p)), &|_| Slot::output(j))
                 }
                 Collective::AllGather => {
-                    all_gather_round(&mut b, &o, ch, 1, &|_| Slot::input(j), &|p| Slot::output(blk(p)))
+                    all_gather_round(&mut b, o, ch, 1, &|_| Slot::input(j), &|p| Slot::output(blk(p)))
                 }
-                Collective::Broadcast { root } => chain_broadcast(&mut b, &o, root, ch, j),
-                Collective::Reduce { root } => chain_reduce(&mut b, &o, root, ch, j),
+                Collective::Broadcast { root } => chain_broadcast(&mut b, o, root, ch, j),
+                Collective::Reduce { root } => chain_reduce(&mut b, o, root, ch, j),
                 Collective::AllToAll => return Err(unsupported("ring", coll, "use the pairwise algorithm")),
             }
         }

@@ -203,7 +203,7 @@ fn host(spec: &str, n: usize, port: Link) -> Result<Topology> {
 }
 
 /// `hosts` × `gpus` GPUs: inside a host an NVSwitch and a PCIe switch, NICs per GPU or per host,
-/// between hosts one switch or a two-level fat-tree (ECMP over spines).
+/// between hosts one switch or a two-level fat-tree (routed by destination over the spines).
 fn cluster(spec: &str, hosts: usize, gpus: usize, opts: &str) -> Result<Topology> {
     let o = Options::parse(
         spec,

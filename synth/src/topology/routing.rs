@@ -1,6 +1,11 @@
 //! Paths between ranks. A path may pass only through nodes that forward (switches, CPUs, NICs,
-//! and ranks of direct networks such as tori). Among equally short paths one is picked by a hash
-//! of (source, destination), as ECMP does, so that traffic spreads over a fat-tree's spines.
+//! and ranks of direct networks such as tori). Among equally short next hops one is picked by
+//! the destination, as InfiniBand's fat-tree routing does ("d-mod-k": the destination's number
+//! modulo the choices, then divided by them for the next choice). Routes that depend on the
+//! destination only spread a shift permutation (every rank sending to the rank k places on,
+//! which rings are made of) over a fat-tree's spines without two flows meeting on one up-link;
+//! a hash of (source, destination), as Ethernet's ECMP does, lets about a third of such flows
+//! collide, and no schedule could avoid that.
 
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
@@ -105,7 +110,7 @@ impl<'t> Router<'t> {
         let graph = self.topo.graph();
         let mut groups = Vec::new();
         let mut u = s;
-        let mut hash = (u64::from(src) << 32 | u64::from(dst)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let mut digits = dst as usize;
         while u != d {
             let tol = 1e-9 * (1.0 + dist[u.index()]);
             let next: Vec<usize> = self.out_groups[u.index()]
@@ -116,8 +121,9 @@ impl<'t> Router<'t> {
                     (v == d || graph[v].forwards) && (dist[v.index()] + self.weight(g) - dist[u.index()]).abs() <= tol
                 })
                 .collect();
-            let g = *next.get((hash >> 33) as usize % next.len().max(1))?;
-            hash = hash.rotate_left(17).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            let choices = next.len().max(1);
+            let g = *next.get(digits % choices)?;
+            digits /= choices;
             groups.push(g);
             u = self.topo.group(g).to;
         }
@@ -256,5 +262,21 @@ mod tests {
         let mut r = Router::new(&f);
         let spines: std::collections::HashSet<usize> = (1..8).map(|d| r.route(0, d).unwrap().groups[2]).collect();
         assert!(spines.len() > 1, "all traffic through one spine");
+    }
+
+    #[test]
+    fn a_shift_permutation_crosses_a_fat_tree_without_two_flows_on_one_link() {
+        // 16 hosts of 4 GPUs, 8-port leaves (two hosts each), 8 spines: every rank sends to
+        // the same GPU of the next host, and to the next GPU of the next host (a rotated ring).
+        let t = resolve("cluster:16x4,fabric=fattree,radix=8").unwrap();
+        let mut r = Router::new(&t);
+        for shift in [4, 5] {
+            let mut used = std::collections::HashSet::new();
+            for src in 0..64 {
+                for g in r.route(src, (src + shift) % 64).unwrap().groups {
+                    assert!(used.insert(g), "shift {shift}: two flows on link group {g}");
+                }
+            }
+        }
     }
 }
