@@ -100,14 +100,14 @@ pub trait Tuner: Send {
 }
 
 /// Pipeline depths priced for each algorithm (deduplicated where a generator maps several to
-/// one schedule), and extra channel counts priced for rings.
+/// one schedule); each generator's [channel variants](topoccl_synth::algorithms::ScheduleGenerator::channel_variants) are
+/// priced at the shallowest and at depth 8.
 const PIPELINES: [u32; 5] = [1, 2, 8, 32, 128];
 /// Where the deepest priced depth wins, the winner is priced again at twice the depth, and so
 /// on while that is faster, up to this depth. Deep pipelines pay off only for large messages
 /// on trees (Blink on DGX-1 fragments: 94.9 % of the bound at p128, 96.0 % at p256), and
 /// pricing every algorithm at every size that deep doubled the tuner's cold start.
 const DEEPEST_PIPELINE: u32 = 256;
-const RING_CHANNELS: [u32; 2] = [2, 4];
 /// Above this many ranks only each generator's defaults are priced (pricing is per candidate).
 const FULL_SEARCH_MAX_RANKS: usize = 64;
 
@@ -127,11 +127,9 @@ pub fn candidates(registry: &Registry, topology: &Topology, collective: Collecti
         for p in PIPELINES {
             out.push(Choice::new(g.name(), p, 0));
         }
-        if g.name() == "ring" {
-            for c in RING_CHANNELS {
-                out.push(Choice::new(g.name(), 1, c));
-                out.push(Choice::new(g.name(), 8, c));
-            }
+        for &c in g.channel_variants() {
+            out.push(Choice::new(g.name(), 1, c));
+            out.push(Choice::new(g.name(), 8, c));
         }
     }
     out

@@ -78,6 +78,11 @@ pub trait ScheduleGenerator: Send + Sync {
     fn size_dependent(&self) -> bool {
         false
     }
+    /// Channel counts besides the default worth pricing (a tuner prices each at a shallow and a
+    /// deep pipeline); none by default.
+    fn channel_variants(&self) -> &'static [u32] {
+        &[]
+    }
     /// Whether schedules are found by a search (Blink, TACOS) rather than built by a proven
     /// construction; callers verify those before running them on data.
     fn searched(&self) -> bool {

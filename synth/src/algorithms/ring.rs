@@ -160,6 +160,9 @@ impl ScheduleGenerator for Ring {
     fn supports(&self, c: Collective) -> bool {
         !matches!(c, Collective::AllToAll)
     }
+    fn channel_variants(&self) -> &'static [u32] {
+        &[2, 4]
+    }
 
     fn generate(&self, req: &Request) -> Result<Schedule> {
         let n = req.nranks();

@@ -66,6 +66,24 @@ impl ScheduleBuilder {
         at
     }
 
+    /// Makes step `at` of `rank` (already pushed) also wait for `on`, a step of another channel
+    /// of the same rank: for phases whose rounds were pushed by functions that know nothing of
+    /// what they follow.
+    pub fn depend(&mut self, rank: Rank, at: StepRef, on: StepRef) {
+        if at.channel == on.channel {
+            return;
+        }
+        let deps = &mut self.channel(rank, at.channel).deps;
+        let pos = deps.partition_point(|d| d.step <= at.step);
+        deps.insert(pos, Dep { step: at.step, on });
+    }
+
+    /// The last step pushed to (rank, channel), if any.
+    pub fn last_step(&mut self, rank: Rank, channel: u32) -> Option<StepRef> {
+        let steps = self.channel(rank, channel).steps.len() as u32;
+        steps.checked_sub(1).map(|step| StepRef { channel, step })
+    }
+
     /// The position the next step of (rank, channel) will take.
     pub fn next_step(&mut self, rank: Rank, channel: u32) -> StepRef {
         let step = self.channel(rank, channel).steps.len() as u32;
