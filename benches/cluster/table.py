@@ -2,7 +2,8 @@
 """Reads benches/cluster/run.sh's JSON files and prints the markdown table: per topology and
 collective, % of the bound at 64 MiB and 1 GiB for the tuner's choice (what it chose) and the
 best single algorithm, with build (synthesis) and tuning times.
-usage: table.py DIR TOPOLOGY..."""
+usage: table.py [--bounds DIR2] DIR TOPOLOGY...
+  --bounds DIR2: percentages against DIR2's bounds (an older run priced against today's bound)"""
 import json, os, re, sys
 
 ALGOS = ["ring", "tree", "rhd", "rd", "hier", "blink", "tacos"]
@@ -18,12 +19,39 @@ def load(d, topo, coll, algo):
         return None
 
 
-def rows(doc):
-    """(pct by size, schedule line) of the one sweep in a file, or None."""
+BOUNDS = None  # (dir) whose files' bounds replace each file's own
+
+
+def parse_bound(doc):
+    """(algbw GB/s, latency µs) of a file's bound line."""
+    m = re.search(r"algbw ≤ ([0-9.]+) GB/s.*time ≥ ([0-9.]+) us", doc.get("bound", ""))
+    return (float(m.group(1)), float(m.group(2))) if m else None
+
+
+def rows(doc, other=None):
+    """(rows by size, schedule line) of the one sweep in a file, or None; with `other` (a file
+    of the same topology and collective) the percentages are against its bound."""
     if not doc or "sweeps" not in doc:
         return None
     sweep = doc["sweeps"][0]
-    return {r["size"]: r for r in sweep["rows"]}, sweep.get("schedule", "")
+    out = {r["size"]: dict(r) for r in sweep["rows"]}
+    bound = parse_bound(other) if other else None
+    if bound:
+        rate, lat = bound
+        for size, r in out.items():
+            r["pct_of_bound"] = 100.0 * max(lat, size / (rate * 1e3)) / r["time_us"]
+    return out, sweep.get("schedule", "")
+
+
+def reference(topo, coll):
+    """A file of today's run for the same topology and collective, for its bound."""
+    if not BOUNDS:
+        return None
+    for algo in ["ring", "auto", "tacos", "rhd"]:
+        doc = load(BOUNDS, topo, coll, algo)
+        if doc and "bound" in doc:
+            return doc
+    return None
 
 
 def ms(text, pattern):
@@ -38,14 +66,19 @@ def fmt_time(msv):
 
 
 def main():
-    d, topos = sys.argv[1], sys.argv[2:]
+    global BOUNDS
+    args = sys.argv[1:]
+    if args and args[0] == "--bounds":
+        BOUNDS, args = args[1], args[2:]
+    d, topos = args[0], args[1:]
     sizes = [64 << 20, 1 << 30]
     print("| topology | collective | auto 64 MiB | auto 1 GiB | chosen (64 MiB / 1 GiB) | best algorithm 64 MiB | best 1 GiB | tuning (both sizes) | slowest build |")
     print("|---|---|---|---|---|---|---|---|---|")
     for topo in topos:
         for coll in COLLS:
+            ref = reference(topo, coll)
             auto = load(d, topo, coll, "auto")
-            a = rows(auto)
+            a = rows(auto, ref)
             cells = []
             if a:
                 r, sched = a
@@ -62,7 +95,7 @@ def main():
                 doc = load(d, topo, coll, algo)
                 if doc and "timeout_s" in doc:
                     slowest = (algo, float("inf")) if slowest[1] != float("inf") else slowest
-                got = rows(doc)
+                got = rows(doc, ref)
                 if not got:
                     continue
                 r, sched = got
