@@ -10,7 +10,7 @@
 //! piece p−1. Without it the phases add up (61 % of the bound on a cluster of 64 DGX-A100
 //! nodes); with it the time approaches the slower phase's alone.
 
-use super::rails::{host_members, local_order};
+use super::rails::HostLayout;
 use super::ring::{all_gather_round, all_reduce_round, reduce_scatter_round};
 use super::{unsupported, Request, ScheduleGenerator};
 use crate::error::Result;
@@ -54,25 +54,11 @@ impl ScheduleGenerator for Hierarchical {
             return Err(unsupported("hier", coll, "the hierarchical algorithm builds all-reduce only"));
         }
         let topo = req.topology;
-        let (members, hosts) = host_members(topo);
-        let m = members[0].len();
-        if let Some(odd) = members.iter().position(|g| g.len() != m) {
-            return Err(unsupported(
-                "hier",
-                coll,
-                &format!(
-                    "hosts have different rank counts ({} on `{}`, {} on `{}`)",
-                    m,
-                    hosts[0],
-                    members[odd].len(),
-                    hosts[odd]
-                ),
-            ));
-        }
         // Every host in the first host's bandwidth-maximising order (hosts of a cluster are
         // alike): position j of every host is rail j.
-        let local = local_order(topo, &members[0]);
-        let hosts: Vec<Vec<Rank>> = members.iter().map(|g| local.iter().map(|&j| g[j as usize]).collect()).collect();
+        let layout = HostLayout::alike(topo).map_err(|why| unsupported("hier", coll, &why))?;
+        let hosts = &layout.members;
+        let m = layout.per_host();
         let h = hosts.len() as u32;
         let pieces = if req.pipeline > 1 { req.pipeline } else { DEFAULT_PIECES };
         let inter_channels = match req.channels {
@@ -90,7 +76,7 @@ impl ScheduleGenerator for Hierarchical {
             // What the next phase of this piece waits for, per rank.
             let mut ready: Vec<Option<StepRef>> = vec![None; n as usize];
             // 1. Reduce-scatter inside each host: position j ends with block j.
-            for g in &hosts {
+            for g in hosts {
                 reduce_scatter_round(&mut b, g, INTRA_REDUCE, h, &|j| Slot::input(at(j)), &|j| Slot::output(at(j)));
                 for &r in g {
                     ready[r as usize] = b.last_step(r, INTRA_REDUCE);
@@ -105,7 +91,7 @@ impl ScheduleGenerator for Hierarchical {
                 wait_for_previous_phase(&mut b, &rail, &first, &mut ready, inter);
             }
             // 3. All-gather inside each host.
-            for g in &hosts {
+            for g in hosts {
                 let first: Vec<StepRef> = g.iter().map(|&r| b.next_step(r, INTRA_GATHER)).collect();
                 let block = |j: usize| Slot::output(at(j));
                 all_gather_round(&mut b, g, INTRA_GATHER, h, &block, &block);

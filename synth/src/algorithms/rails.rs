@@ -28,14 +28,26 @@ impl HostLayout {
     /// bandwidth-maximising ring order of the first host, applied by local index to every host
     /// (hosts of a cluster are alike).
     pub fn of(topo: &Topology) -> Option<HostLayout> {
-        let (members, _) = host_members(topo);
+        HostLayout::alike(topo).ok().filter(|l| l.hosts() >= 2 && l.per_host() >= 2)
+    }
+
+    /// The layout of any machine whose hosts have equal rank counts, one host or one rank per
+    /// host included; otherwise why not.
+    pub fn alike(topo: &Topology) -> Result<HostLayout, String> {
+        let (members, names) = host_members(topo);
         let m = members[0].len();
-        if members.len() < 2 || m < 2 || members.iter().any(|g| g.len() != m) {
-            return None;
+        if let Some(odd) = members.iter().position(|g| g.len() != m) {
+            return Err(format!(
+                "hosts have different rank counts ({} on `{}`, {} on `{}`)",
+                m,
+                names[0],
+                members[odd].len(),
+                names[odd]
+            ));
         }
         let local = local_order(topo, &members[0]);
         let members = members.iter().map(|g| local.iter().map(|&j| g[j as usize]).collect()).collect();
-        Some(HostLayout { members })
+        Ok(HostLayout { members })
     }
 
     /// Ranks per host.
@@ -68,7 +80,7 @@ impl HostLayout {
 }
 
 /// The ranks of each host, in rank order, and the hosts' names.
-pub fn host_members(topo: &Topology) -> (Vec<Vec<Rank>>, Vec<String>) {
+fn host_members(topo: &Topology) -> (Vec<Vec<Rank>>, Vec<String>) {
     let (host_of, hosts) = topo.hosts();
     let mut members: Vec<Vec<Rank>> = vec![Vec::new(); hosts.len()];
     for (r, &h) in host_of.iter().enumerate() {
@@ -78,7 +90,7 @@ pub fn host_members(topo: &Topology) -> (Vec<Vec<Rank>>, Vec<String>) {
 }
 
 /// The bandwidth-maximising ring order of the ranks of one host, as local indices into `host`.
-pub fn local_order(topo: &Topology, host: &[Rank]) -> Vec<Rank> {
+fn local_order(topo: &Topology, host: &[Rank]) -> Vec<Rank> {
     topo.select(host).map(|t| ring_order(&t)).unwrap_or_else(|_| (0..host.len() as Rank).collect())
 }
 

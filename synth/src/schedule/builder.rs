@@ -56,12 +56,8 @@ impl ScheduleBuilder {
     /// Appends a step that also waits for `deps` (steps of the same rank).
     pub fn push_after(&mut self, rank: Rank, channel: u32, op: Op, count: u32, deps: &[StepRef]) -> StepRef {
         let at = self.push(rank, channel, op, count);
-        let ch = self.channel(rank, channel);
         for &on in deps {
-            // Earlier steps of the same channel are ordered already.
-            if on.channel != channel {
-                ch.deps.push(Dep { step: at.step, on });
-            }
+            self.depend(rank, at, on);
         }
         at
     }
@@ -70,6 +66,7 @@ impl ScheduleBuilder {
     /// of the same rank: for phases whose rounds were pushed by functions that know nothing of
     /// what they follow.
     pub fn depend(&mut self, rank: Rank, at: StepRef, on: StepRef) {
+        // Earlier steps of the same channel are ordered already.
         if at.channel == on.channel {
             return;
         }
