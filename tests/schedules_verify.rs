@@ -33,6 +33,8 @@ fn check_all(topo: &Topology, root: Rank, pipeline: u32, channels: u32) {
                 Ok(s) => s,
                 // The hierarchical algorithm refuses hosts of unequal size, with a reason.
                 Err(e) if g.name() == "hier" && e.to_string().contains("different rank counts") => continue,
+                // Tree packing per root refuses large rank counts, with a reason.
+                Err(_) if g.name() == "forest" && n as usize > topoccl_synth::forest::FOREST_MAX_RANKS => continue,
                 Err(e) => panic!("{} {c} on {} ranks ({}): {e}", g.name(), n, topo.name()),
             };
             assert_eq!(s.nranks, n);

@@ -25,7 +25,7 @@ mkdir -p "$out"
 export TOPOCCL_CACHE_DIR=off
 for topo in "${topos[@]}"; do
   for coll in all_reduce all_gather reduce_scatter; do
-    for algo in ring tree rhd rd hier blink tacos auto; do
+    for algo in ring tree rhd rd hier blink forest tacos auto; do
       file="$out/$(echo "$topo" | tr -c 'a-zA-Z0-9\n' '_')-$coll-$algo.json"
       [ -s "$file" ] && continue
       echo "== $topo $coll $algo" >&2

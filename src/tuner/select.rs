@@ -226,6 +226,8 @@ impl Selector {
     /// cannot build this topology are left out, as are duplicates (two knob settings a
     /// generator maps to one schedule).
     pub fn price(&mut self, collective: Collective, bytes: u64) -> Result<Vec<Priced>> {
+        /// Runners-up this close to the winner (relative) are priced deeper too.
+        const DEEPER_CONTENDER: f64 = 0.03;
         let bucket = size_bucket(bytes);
         let only =
             self.options.forced.as_deref().filter(|a| self.registry.get(a).is_ok_and(|g| g.supports(collective)));
@@ -259,11 +261,18 @@ impl Selector {
             }
             // A winner at the deepest depth priced so far is tried deeper, while that keeps
             // winning (a forced algorithm is the only one listed, so the deeper one is of it).
-            let best = (0..priced.len()).min_by(|&a, &b| priced[a].time_us.total_cmp(&priced[b].time_us));
-            if let Some(deeper) = best.and_then(|b| deeper(&self.topology, &priced[b].choice, chunks[b], bucket)) {
-                if !deepened.contains(&deeper) {
-                    deepened.push(deeper.clone());
-                    next.push(deeper);
+            // So are close runners-up there: two tree packings a percent apart at p128 can
+            // swap places at p256.
+            let best = priced.iter().map(|p| p.time_us).fold(f64::INFINITY, f64::min);
+            for (i, p) in priced.iter().enumerate() {
+                if p.time_us > best * (1.0 + DEEPER_CONTENDER) {
+                    continue;
+                }
+                if let Some(deeper) = deeper(&self.topology, &p.choice, chunks[i], bucket) {
+                    if !deepened.contains(&deeper) {
+                        deepened.push(deeper.clone());
+                        next.push(deeper);
+                    }
                 }
             }
         }

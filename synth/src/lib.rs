@@ -22,6 +22,7 @@ pub mod blink;
 pub mod bound;
 pub mod error;
 pub mod flow;
+pub mod forest;
 pub mod schedule;
 pub mod sim;
 pub mod tacos;

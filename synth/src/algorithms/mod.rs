@@ -107,6 +107,7 @@ impl Registry {
                 Box::new(hierarchical::Hierarchical),
                 Box::new(alltoall::PairwiseAllToAll),
                 Box::new(crate::blink::Blink),
+                Box::new(crate::forest::Forest),
                 Box::new(crate::tacos::Tacos),
             ],
         }

@@ -116,6 +116,9 @@ pub(crate) struct TreeLanes {
     width: u32,
     /// The channel of the edge into each rank from its parent (before `base`).
     lane: Vec<u32>,
+    /// Whether the tree carries data both ways (all-reduce: up and down each on channels of
+    /// their own) or one way only (broadcast down, or reduce up, on `width` channels).
+    two_way: bool,
 }
 
 impl TreeLanes {
@@ -128,12 +131,27 @@ impl TreeLanes {
                 lane[k as usize] = j as u32;
             }
         }
-        TreeLanes { tree, base, width, lane }
+        TreeLanes { tree, base, width, lane, two_way: true }
+    }
+
+    /// A tree used in one direction only (see [`TreeLanes::broadcast`], [`TreeLanes::reduce`]),
+    /// which occupies half the channels.
+    pub(crate) fn one_way(tree: Tree, base: u32) -> TreeLanes {
+        TreeLanes { two_way: false, ..TreeLanes::new(tree, base) }
     }
 
     /// Channels this tree occupies from `base` on.
     pub(crate) fn channels(&self) -> u32 {
-        2 * self.width
+        if self.two_way {
+            2 * self.width
+        } else {
+            self.width
+        }
+    }
+
+    /// The first channel this tree occupies.
+    pub(crate) fn base(&self) -> u32 {
+        self.base
     }
 
     /// Emits chunk `c` of `coll` over this tree: all-reduce reduces up and broadcasts back
@@ -162,12 +180,19 @@ impl TreeLanes {
     }
 
     fn up(&self, r: Rank) -> u32 {
-        self.base + self.width + self.lane[r as usize]
+        let offset = if self.two_way { self.width } else { 0 };
+        self.base + offset + self.lane[r as usize]
     }
 
     /// Reduces `inp` up the tree: partial sums accumulate in `acc(rank)` one child after
     /// another, the root's total lands in `out`. Returns the root's last steps.
-    fn reduce(&self, b: &mut ScheduleBuilder, inp: Slot, acc: &dyn Fn(Rank) -> Slot, out: Slot) -> Vec<StepRef> {
+    pub(crate) fn reduce(
+        &self,
+        b: &mut ScheduleBuilder,
+        inp: Slot,
+        acc: &dyn Fn(Rank) -> Slot,
+        out: Slot,
+    ) -> Vec<StepRef> {
         let mut root_last = Vec::new();
         for x in 0..self.tree.parent.len() as Rank {
             let parent = self.tree.parent[x as usize];
@@ -195,7 +220,7 @@ impl TreeLanes {
 
     /// Broadcasts down the tree: the root sends `root_src` (after `root_deps`), the others
     /// store it in `out` and pass it on to all their children at once.
-    fn broadcast(&self, b: &mut ScheduleBuilder, root_src: Slot, out: Slot, root_deps: &[StepRef]) {
+    pub(crate) fn broadcast(&self, b: &mut ScheduleBuilder, root_src: Slot, out: Slot, root_deps: &[StepRef]) {
         for x in 0..self.tree.parent.len() as Rank {
             let (src, deps) = match self.tree.parent[x as usize] {
                 None => (root_src, root_deps.to_vec()),

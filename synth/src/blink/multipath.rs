@@ -57,20 +57,20 @@ pub struct MultipathPlan {
     pub usage: Vec<Vec<usize>>,
 }
 
-/// The arcs: every rank-graph pair over its routed path, and over its fabric path where it
-/// has one. `None` when no pair has a fabric path (nothing to gain).
-fn path_arcs(topo: &Topology) -> Option<Vec<PathArc>> {
+/// The arcs: every rank-graph pair over its routed path, and (with `fabric`) over its fabric
+/// path where it has one. `None` if some pair has no route.
+pub(crate) fn path_arcs(topo: &Topology, fabric: bool) -> Option<Vec<PathArc>> {
     let graph = RankGraph::of(topo);
     let mut router = Router::new(topo);
     let mut arcs = Vec::new();
     for a in graph.arcs() {
         let route = router.route(a.from, a.to)?;
         arcs.push(PathArc { from: a.from, to: a.to, groups: route.groups, fabric: false });
-        if let Some(fabric) = router.fabric_route(a.from, a.to) {
-            arcs.push(PathArc { from: a.from, to: a.to, groups: fabric.groups, fabric: true });
+        if let Some(other) = router.fabric_route(a.from, a.to).filter(|_| fabric) {
+            arcs.push(PathArc { from: a.from, to: a.to, groups: other.groups, fabric: true });
         }
     }
-    arcs.iter().any(|a| a.fabric).then_some(arcs)
+    Some(arcs)
 }
 
 /// Packs all-reduce trees over both paths of every pair, then keeps a few by LP/ILP (`slack`:
@@ -81,7 +81,8 @@ pub fn multipath_plan(topo: &Topology, tolerance: f64, slack: f64) -> Option<Mul
     if n <= 1 {
         return None;
     }
-    let arcs = path_arcs(topo)?;
+    // Where no pair has a fabric path there is nothing to gain over the one-path plan.
+    let arcs = path_arcs(topo, true).filter(|arcs| arcs.iter().any(|a| a.fabric))?;
     let cap: Vec<f64> = topo.link_groups().iter().map(|g| g.bandwidth).collect();
     let mut between: Vec<Vec<usize>> = vec![Vec::new(); n * n];
     for (i, a) in arcs.iter().enumerate() {

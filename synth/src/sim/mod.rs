@@ -22,6 +22,9 @@ use rustc_hash::FxHashMap;
 use crate::error::{Error, Result};
 use crate::schedule::{Op, Rank, Schedule, Step};
 use crate::topology::routing::{Route, Router};
+use flows::RouteFlows;
+
+mod flows;
 use crate::topology::Topology;
 
 /// Knobs of the cost model.
@@ -79,9 +82,17 @@ pub struct SimResult {
 
 #[derive(Clone, Copy, PartialEq)]
 enum EventKind {
-    FlowDone { flow: u32, version: u32 },
-    Arrive { conn: u32 },
-    Continue { channel: u32 },
+    /// The first-ending flow of a route ends (stale if the route's version moved on).
+    FlowDone {
+        route: u32,
+        version: u32,
+    },
+    Arrive {
+        conn: u32,
+    },
+    Continue {
+        channel: u32,
+    },
 }
 
 /// Pending events, grouped by exact time: a heap of distinct times and a FIFO per time. Lock-step
@@ -126,11 +137,6 @@ impl EventQueue {
 }
 
 struct Flow {
-    remaining: f64,
-    rate: f64,
-    last: f64,
-    version: u32,
-    route: u32,
     channel: u32,
     conn: u32,
 }
@@ -195,10 +201,14 @@ struct Run<'a> {
     free_flows: Vec<u32>,
     /// Per route, with `pair_queue_bytes`.
     queues: FxHashMap<u32, PairQueue>,
-    /// Flows on each link group, bytes per µs of each group.
-    link_flows: Vec<Vec<u32>>,
+    /// Active flows of each route ([`flows::RouteFlows`]), indexed by route id.
+    route_flows: Vec<RouteFlows>,
+    /// Active flows on each link group, and the routes they take (each once).
+    link_count: Vec<u32>,
+    link_routes: Vec<Vec<u32>>,
     /// With `pair_sharing`: per link group, flows on it per route (a route is one rank pair).
     link_pairs: Vec<FxHashMap<u32, u32>>,
+    /// Bytes per µs of each group.
     link_bw: Vec<f64>,
     messages: u64,
     link_bytes: f64,
@@ -290,7 +300,9 @@ impl<'t> Simulator<'t> {
             flows: Vec::new(),
             free_flows: Vec::new(),
             queues: FxHashMap::default(),
-            link_flows: vec![Vec::new(); groups.len()],
+            route_flows: Vec::new(),
+            link_count: vec![0; groups.len()],
+            link_routes: vec![Vec::new(); groups.len()],
             link_pairs: if self.config.pair_sharing { vec![FxHashMap::default(); groups.len()] } else { Vec::new() },
             // GB/s = 10^9 B/s = 10^3 B/µs.
             link_bw: groups.iter().map(|g| g.bandwidth * 1e3).collect(),
@@ -305,11 +317,11 @@ impl<'t> Simulator<'t> {
         while let Some((time, kind)) = run.events.pop() {
             run.now = time;
             match kind {
-                EventKind::FlowDone { flow, version } => {
-                    if run.flows[flow as usize].version != version {
+                EventKind::FlowDone { route, version } => {
+                    if run.route_flows[route as usize].version != version {
                         continue; // superseded by a rate change
                     }
-                    self.finish_flow(&mut run, flow)?;
+                    self.finish_flow(&mut run, route)?;
                 }
                 EventKind::Arrive { conn } => {
                     let c = &mut run.conns[conn as usize];
@@ -445,11 +457,10 @@ impl<'t> Simulator<'t> {
     }
 
     fn start_flow(&mut self, run: &mut Run, g: u32, conn: u32, route: u32, bytes: f64) {
-        let flow = Flow { remaining: bytes, rate: 0.0, last: run.now, version: 0, route, channel: g, conn };
+        let flow = Flow { channel: g, conn };
         let id = match run.free_flows.pop() {
             Some(id) => {
-                let version = run.flows[id as usize].version + 1;
-                run.flows[id as usize] = Flow { version, ..flow };
+                run.flows[id as usize] = flow;
                 id
             }
             None => {
@@ -460,24 +471,36 @@ impl<'t> Simulator<'t> {
         run.messages += 1;
         let groups = &self.routes[route as usize].groups;
         run.link_bytes += bytes * groups.len() as f64;
+        if run.route_flows.len() <= route as usize {
+            run.route_flows.resize_with(route as usize + 1, RouteFlows::default);
+        }
+        let first = run.route_flows[route as usize].add(run.now, id, bytes);
         for &l in groups {
-            run.link_flows[l].push(id);
+            run.link_count[l] += 1;
+            if first {
+                run.link_routes[l].push(route);
+            }
             if self.config.pair_sharing {
                 *run.link_pairs[l].entry(route).or_insert(0) += 1;
             }
         }
-        self.rerate_links(run, route, None);
+        self.rerate_links(run, route);
     }
 
-    fn finish_flow(&mut self, run: &mut Run, id: u32) -> Result<()> {
-        let (route, g, conn) = {
+    /// The first-ending flow of `route` has ended.
+    fn finish_flow(&mut self, run: &mut Run, route: u32) -> Result<()> {
+        let Some((id, last)) = run.route_flows[route as usize].pop(run.now) else { return Ok(()) };
+        let (g, conn) = {
             let f = &run.flows[id as usize];
-            (f.route, f.channel, f.conn)
+            (f.channel, f.conn)
         };
         for &l in &self.routes[route as usize].groups {
-            let flows = &mut run.link_flows[l];
-            if let Some(pos) = flows.iter().position(|&f| f == id) {
-                flows.swap_remove(pos);
+            run.link_count[l] -= 1;
+            if last {
+                let routes = &mut run.link_routes[l];
+                if let Some(pos) = routes.iter().position(|&r| r == route) {
+                    routes.swap_remove(pos);
+                }
             }
             if let Some(pairs) = run.link_pairs.get_mut(l) {
                 if let Some(k) = pairs.get_mut(&route) {
@@ -488,9 +511,13 @@ impl<'t> Simulator<'t> {
                 }
             }
         }
-        run.flows[id as usize].version += 1;
         run.free_flows.push(id);
-        self.rerate_links(run, route, Some(id));
+        self.rerate_links(run, route);
+        if last {
+            // No flow left to rerate: the route's pending event is stale.
+            let r = &mut run.route_flows[route as usize];
+            r.version = r.version.wrapping_add(1);
+        }
         let latency = self.routes[route as usize].latency + self.config.message_overhead_us;
         run.push(latency, EventKind::Arrive { conn });
         if g != QUEUED {
@@ -513,44 +540,37 @@ impl<'t> Simulator<'t> {
         Ok(())
     }
 
-    /// Recomputes the rates of every flow on the links of `route` (except `skip`).
-    fn rerate_links(&self, run: &mut Run, route: u32, skip: Option<u32>) {
+    /// Recomputes the rate of every route that shares a link with `route` (itself included).
+    fn rerate_links(&self, run: &mut Run, route: u32) {
         let groups = &self.routes[route as usize].groups;
-        if groups.len() == 1 && run.link_flows[groups[0]].len() <= 1 {
-            // The common case: a flow alone on a direct link.
-            if let Some(&f) = run.link_flows[groups[0]].first() {
-                self.rerate(run, f);
+        if groups.len() == 1 && run.link_routes[groups[0]].len() <= 1 {
+            // The common case: one route alone on a direct link.
+            if let Some(&r) = run.link_routes[groups[0]].first() {
+                self.rerate(run, r);
             }
             return;
         }
-        let mut affected: Vec<u32> = groups.iter().flat_map(|&l| run.link_flows[l].iter().copied()).collect();
+        let mut affected: Vec<u32> = groups.iter().flat_map(|&l| run.link_routes[l].iter().copied()).collect();
         affected.sort_unstable();
         affected.dedup();
-        for f in affected {
-            if Some(f) != skip {
-                self.rerate(run, f);
-            }
+        for r in affected {
+            self.rerate(run, r);
         }
     }
 
-    fn rerate(&self, run: &mut Run, id: u32) {
-        let now = run.now;
-        let route = run.flows[id as usize].route;
+    fn rerate(&self, run: &mut Run, route: u32) {
         let share = |l: usize| match run.link_pairs.get(l) {
             // Routes are per rank pair: the pairs on the link split it, then a pair's flows.
             Some(pairs) => {
                 run.link_bw[l] / pairs.len().max(1) as f64 / f64::from(pairs.get(&route).copied().unwrap_or(1).max(1))
             }
-            None => run.link_bw[l] / run.link_flows[l].len().max(1) as f64,
+            None => run.link_bw[l] / f64::from(run.link_count[l].max(1)),
         };
         let rate = self.routes[route as usize].groups.iter().map(|&l| share(l)).fold(f64::INFINITY, f64::min);
-        let f = &mut run.flows[id as usize];
-        f.remaining = (f.remaining - f.rate * (now - f.last)).max(0.0);
-        f.last = now;
-        f.rate = rate;
-        f.version += 1;
-        let (version, done_in) = (f.version, f.remaining / rate);
-        run.push(done_in, EventKind::FlowDone { flow: id, version });
+        let (version, next) = run.route_flows[route as usize].rerate(run.now, rate);
+        if let Some(done_in) = next {
+            run.push(done_in, EventKind::FlowDone { route, version });
+        }
     }
 }
 
