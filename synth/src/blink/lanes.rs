@@ -29,9 +29,14 @@ pub fn lane_counts(graph: &RankGraph, shape: PackingShape, trees: &[PackedTree],
 }
 
 /// [`lane_counts`] over any capacities: tree `i` (planned at `rates[i]`) crosses the resources
-/// in `usage[i]`, resource `k` holds `cap[k]`.
+/// in `usage[i]`, resource `k` holds `cap[k]`. Trees of one rate (Edmonds' packings, spread
+/// trees) already share links in proportion: they get one lane each.
 pub fn lane_counts_on(cap: &[f64], usage: &[Vec<usize>], rates: &[f64], target: usize) -> (Vec<usize>, f64) {
     let total: f64 = rates.iter().sum();
+    let (lo, hi) = rates.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), &r| (lo.min(r), hi.max(r)));
+    if hi <= lo * 1.01 {
+        return (vec![1; rates.len()], total);
+    }
     let eval = |counts: &[usize]| realized_rate(cap, usage, counts);
     let mut found: Vec<(Vec<usize>, f64)> = Vec::new();
     let lo = ((target as f64 * LANES_FROM) as usize).max(1);

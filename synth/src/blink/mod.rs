@@ -24,7 +24,7 @@ pub mod select;
 use crate::algorithms::tree::{Tree, TreeLanes};
 use crate::algorithms::{unsupported, Request, ScheduleGenerator};
 use crate::error::Result;
-use crate::schedule::{Collective, Rank, Schedule, ScheduleBuilder};
+use crate::schedule::{Collective, Schedule, ScheduleBuilder};
 use crate::topology::logical::RankGraph;
 use crate::topology::Topology;
 use multipath::MultipathPlan;
@@ -153,15 +153,7 @@ pub fn emitted_plans(
 fn mark_fabric_sends(schedule: &mut Schedule, plan: &MultipathPlan, lanes: &[(usize, std::ops::Range<u32>)]) {
     for (t, channels) in lanes {
         let tree = &plan.trees[*t];
-        for (r, prog) in schedule.ranks.iter_mut().enumerate() {
-            for ch in prog.channels.iter_mut().take(channels.end as usize).skip(channels.start as usize) {
-                for (s, step) in ch.steps.iter().enumerate() {
-                    if step.op.send_to().is_some_and(|to| tree.via_fabric(&plan.arcs, r as Rank, to)) {
-                        ch.via_fabric.push(s as u32);
-                    }
-                }
-            }
-        }
+        schedule.mark_via_fabric(channels.clone(), |from, to| tree.via_fabric(&plan.arcs, from, to));
     }
 }
 
@@ -191,12 +183,7 @@ impl ScheduleGenerator for Blink {
         // Trees sharing a link get equal shares of it per message stream (as the simulator and
         // fair networks give them), not shares in proportion to their rates: the plan is
         // emitted as equal lanes, a whole number per tree ([`lanes`]).
-        // Trees of one rate (Edmonds' packings, the spread trees of large machines) already
-        // share links in proportion: one lane each.
-        let (lo, hi) = trees.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), t| (lo.min(t.rate), hi.max(t.rate)));
-        let counts = if hi <= lo * 1.01 {
-            vec![1; trees.len()]
-        } else if let Some(m) = &two_paths {
+        let counts = if let Some(m) = &two_paths {
             let rates: Vec<f64> = trees.iter().map(|t| t.rate).collect();
             lanes::lane_counts_on(&m.cap, &m.usage, &rates, LANES).0
         } else {

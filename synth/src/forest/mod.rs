@@ -77,23 +77,13 @@ struct LaneTree {
 struct Laid {
     plan: Arc<ForestPlan>,
     trees: Vec<Vec<LaneTree>>,
-    /// Chunks of every root's shard per lane.
-    per_lane: u32,
 }
 
 impl Laid {
     /// Lays `plan` out from channel `base` on; returns it and the next free channel.
     fn new(plan: Arc<ForestPlan>, mut base: u32) -> (Laid, u32) {
         let rates: Vec<f64> = plan.bundles.iter().map(|b| b.rate).collect();
-        let (lo, hi) = rates.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), &r| (lo.min(r), hi.max(r)));
-        let mut counts = if hi <= lo * 1.01 {
-            vec![1; rates.len()]
-        } else {
-            lane_counts_on(&plan.cap, &plan.usage, &rates, LANES).0
-        };
-        if counts.iter().all(|&c| c == 0) {
-            counts = vec![1; rates.len()];
-        }
+        let (counts, _) = lane_counts_on(&plan.cap, &plan.usage, &rates, LANES);
         let mut trees = Vec::new();
         for (bundle, &copies) in plan.bundles.iter().zip(&counts) {
             for _ in 0..copies {
@@ -109,37 +99,26 @@ impl Laid {
                 trees.push(lane);
             }
         }
-        (Laid { plan, trees, per_lane: 1 }, base)
+        (Laid { plan, trees }, base)
     }
 
     fn lanes(&self) -> u32 {
         self.trees.len() as u32
     }
 
-    /// The tree that carries chunk `j` of `root`'s shard (lanes take contiguous runs).
-    fn tree_of(&self, root: Rank, j: u32) -> &TreeLanes {
-        &self.trees[(j / self.per_lane) as usize][root as usize].lanes
+    /// The tree that carries chunk `j` of the `per_root` of `root`'s shard (a multiple of the
+    /// lanes, which take contiguous runs).
+    fn tree_of(&self, root: Rank, j: u32, per_root: u32) -> &TreeLanes {
+        &self.trees[(j / (per_root / self.lanes())) as usize][root as usize].lanes
     }
 
     /// Marks the sends of every tree edge that takes the fabric path.
     fn mark_fabric_sends(&self, schedule: &mut Schedule) {
         for tree in self.trees.iter().flatten() {
             let channels = tree.lanes.base()..tree.lanes.base() + tree.lanes.channels();
-            for (r, prog) in schedule.ranks.iter_mut().enumerate() {
-                for ch in channels.clone() {
-                    let Some(ch) = prog.channels.get_mut(ch as usize) else { continue };
-                    for (s, step) in ch.steps.iter().enumerate() {
-                        let fabric = step
-                            .op
-                            .send_to()
-                            .and_then(|to| tree.paths.arc_of_send(r as Rank, to))
-                            .is_some_and(|a| self.plan.arcs[a].fabric);
-                        if fabric {
-                            ch.via_fabric.push(s as u32);
-                        }
-                    }
-                }
-            }
+            schedule.mark_via_fabric(channels, |from, to| {
+                tree.paths.arc_of_send(from, to).is_some_and(|a| self.plan.arcs[a].fabric)
+            });
         }
     }
 }
@@ -205,9 +184,6 @@ impl ScheduleGenerator for Forest {
         let lcm = laid.iter().fold(1, |a, l| a / gcd(a, l.lanes()) * l.lanes());
         let most = laid.iter().map(Laid::lanes).max().unwrap_or(1);
         let per_root = lcm * (pipeline * most).div_ceil(lcm);
-        for l in &mut laid {
-            l.per_lane = per_root / l.lanes();
-        }
         let chunks = n * per_root;
         let mut b = ScheduleBuilder::new("forest", coll, n, chunks);
         b.in_place(true);
@@ -219,19 +195,19 @@ impl ScheduleGenerator for Forest {
                 let c = s * per_root + j;
                 match coll {
                     Collective::AllGather => {
-                        let t = laid[0].tree_of(s, j);
+                        let t = laid[0].tree_of(s, j, per_root);
                         // In place the copy is a no-op, but the verifier (and an executor) must
                         // see it ordered before the reads of the same bytes.
                         let copy = b.push(s, t.base(), Op::Copy { src: Slot::input(j), dst: Slot::output(c) }, 1);
                         t.broadcast(&mut b, Slot::output(c), Slot::output(c), &[copy]);
                     }
                     Collective::ReduceScatter => {
-                        let t = laid[0].tree_of(s, j);
+                        let t = laid[0].tree_of(s, j, per_root);
                         t.reduce(&mut b, Slot::input(c), &|_| Slot::scratch(c), Slot::output(j));
                     }
                     _ => {
-                        let up = laid[0].tree_of(s, j);
-                        let down = laid[1].tree_of(s, j);
+                        let up = laid[0].tree_of(s, j, per_root);
+                        let down = laid[1].tree_of(s, j, per_root);
                         let summed = up.reduce(&mut b, Slot::input(c), &|_| Slot::output(c), Slot::output(c));
                         down.broadcast(&mut b, Slot::output(c), Slot::output(c), &summed);
                     }
@@ -241,12 +217,6 @@ impl ScheduleGenerator for Forest {
         let mut schedule = b.build();
         for l in &laid {
             l.mark_fabric_sends(&mut schedule);
-        }
-        for prog in &mut schedule.ranks {
-            for ch in &mut prog.channels {
-                ch.via_fabric.sort_unstable();
-                ch.via_fabric.dedup();
-            }
         }
         Ok(schedule)
     }

@@ -435,6 +435,21 @@ pub struct ScheduleStats {
 }
 
 impl Schedule {
+    /// Marks, on every rank's `channels`, the sends from `from` to `to` for which
+    /// `takes_fabric(from, to)` holds as taking the fabric path ([`Channel::via_fabric`]).
+    /// Generators give each tree channels of its own, so a channel is marked once, in step order.
+    pub fn mark_via_fabric(&mut self, channels: std::ops::Range<u32>, takes_fabric: impl Fn(Rank, Rank) -> bool) {
+        for (r, prog) in self.ranks.iter_mut().enumerate() {
+            for ch in prog.channels.iter_mut().take(channels.end as usize).skip(channels.start as usize) {
+                for (s, step) in ch.steps.iter().enumerate() {
+                    if step.op.send_to().is_some_and(|to| takes_fabric(r as Rank, to)) {
+                        ch.via_fabric.push(s as u32);
+                    }
+                }
+            }
+        }
+    }
+
     pub fn input_chunks(&self) -> u32 {
         self.collective.input_chunks(self.nranks, self.chunks)
     }

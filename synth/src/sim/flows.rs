@@ -19,12 +19,16 @@ pub(super) struct RouteFlows {
     rate: f64,
     last: f64,
     /// Bumped at every rate change; events of older versions are stale.
-    pub version: u32,
+    version: u32,
     /// (mark as f64 bits, flow id): marks are non-negative, so bit order is numeric order.
     ends: BinaryHeap<Reverse<(u64, u32)>>,
 }
 
 impl RouteFlows {
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+
     fn catch_up(&mut self, now: f64) {
         self.served += self.rate * (now - self.last);
         self.last = now;

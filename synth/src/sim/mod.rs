@@ -318,7 +318,7 @@ impl<'t> Simulator<'t> {
             run.now = time;
             match kind {
                 EventKind::FlowDone { route, version } => {
-                    if run.route_flows[route as usize].version != version {
+                    if run.route_flows[route as usize].version() != version {
                         continue; // superseded by a rate change
                     }
                     self.finish_flow(&mut run, route)?;
@@ -512,12 +512,9 @@ impl<'t> Simulator<'t> {
             }
         }
         run.free_flows.push(id);
+        // A route left without flows is off its links' lists and gets no event; the one that
+        // just fired was its only one (each rate change posts one).
         self.rerate_links(run, route);
-        if last {
-            // No flow left to rerate: the route's pending event is stale.
-            let r = &mut run.route_flows[route as usize];
-            r.version = r.version.wrapping_add(1);
-        }
         let latency = self.routes[route as usize].latency + self.config.message_overhead_us;
         run.push(latency, EventKind::Arrive { conn });
         if g != QUEUED {
