@@ -204,6 +204,38 @@ pub struct CutRate {
     pub exact: bool,
 }
 
+/// The host cuts of [`gather_rate`]: each host's nodes, and all the others. Real cuts, so a valid
+/// bound without the exact search, and the binding ones on clusters (a host's NICs).
+fn host_cut_rate(topo: &Topology, reversed: bool) -> f64 {
+    let n = topo.nranks();
+    let g = topo.graph();
+    let (host_of, hosts) = topo.hosts();
+    if hosts.len() < 2 {
+        return f64::INFINITY;
+    }
+    // Per host label: ranks, bandwidth leaving and entering its nodes.
+    let mut label: std::collections::HashMap<&str, (usize, f64, f64)> = std::collections::HashMap::new();
+    for &h in &host_of {
+        label.entry(hosts[h as usize].as_str()).or_default().0 += 1;
+    }
+    for e in g.edge_references() {
+        let (from, to) = (g[e.source()].host.as_str(), g[e.target()].host.as_str());
+        if from != to {
+            label.entry(from).or_default().1 += e.weight().bandwidth;
+            label.entry(to).or_default().2 += e.weight().bandwidth;
+        }
+    }
+    label
+        .values()
+        .filter(|&&(ranks, _, _)| ranks > 0 && ranks < n)
+        .map(|&(ranks, out, inb)| {
+            let (out, inb) = if reversed { (inb, out) } else { (out, inb) };
+            // S = the host: B⁺(S) leaves it; S = the rest: B⁺(S) enters the host.
+            (out / ranks as f64).min(inb / (n - ranks) as f64)
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
 /// x* = min over cuts of B⁺(S)/|S ∩ ranks| (on the reversed graph when `reversed`).
 pub fn gather_rate(topo: &Topology, reversed: bool) -> CutRate {
     let n = topo.nranks();
@@ -214,7 +246,8 @@ pub fn gather_rate(topo: &Topology, reversed: bool) -> CutRate {
             let (inb, outb) = if reversed { (outb, inb) } else { (inb, outb) };
             (inb / (n - 1) as f64).min(outb)
         })
-        .fold(f64::INFINITY, f64::min);
+        .fold(f64::INFINITY, f64::min)
+        .min(host_cut_rate(topo, reversed));
     if topo.graph().node_count() * n > EXACT_LIMIT {
         return CutRate { per_rank: hi, exact: false };
     }

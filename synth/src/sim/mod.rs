@@ -14,18 +14,23 @@
 //! schedules whose channels share links unevenly (Blink's tree lanes): a chunk waits behind
 //! whatever other lanes queued first, instead of getting its fair share at once.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap;
 
 use crate::error::{Error, Result};
-use crate::schedule::{Op, Rank, Schedule, Step};
-use crate::topology::routing::{Route, Router};
-use flows::RouteFlows;
-
-mod flows;
+use crate::schedule::{Rank, Schedule};
+use crate::topology::routing::Router;
 use crate::topology::Topology;
+use events::{EventKind, EventQueue};
+use flows::RouteFlows;
+use plan::{Plan, PlanStep, HAS_DEPS, TOUCHES, VIA_FABRIC};
+
+mod events;
+mod flows;
+mod links;
+mod plan;
+use links::{LinkState, RouteTable, NO_ROUTE};
 
 /// Knobs of the cost model.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -80,62 +85,6 @@ pub struct SimResult {
     pub link_bytes: f64,
 }
 
-#[derive(Clone, Copy, PartialEq)]
-enum EventKind {
-    /// The first-ending flow of a route ends (stale if the route's version moved on).
-    FlowDone {
-        route: u32,
-        version: u32,
-    },
-    Arrive {
-        conn: u32,
-    },
-    Continue {
-        channel: u32,
-    },
-}
-
-/// Pending events, grouped by exact time: a heap of distinct times and a FIFO per time. Lock-step
-/// schedules (rings on uniform links) put thousands of events on one timestamp, so this keeps the
-/// heap small; within a time, events run in the order they were posted, so runs are
-/// deterministic.
-#[derive(Default)]
-struct EventQueue {
-    /// Times as f64 bits: for non-negative finite times, bit order is numeric order.
-    times: BinaryHeap<Reverse<u64>>,
-    buckets: FxHashMap<u64, VecDeque<EventKind>>,
-    spare: Vec<VecDeque<EventKind>>,
-}
-
-impl EventQueue {
-    fn push(&mut self, time: f64, kind: EventKind) {
-        let key = time.max(0.0).to_bits();
-        if let Some(b) = self.buckets.get_mut(&key) {
-            b.push_back(kind);
-            return;
-        }
-        let mut b = self.spare.pop().unwrap_or_default();
-        b.push_back(kind);
-        self.buckets.insert(key, b);
-        self.times.push(Reverse(key));
-    }
-
-    fn pop(&mut self) -> Option<(f64, EventKind)> {
-        loop {
-            let Reverse(key) = *self.times.peek()?;
-            match self.buckets.get_mut(&key).and_then(|b| b.pop_front()) {
-                Some(kind) => return Some((f64::from_bits(key), kind)),
-                None => {
-                    self.times.pop();
-                    if let Some(b) = self.buckets.remove(&key) {
-                        self.spare.push(b);
-                    }
-                }
-            }
-        }
-    }
-}
-
 struct Flow {
     channel: u32,
     conn: u32,
@@ -155,10 +104,14 @@ struct PairQueue {
 /// `Flow::channel` of a queued message, which completes no step when it ends.
 const QUEUED: u32 = u32::MAX;
 
+const NO_WAITER: u32 = u32::MAX;
 struct Conn {
+    /// The receiving rank.
+    to: Rank,
     route: u32,
     arrived: u32,
-    waiter: Option<u32>,
+    /// The channel waiting for the next arrival, or [`NO_WAITER`].
+    waiter: u32,
 }
 
 struct ChannelState {
@@ -169,11 +122,13 @@ struct ChannelState {
     received: bool,
     /// The current step's send has had its turn on the rank's engine (`rank_message_us`).
     posted: bool,
-    /// (peer, conn) of the last send and receive: rings use one peer throughout.
-    last_send: (Rank, u32),
-    last_recv: (Rank, u32),
-    dep_waiters: Vec<u32>,
+    /// Channels wait in `Run::dep_waiters` for this one's next step.
+    has_waiters: bool,
 }
+
+/// Schedules of at least this many steps are validated on a second thread while the plan is
+/// built (a thread costs tens of µs; validating 67 M steps, a second).
+const VALIDATE_BESIDE_STEPS: usize = 1 << 20;
 
 /// Prices schedules on one topology; routes are cached across runs.
 pub struct Simulator<'t> {
@@ -182,34 +137,34 @@ pub struct Simulator<'t> {
     config: SimConfig,
     route_of: FxHashMap<(Rank, Rank), u32>,
     fabric_of: FxHashMap<(Rank, Rank), u32>,
-    routes: Vec<Route>,
+    routes: RouteTable,
 }
+
 
 struct Run<'a> {
     sched: &'a Schedule,
+    plan: Plan,
     chunk_bytes: f64,
     now: f64,
     events: EventQueue,
     /// When each rank's engine is next free (`rank_message_us`).
     engine_free: Vec<f64>,
     channels: Vec<ChannelState>,
+    /// Channels waiting for a channel's next step, by channel (few schedules have any).
+    dep_waiters: FxHashMap<u32, Vec<u32>>,
     /// Global channel id of (rank, 0).
     offset: Vec<u32>,
     conns: Vec<Conn>,
-    conn_of: FxHashMap<(Rank, Rank, u32), u32>,
     flows: Vec<Flow>,
     free_flows: Vec<u32>,
     /// Per route, with `pair_queue_bytes`.
     queues: FxHashMap<u32, PairQueue>,
     /// Active flows of each route ([`flows::RouteFlows`]), indexed by route id.
     route_flows: Vec<RouteFlows>,
-    /// Active flows on each link group, and the routes they take (each once).
-    link_count: Vec<u32>,
-    link_routes: Vec<Vec<u32>>,
+    /// Each link group's bandwidth, flows and routes.
+    links: Vec<LinkState>,
     /// With `pair_sharing`: per link group, flows on it per route (a route is one rank pair).
     link_pairs: Vec<FxHashMap<u32, u32>>,
-    /// Bytes per µs of each group.
-    link_bw: Vec<f64>,
     messages: u64,
     link_bytes: f64,
     done_channels: usize,
@@ -228,7 +183,7 @@ impl<'t> Simulator<'t> {
             config,
             route_of: FxHashMap::default(),
             fabric_of: FxHashMap::default(),
-            routes: Vec::new(),
+            routes: RouteTable::default(),
         }
     }
 
@@ -252,8 +207,7 @@ impl<'t> Simulator<'t> {
             name: self.topo.name().to_string(),
             message: format!("from rank {from} to rank {to}: {missing}"),
         })?;
-        self.routes.push(route);
-        let id = self.routes.len() as u32 - 1;
+        let id = self.routes.push(&route);
         if fabric { &mut self.fabric_of } else { &mut self.route_of }.insert((from, to), id);
         Ok(id)
     }
@@ -261,7 +215,6 @@ impl<'t> Simulator<'t> {
     /// Predicts `sched` moving a collective buffer of `bytes` bytes (the size of the `chunks`
     /// chunks the schedule is written over).
     pub fn run(&mut self, sched: &Schedule, bytes: u64) -> Result<SimResult> {
-        sched.validate()?;
         if sched.nranks as usize != self.topo.nranks() {
             return Err(Error::RankMismatch {
                 schedule: sched.nranks,
@@ -280,32 +233,63 @@ impl<'t> Simulator<'t> {
                     pc: 0,
                     received: false,
                     posted: false,
-                    last_send: (Rank::MAX, 0),
-                    last_recv: (Rank::MAX, 0),
-                    dep_waiters: Vec::new(),
+                    has_waiters: false,
                 });
             }
         }
+        let placed: Vec<(Rank, u32)> = channels.iter().map(|c| (c.rank, c.index)).collect();
+        let mut conns = Vec::new();
+        let mut conn_of = FxHashMap::default();
+        let nranks = sched.nranks;
+        let mut build = || {
+            Plan::build(sched, &placed, |from, to, ch| {
+                if let Some(&c) = conn_of.get(&(from, to, ch)) {
+                    return Ok(c);
+                }
+                if from.max(to) >= nranks || from == to {
+                    // Validation, running beside, names the step.
+                    return Err(Error::MalformedSchedule(format!("a message from rank {from} to rank {to}")));
+                }
+                let route = self.route(from, to, false)?;
+                conns.push(Conn { to, route, arrived: 0, waiter: NO_WAITER });
+                let id = conns.len() as u32 - 1;
+                conn_of.insert((from, to, ch), id);
+                Ok(id)
+            })
+        };
+        let steps: usize = sched.ranks.iter().flat_map(|p| &p.channels).map(|c| c.steps.len()).sum();
+        let plan = if steps < VALIDATE_BESIDE_STEPS {
+            sched.validate()?;
+            build()?
+        } else {
+            // Both read every step; on two cores, side by side.
+            std::thread::scope(|s| {
+                let checked = s.spawn(|| sched.validate());
+                let plan = build();
+                checked.join().unwrap_or_else(|_| Err(Error::MalformedSchedule("validation panicked".into())))?;
+                plan
+            })?
+        };
+        drop(placed);
         let groups = self.topo.link_groups();
         let mut run = Run {
             sched,
+            plan,
             chunk_bytes: bytes as f64 / f64::from(sched.chunks),
             now: 0.0,
             events: EventQueue::default(),
             engine_free: vec![0.0; sched.ranks.len()],
             channels,
+            dep_waiters: FxHashMap::default(),
             offset,
-            conns: Vec::new(),
-            conn_of: FxHashMap::default(),
+            conns,
             flows: Vec::new(),
             free_flows: Vec::new(),
             queues: FxHashMap::default(),
             route_flows: Vec::new(),
-            link_count: vec![0; groups.len()],
-            link_routes: vec![Vec::new(); groups.len()],
-            link_pairs: if self.config.pair_sharing { vec![FxHashMap::default(); groups.len()] } else { Vec::new() },
             // GB/s = 10^9 B/s = 10^3 B/µs.
-            link_bw: groups.iter().map(|g| g.bandwidth * 1e3).collect(),
+            links: groups.iter().map(|g| LinkState::new(g.bandwidth * 1e3)).collect(),
+            link_pairs: if self.config.pair_sharing { vec![FxHashMap::default(); groups.len()] } else { Vec::new() },
             messages: 0,
             link_bytes: 0.0,
             done_channels: 0,
@@ -326,7 +310,8 @@ impl<'t> Simulator<'t> {
                 EventKind::Arrive { conn } => {
                     let c = &mut run.conns[conn as usize];
                     c.arrived += 1;
-                    if let Some(w) = c.waiter.take() {
+                    let w = std::mem::replace(&mut c.waiter, NO_WAITER);
+                    if w != NO_WAITER {
                         self.advance(&mut run, w)?;
                     }
                 }
@@ -349,50 +334,34 @@ impl<'t> Simulator<'t> {
         Ok(SimResult { time_us: run.finish, messages: run.messages, link_bytes: run.link_bytes })
     }
 
-    fn conn(&mut self, run: &mut Run, from: Rank, to: Rank, ch: u32) -> Result<u32> {
-        if let Some(&c) = run.conn_of.get(&(from, to, ch)) {
-            return Ok(c);
-        }
-        let route = self.route(from, to, false)?;
-        run.conns.push(Conn { route, arrived: 0, waiter: None });
-        let id = run.conns.len() as u32 - 1;
-        run.conn_of.insert((from, to, ch), id);
-        Ok(id)
-    }
-
     /// Runs channel `g` as far as it can go now.
     fn advance(&mut self, run: &mut Run, g: u32) -> Result<()> {
         loop {
-            let (rank, index, pc) = {
+            let (pc, received) = {
                 let c = &run.channels[g as usize];
-                (c.rank, c.index, c.pc)
+                (c.pc, c.received)
             };
-            let channel = &run.sched.ranks[rank as usize].channels[index as usize];
-            let Some(&step) = channel.steps.get(pc as usize) else {
+            let Some(step) = run.plan.step(g, pc) else {
                 run.done_channels += 1;
                 run.finish = run.finish.max(run.now);
                 return Ok(());
             };
-            for d in channel.deps_of(pc) {
-                let dg = run.offset[rank as usize] + d.channel;
-                if run.channels[dg as usize].pc <= d.step {
-                    run.channels[dg as usize].dep_waiters.push(g);
-                    return Ok(());
+            if step.flags & HAS_DEPS != 0 {
+                let (rank, index) = (run.channels[g as usize].rank, run.channels[g as usize].index);
+                for d in run.sched.ranks[rank as usize].channels[index as usize].deps_of(pc) {
+                    let dg = run.offset[rank as usize] + d.channel;
+                    if run.channels[dg as usize].pc <= d.step {
+                        run.channels[dg as usize].has_waiters = true;
+                        run.dep_waiters.entry(dg).or_default().push(g);
+                        return Ok(());
+                    }
                 }
             }
-            if !run.channels[g as usize].received {
-                if let Some(from) = step.op.recv_from() {
-                    let conn = match run.channels[g as usize].last_recv {
-                        (p, c) if p == from => c,
-                        _ => {
-                            let c = self.conn(run, from, rank, index)?;
-                            run.channels[g as usize].last_recv = (from, c);
-                            c
-                        }
-                    };
-                    let cs = &mut run.conns[conn as usize];
+            if !received {
+                if let Some(recv) = step.recv {
+                    let cs = &mut run.conns[recv as usize];
                     if cs.arrived == 0 {
-                        cs.waiter = Some(g);
+                        cs.waiter = g;
                         return Ok(());
                     }
                     cs.arrived -= 1;
@@ -403,7 +372,8 @@ impl<'t> Simulator<'t> {
                     return Ok(());
                 }
             }
-            if let Some(to) = step.op.send_to() {
+            if let Some(conn) = step.send {
+                let rank = run.channels[g as usize].rank;
                 let cost = self.config.rank_message_us;
                 if cost > 0.0 && !run.channels[g as usize].posted {
                     let free = &mut run.engine_free[rank as usize];
@@ -414,17 +384,9 @@ impl<'t> Simulator<'t> {
                     return Ok(());
                 }
                 run.channels[g as usize].posted = false;
-                let conn = match run.channels[g as usize].last_send {
-                    (p, c) if p == to => c,
-                    _ => {
-                        let c = self.conn(run, rank, to, index)?;
-                        run.channels[g as usize].last_send = (to, c);
-                        c
-                    }
-                };
                 let bytes = f64::from(step.count) * run.chunk_bytes;
-                let route = if self.config.follow_paths && channel.sends_via_fabric(pc) {
-                    self.route(rank, to, true)?
+                let route = if self.config.follow_paths && step.flags & VIA_FABRIC != 0 {
+                    self.route(rank, run.conns[conn as usize].to, true)?
                 } else {
                     run.conns[conn as usize].route
                 };
@@ -448,12 +410,10 @@ impl<'t> Simulator<'t> {
     }
 
     /// Time a step's local copy or reduction takes, if the model prices it.
-    fn local_work(&self, run: &Run, step: &Step) -> Option<f64> {
+    fn local_work(&self, run: &Run, step: &PlanStep) -> Option<f64> {
         let gbps = self.config.local_gbps?;
-        let touches =
-            step.op.reduces() || matches!(step.op, Op::Copy { .. } | Op::Recv { .. } | Op::RecvCopySend { .. });
         let bytes = f64::from(step.count) * run.chunk_bytes;
-        (touches && bytes > 0.0).then(|| bytes / (gbps * 1e3))
+        (step.flags & TOUCHES != 0 && bytes > 0.0).then(|| bytes / (gbps * 1e3))
     }
 
     fn start_flow(&mut self, run: &mut Run, g: u32, conn: u32, route: u32, bytes: f64) {
@@ -469,16 +429,17 @@ impl<'t> Simulator<'t> {
             }
         };
         run.messages += 1;
-        let groups = &self.routes[route as usize].groups;
+        let groups = self.routes.links(route);
         run.link_bytes += bytes * groups.len() as f64;
         if run.route_flows.len() <= route as usize {
             run.route_flows.resize_with(route as usize + 1, RouteFlows::default);
         }
         let first = run.route_flows[route as usize].add(run.now, id, bytes);
         for &l in groups {
-            run.link_count[l] += 1;
+            let l = l as usize;
+            run.links[l].flows += 1;
             if first {
-                run.link_routes[l].push(route);
+                run.links[l].add_route(route);
             }
             if self.config.pair_sharing {
                 *run.link_pairs[l].entry(route).or_insert(0) += 1;
@@ -494,13 +455,11 @@ impl<'t> Simulator<'t> {
             let f = &run.flows[id as usize];
             (f.channel, f.conn)
         };
-        for &l in &self.routes[route as usize].groups {
-            run.link_count[l] -= 1;
+        for &l in self.routes.links(route) {
+            let l = l as usize;
+            run.links[l].flows -= 1;
             if last {
-                let routes = &mut run.link_routes[l];
-                if let Some(pos) = routes.iter().position(|&r| r == route) {
-                    routes.swap_remove(pos);
-                }
+                run.links[l].remove_route(route);
             }
             if let Some(pairs) = run.link_pairs.get_mut(l) {
                 if let Some(k) = pairs.get_mut(&route) {
@@ -515,7 +474,7 @@ impl<'t> Simulator<'t> {
         // A route left without flows is off its links' lists and gets no event; the one that
         // just fired was its only one (each rate change posts one).
         self.rerate_links(run, route);
-        let latency = self.routes[route as usize].latency + self.config.message_overhead_us;
+        let latency = self.routes.latency[route as usize] + self.config.message_overhead_us;
         run.push(latency, EventKind::Arrive { conn });
         if g != QUEUED {
             run.complete_step(g);
@@ -539,15 +498,18 @@ impl<'t> Simulator<'t> {
 
     /// Recomputes the rate of every route that shares a link with `route` (itself included).
     fn rerate_links(&self, run: &mut Run, route: u32) {
-        let groups = &self.routes[route as usize].groups;
-        if groups.len() == 1 && run.link_routes[groups[0]].len() <= 1 {
-            // The common case: one route alone on a direct link.
-            if let Some(&r) = run.link_routes[groups[0]].first() {
-                self.rerate(run, r);
+        let groups = self.routes.links(route);
+        if let [l] = groups {
+            let link = &run.links[*l as usize];
+            if link.more.is_empty() {
+                // The common case: one route alone on a direct link.
+                if link.first != NO_ROUTE {
+                    self.rerate(run, link.first);
+                }
+                return;
             }
-            return;
         }
-        let mut affected: Vec<u32> = groups.iter().flat_map(|&l| run.link_routes[l].iter().copied()).collect();
+        let mut affected: Vec<u32> = groups.iter().flat_map(|&l| run.links[l as usize].routes()).collect();
         affected.sort_unstable();
         affected.dedup();
         for r in affected {
@@ -559,11 +521,11 @@ impl<'t> Simulator<'t> {
         let share = |l: usize| match run.link_pairs.get(l) {
             // Routes are per rank pair: the pairs on the link split it, then a pair's flows.
             Some(pairs) => {
-                run.link_bw[l] / pairs.len().max(1) as f64 / f64::from(pairs.get(&route).copied().unwrap_or(1).max(1))
+                run.links[l].bw / pairs.len().max(1) as f64 / f64::from(pairs.get(&route).copied().unwrap_or(1).max(1))
             }
-            None => run.link_bw[l] / f64::from(run.link_count[l].max(1)),
+            None => run.links[l].bw / f64::from(run.links[l].flows.max(1)),
         };
-        let rate = self.routes[route as usize].groups.iter().map(|&l| share(l)).fold(f64::INFINITY, f64::min);
+        let rate = self.routes.links(route).iter().map(|&l| share(l as usize)).fold(f64::INFINITY, f64::min);
         let (version, next) = run.route_flows[route as usize].rerate(run.now, rate);
         if let Some(done_in) = next {
             run.push(done_in, EventKind::FlowDone { route, version });
@@ -580,8 +542,9 @@ impl Run<'_> {
         let c = &mut self.channels[g as usize];
         c.pc += 1;
         c.received = false;
-        if !c.dep_waiters.is_empty() {
-            let waiters = std::mem::take(&mut c.dep_waiters);
+        if c.has_waiters {
+            c.has_waiters = false;
+            let waiters = self.dep_waiters.remove(&g).unwrap_or_default();
             for w in waiters {
                 self.push(0.0, EventKind::Continue { channel: w });
             }
