@@ -9,6 +9,7 @@
 #               older build to get the "before" column
 #   TIMEOUT     seconds allowed per (topology, collective, algorithm) (default 600)
 #   OUT         where the JSON and the table go (default target/cluster)
+#   ALGOS       the algorithms to run (default: every one, then auto)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bin=${1:-}
@@ -25,7 +26,7 @@ mkdir -p "$out"
 export TOPOCCL_CACHE_DIR=off
 for topo in "${topos[@]}"; do
   for coll in all_reduce all_gather reduce_scatter; do
-    for algo in ring tree rhd rd hier blink forest tacos auto; do
+    for algo in ${ALGOS:-ring tree rhd rd hier hier-rhd blink forest tacos auto}; do
       file="$out/$(echo "$topo" | tr -c 'a-zA-Z0-9\n' '_')-$coll-$algo.json"
       [ -s "$file" ] && continue
       echo "== $topo $coll $algo" >&2

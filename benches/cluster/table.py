@@ -6,7 +6,7 @@ usage: table.py [--bounds DIR2] DIR TOPOLOGY...
   --bounds DIR2: percentages against DIR2's bounds (an older run priced against today's bound)"""
 import json, os, re, sys
 
-ALGOS = ["ring", "tree", "rhd", "rd", "hier", "blink", "forest", "tacos"]
+ALGOS = ["ring", "tree", "rhd", "rd", "hier", "hier-rhd", "blink", "forest", "tacos"]
 COLLS = ["all_reduce", "all_gather", "reduce_scatter"]
 
 

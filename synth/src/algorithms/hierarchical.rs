@@ -1,4 +1,4 @@
-//! Two-level all-reduce for multi-node machines: reduce-scatter inside each host (fast links),
+//! Two-level collectives for multi-node machines. All-reduce: reduce-scatter inside each host (fast links),
 //! all-reduce of each block across hosts among the ranks holding it (one slow hop per block, on
 //! the rank's own NIC: every NIC of a host carries its share), all-gather inside each host.
 //! Inter-host traffic is 2(H−1)/H of the data per rank-block rather than a flat ring's crossing
@@ -9,6 +9,11 @@
 //! same rank, so while the NICs carry piece p the host's switch reduces piece p+1 and gathers
 //! piece p−1. Without it the phases add up (61 % of the bound on a cluster of 64 DGX-A100
 //! nodes); with it the time approaches the slower phase's alone.
+//!
+//! All-gather runs the same way without the reduction: each rank's piece goes round its rail
+//! first (every NIC carries (H−1)/n of the buffer, what the host cut allows, where a flat ring
+//! sends (n−1)/n through some NIC), then inside each host. Reduce-scatter is its mirror image:
+//! reduce inside each host, then round each rail.
 
 use super::rails::HostLayout;
 use super::ring::{all_gather_round, all_reduce_round, reduce_scatter_round};
@@ -57,6 +62,7 @@ impl ScheduleGenerator for Hierarchical {
     }
     fn supports(&self, c: Collective) -> bool {
         c == Collective::AllReduce
+            || (!self.halving_doubling && matches!(c, Collective::AllGather | Collective::ReduceScatter))
     }
     fn channel_variants(&self) -> &'static [u32] {
         &[1, 2, 8]
@@ -65,7 +71,15 @@ impl ScheduleGenerator for Hierarchical {
     fn generate(&self, req: &Request) -> Result<Schedule> {
         let coll = req.collective;
         if !self.supports(coll) {
-            return Err(unsupported("hier", coll, "the hierarchical algorithm builds all-reduce only"));
+            return Err(unsupported(
+                self.name(),
+                coll,
+                if self.halving_doubling {
+                    "hierarchical halving-doubling builds all-reduce only"
+                } else {
+                    "the hierarchical algorithm builds all-reduce, all-gather and reduce-scatter"
+                },
+            ));
         }
         let topo = req.topology;
         // Every host in the first host's bandwidth-maximising order (hosts of a cluster are
@@ -84,6 +98,11 @@ impl ScheduleGenerator for Hierarchical {
         }
         .clamp(1, pieces);
         let n = topo.nranks() as u32;
+        match coll {
+            Collective::AllGather => return Ok(all_gather(self.name(), &layout, pieces, inter_channels)),
+            Collective::ReduceScatter => return Ok(reduce_scatter(self.name(), &layout, pieces, inter_channels)),
+            _ => {}
+        }
         // Piece p, local block j, inter-host part t: chunk (p·m + j)·h + t.
         let mut b = ScheduleBuilder::new(self.name(), coll, n, pieces * m as u32 * h);
         b.in_place(true);
@@ -121,6 +140,95 @@ impl ScheduleGenerator for Hierarchical {
         }
         Ok(b.build())
     }
+}
+
+/// All-gather and reduce-scatter run their H intra-host passes (one per host's pieces) on up to
+/// this many channels side by side, after the inter-host channels: one after another they would
+/// pay H·(m−1) latencies per piece.
+const INTRA_PASS_CHANNELS: u32 = 8;
+
+/// All-gather in `pieces` pieces: piece p of rank r is chunk r·pieces + p.
+fn all_gather(name: &str, layout: &HostLayout, pieces: u32, inter_channels: u32) -> Schedule {
+    let hosts = &layout.members;
+    let h = layout.hosts() as u32;
+    let n = h * layout.per_host() as u32;
+    let intra = |t: u32| inter_channels + t % INTRA_PASS_CHANNELS.min(h);
+    let mut b = ScheduleBuilder::new(name, Collective::AllGather, n, n * pieces);
+    b.in_place(true);
+    let chunk = |r: Rank, p: u32| r * pieces + p;
+    for p in 0..pieces {
+        let inter = p % inter_channels;
+        let mut ready: Vec<Option<StepRef>> = vec![None; n as usize];
+        // 1. Round each rail: position j of every host gets piece p of every rank at position j.
+        for j in 0..layout.per_host() {
+            let rail: Vec<Rank> = hosts.iter().map(|g| g[j]).collect();
+            all_gather_round(&mut b, &rail, inter, 1, &|_| Slot::input(p), &|t| Slot::output(chunk(rail[t], p)));
+            for &r in &rail {
+                ready[r as usize] = b.last_step(r, inter);
+            }
+        }
+        // 2. Inside each host, one ring pass per host t: position j passes on rank (t, j)'s piece.
+        for g in hosts {
+            for (t, source) in hosts.iter().enumerate() {
+                let ch = intra(t as u32);
+                let first: Vec<StepRef> = g.iter().map(|&r| b.next_step(r, ch)).collect();
+                let block = |j: usize| Slot::output(chunk(source[j], p));
+                all_gather_round(&mut b, g, ch, 1, &block, &block);
+                for (&r, &at) in g.iter().zip(&first) {
+                    let pushed = b.last_step(r, ch).is_some_and(|last| last.step >= at.step);
+                    if let (true, Some(on)) = (pushed, ready[r as usize]) {
+                        b.depend(r, at, on);
+                    }
+                }
+            }
+        }
+    }
+    b.build()
+}
+
+/// Reduce-scatter in `pieces` pieces: rank r ends with chunks r·pieces.. of the sum. Host sums
+/// wait in scratch: chunk t·pieces + p holds position j's share of rank (t, j)'s piece p.
+fn reduce_scatter(name: &str, layout: &HostLayout, pieces: u32, inter_channels: u32) -> Schedule {
+    let hosts = &layout.members;
+    let h = layout.hosts() as u32;
+    let n = h * layout.per_host() as u32;
+    let passes = INTRA_PASS_CHANNELS.min(h);
+    let mut b = ScheduleBuilder::new(name, Collective::ReduceScatter, n, n * pieces);
+    b.reserve_scratch(h * pieces);
+    b.in_place(true);
+    let chunk = |r: Rank, p: u32| r * pieces + p;
+    for p in 0..pieces {
+        let inter = p % inter_channels;
+        // 1. Inside each host, one reduce-scatter per host t: position j ends with the host's
+        //    sum of rank (t, j)'s piece.
+        for g in hosts {
+            for (t, target) in hosts.iter().enumerate() {
+                let t = t as u32;
+                let ch = inter_channels + t % passes;
+                reduce_scatter_round(&mut b, g, ch, 1, &|j| Slot::input(chunk(target[j], p)), &|_| {
+                    Slot::scratch(t * pieces + p)
+                });
+            }
+        }
+        // 2. Round each rail: position t ends with the total of rank (t, j)'s piece, once
+        //    every intra-host pass of this piece is done on the rank.
+        for j in 0..layout.per_host() {
+            let rail: Vec<Rank> = hosts.iter().map(|g| g[j]).collect();
+            let first: Vec<StepRef> = rail.iter().map(|&r| b.next_step(r, inter)).collect();
+            let part = |t: usize| Slot::scratch(t as u32 * pieces + p);
+            reduce_scatter_round(&mut b, &rail, inter, 1, &part, &|_| Slot::output(p));
+            for (&r, &at) in rail.iter().zip(&first) {
+                if b.last_step(r, inter).is_some_and(|last| last.step >= at.step) {
+                    for c in 0..passes {
+                        if let Some(on) = b.last_step(r, inter_channels + c) {
+                            b.depend(r, at, on);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    b.build()
 }
 
 /// All-reduce in place of the `ranks.len()` chunks from output chunk `first` among `ranks` (a
