@@ -35,7 +35,9 @@ fn check_all(topo: &Topology, root: Rank, pipeline: u32, channels: u32) {
                 // across hosts a host count that is not a power of two, with a reason.
                 Err(e)
                     if g.name().starts_with("hier")
-                        && ["different rank counts", "not a power of two"].iter().any(|w| e.to_string().contains(w)) =>
+                        && ["different rank counts", "not a power of two"]
+                            .iter()
+                            .any(|w| e.to_string().contains(w)) =>
                 {
                     continue
                 }

@@ -8,9 +8,16 @@ use rustc_hash::FxHashMap;
 #[derive(Clone, Copy, PartialEq)]
 pub(super) enum EventKind {
     /// The first-ending flow of a route ends (stale if the route's version moved on).
-    FlowDone { route: u32, version: u32 },
-    Arrive { conn: u32 },
-    Continue { channel: u32 },
+    FlowDone {
+        route: u32,
+        version: u32,
+    },
+    Arrive {
+        conn: u32,
+    },
+    Continue {
+        channel: u32,
+    },
 }
 
 /// Pending events, grouped by exact time: a heap of distinct times and a FIFO per time. Lock-step

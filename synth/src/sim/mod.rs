@@ -140,7 +140,6 @@ pub struct Simulator<'t> {
     routes: RouteTable,
 }
 
-
 struct Run<'a> {
     sched: &'a Schedule,
     plan: Plan,
