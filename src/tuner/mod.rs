@@ -1,6 +1,7 @@
 //! The tuner: for a (topology, collective, message size) it chooses the algorithm, the pipeline
 //! depth (chunks per block) and the channel count, by pricing every candidate the registry can
-//! build in the simulator and keeping the fastest.
+//! build in the simulator and keeping the fastest (above a few dozen ranks, by closed forms
+//! where a schedule's shape allows, simulating the rest only where it could win: [`scale`]).
 //!
 //! Every rank of a communicator must run the same schedule (NCCL hangs when hosts pick
 //! differently). The choice is therefore a pure function of inputs all ranks share — the
@@ -17,6 +18,7 @@
 //! priced candidates (NCCL's cost table) and may pick another one.
 
 pub mod cache;
+mod scale;
 mod select;
 
 pub use select::{Selector, SelectorOptions};
@@ -110,6 +112,11 @@ const PIPELINES: [u32; 5] = [1, 2, 8, 32, 128];
 const DEEPEST_PIPELINE: u32 = 256;
 /// Above this many ranks only each generator's defaults are priced (pricing is per candidate).
 const FULL_SEARCH_MAX_RANKS: usize = 64;
+
+/// Whether candidates are priced as at scale ([`scale`]): above [`FULL_SEARCH_MAX_RANKS`].
+fn at_scale(topology: &Topology) -> bool {
+    topology.nranks() > FULL_SEARCH_MAX_RANKS
+}
 
 /// The candidates for `collective` on `topology`, in the fixed order ties are broken by:
 /// registry order, then pipeline, then channels. `only` restricts them to one algorithm.

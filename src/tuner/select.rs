@@ -12,6 +12,7 @@ use topoccl_synth::sim::{SimConfig, Simulator};
 use topoccl_synth::topology::Topology;
 
 use super::cache::DiskCache;
+use super::scale;
 use super::{candidates, deeper, size_bucket, Choice, Priced, TuneRequest, Tuner, TUNER_API_VERSION};
 use crate::error::{Error, Result};
 
@@ -222,7 +223,8 @@ impl Selector {
     }
 
     /// Every candidate for `collective` priced at the size bucket of `bytes`, in candidate
-    /// order, then any deeper ones tried after them ([`deeper`]). Candidates whose generator
+    /// order, then any deeper ones tried after them ([`deeper`]). At scale, closed forms price
+    /// what they can and candidates that cannot win are left out ([`scale`]). Candidates whose generator
     /// cannot build this topology are left out, as are duplicates (two knob settings a
     /// generator maps to one schedule).
     pub fn price(&mut self, collective: Collective, bytes: u64) -> Result<Vec<Priced>> {
@@ -233,6 +235,9 @@ impl Selector {
             self.options.forced.as_deref().filter(|a| self.registry.get(a).is_ok_and(|g| g.supports(collective)));
         let list = candidates(&self.registry, &self.topology, collective, only);
         let config = self.options.sim;
+        if super::at_scale(&self.topology) {
+            return self.price_at_scale(collective, bucket, list);
+        }
         let mut priced: Vec<Priced> = Vec::with_capacity(list.len());
         let mut seen: Vec<(String, u32, u32, u64)> = Vec::new();
         let mut failures = Vec::new();
@@ -339,6 +344,40 @@ impl Selector {
 }
 
 impl Selector {
+    /// [`Selector::price`] above a few dozen ranks ([`scale`]): closed forms where they exist,
+    /// then the rest simulated where they could still win, in candidate order.
+    fn price_at_scale(&mut self, collective: Collective, bucket: u64, list: Vec<Choice>) -> Result<Vec<Priced>> {
+        let config = self.options.sim;
+        let (mut priced, rest) = scale::estimate(&self.topology, &self.registry, config, collective, bucket, list);
+        let bound_us = scale::bound_us(&self.topology, collective, bucket);
+        let mut failures = Vec::new();
+        for (i, choice) in rest {
+            let best = priced.iter().map(|(_, p)| p.time_us).fold(f64::INFINITY, f64::min);
+            let searched = self.registry.get(&choice.algorithm).is_ok_and(|g| g.searched());
+            if !scale::worth_simulating(searched, best, bound_us) {
+                continue;
+            }
+            let schedule = match self.schedule(&choice, collective, bucket) {
+                Ok(s) => s,
+                Err(e) => {
+                    failures.push(format!("{choice}: {e}"));
+                    continue;
+                }
+            };
+            let time_us = Simulator::with_config(&self.topology, config).run(&schedule, bucket)?.time_us;
+            priced.push((i, Priced { choice, time_us }));
+        }
+        if priced.is_empty() {
+            return Err(Error::InvalidArgument(format!(
+                "no algorithm builds {collective} on topology {}: {}",
+                self.topology.name(),
+                failures.join("; ")
+            )));
+        }
+        priced.sort_by_key(|(i, _)| *i);
+        Ok(priced.into_iter().map(|(_, p)| p).collect())
+    }
+
     /// A root must be a rank of the topology (generators index by it).
     fn check_root(&self, collective: Collective) -> Result<()> {
         match collective.root() {
@@ -416,6 +455,22 @@ mod tests {
         // An algorithm that does not build the collective leaves it to the tuner.
         assert_ne!(a.choose(Collective::AllToAll, 1 << 20).unwrap().algorithm, "tree");
         assert!(a.set_forced(Some("nope")).is_err());
+    }
+
+    #[test]
+    fn at_scale_closed_forms_price_and_hopeless_synthesizers_are_not_run() {
+        // 17 hosts of 4: above the full search. At 1 GiB the ring's closed form is within a few
+        // percent of the bound, so nothing without one is simulated, TACOS least of all.
+        let mut s = selector("cluster:17x4");
+        let priced = s.price(Collective::AllGather, 1 << 30).unwrap();
+        let ring = priced.iter().find(|p| p.choice.algorithm == "ring").unwrap();
+        let registry = Registry::builtin();
+        let request = ring.choice.request(&s.topology, Collective::AllGather, 1 << 30);
+        let mut model = topoccl_synth::sim::lockstep::Lockstep::new(&s.topology, s.options.sim);
+        let closed = registry.get("ring").unwrap().estimate(&request, 1 << 30, &mut model).unwrap();
+        assert_eq!(ring.time_us, closed);
+        assert!(priced.iter().all(|p| p.choice.algorithm != "tacos"), "{priced:?}");
+        assert_eq!(s.choose(Collective::AllGather, 1 << 30).unwrap().algorithm, "ring");
     }
 
     struct AlwaysLast;

@@ -236,18 +236,43 @@ fn host_cut_rate(topo: &Topology, reversed: bool) -> f64 {
         .fold(f64::INFINITY, f64::min)
 }
 
-/// x* = min over cuts of B⁺(S)/|S ∩ ranks| (on the reversed graph when `reversed`).
-pub fn gather_rate(topo: &Topology, reversed: bool) -> CutRate {
+/// The single-rank cuts (the complement of one rank, and one rank alone) and the host cuts: a
+/// valid all-gather rate bound from one pass over the links.
+fn simple_cut_rate(topo: &Topology, reversed: bool) -> f64 {
     let n = topo.nranks();
-    // Single-rank cuts: the complement of one rank, and one rank alone.
-    let hi = (0..n as Rank)
+    (0..n as Rank)
         .map(|r| {
             let (inb, outb) = (in_bandwidth(topo, r), topo.egress_bandwidth(r));
             let (inb, outb) = if reversed { (outb, inb) } else { (inb, outb) };
-            (inb / (n - 1) as f64).min(outb)
+            (inb / (n - 1).max(1) as f64).min(outb)
         })
         .fold(f64::INFINITY, f64::min)
-        .min(host_cut_rate(topo, reversed));
+        .min(host_cut_rate(topo, reversed))
+}
+
+/// A rate (buffer GB/s) no schedule of all-gather, reduce-scatter or all-reduce exceeds, from
+/// the cuts that cost one pass over the links: single ranks and hosts, and for all-reduce the
+/// message count. [`bound`]'s exact search can only lower it; on clusters the host cuts are
+/// the binding ones, so the two agree there. What the tuner weighs candidates against at
+/// scale, where the exact search takes a good part of a second. `None` for other collectives.
+pub fn quick_rate(topo: &Topology, collective: Collective) -> Option<f64> {
+    let n = topo.nranks() as f64;
+    if topo.nranks() < 2 {
+        return None;
+    }
+    match collective {
+        Collective::AllGather => Some(simple_cut_rate(topo, false) * n),
+        Collective::ReduceScatter => Some(simple_cut_rate(topo, true) * n),
+        // Trees can beat reduce-scatter + all-gather; no shape beats the message count.
+        Collective::AllReduce => Some(message_rate(topo).0),
+        _ => None,
+    }
+}
+
+/// x* = min over cuts of B⁺(S)/|S ∩ ranks| (on the reversed graph when `reversed`).
+pub fn gather_rate(topo: &Topology, reversed: bool) -> CutRate {
+    let n = topo.nranks();
+    let hi = simple_cut_rate(topo, reversed);
     if topo.graph().node_count() * n > EXACT_LIMIT {
         return CutRate { per_rank: hi, exact: false };
     }

@@ -8,6 +8,7 @@ use super::rails::HostLayout;
 use super::{ring_order, unsupported, Request, ScheduleGenerator};
 use crate::error::Result;
 use crate::schedule::{Collective, Op, Rank, Schedule, ScheduleBuilder, Slot};
+use crate::sim::lockstep::{pass_us, Lockstep};
 
 /// NCCL-style rings over a topology-aware rank order; with several channels, odd channels run
 /// the ring the other way round so that both directions of every link carry data. On a machine
@@ -162,6 +163,30 @@ impl ScheduleGenerator for Ring {
     }
     fn channel_variants(&self) -> &'static [u32] {
         &[2, 4]
+    }
+
+    /// Every channel's ring moves in lock-step: k passes of its hops (2(n−1) for all-reduce,
+    /// n−1 for all-gather and reduce-scatter), each a chunk over every ring edge at once
+    /// ([`pass_us`]). Chains (broadcast, reduce) have none: a shallow chain has one hop of each
+    /// channel on the wire at a time, not every edge.
+    fn estimate(&self, req: &Request, bytes: u64, model: &mut Lockstep) -> Option<f64> {
+        let n = req.nranks() as usize;
+        let k = req.pipeline.max(1) as usize;
+        let steps = match req.collective {
+            Collective::AllReduce => k * 2 * (n - 1),
+            Collective::AllGather | Collective::ReduceScatter => k * (n - 1),
+            _ => return None,
+        };
+        if n < 2 {
+            return None;
+        }
+        let orders = channel_orders(req);
+        let rings = orders.len();
+        let edges: Vec<(Rank, Rank)> =
+            orders.iter().flat_map(|o| (0..n).map(move |i| (o[i], o[(i + 1) % n]))).collect();
+        let round = model.round(&edges)?;
+        let chunk = bytes as f64 / (n * rings * k) as f64;
+        (0..rings).map(|c| pass_us(&round.part(c * n..(c + 1) * n), chunk, steps, true)).reduce(f64::max)
     }
 
     fn generate(&self, req: &Request) -> Result<Schedule> {

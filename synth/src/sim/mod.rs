@@ -29,6 +29,7 @@ use plan::{Plan, PlanStep, HAS_DEPS, TOUCHES, VIA_FABRIC};
 mod events;
 mod flows;
 mod links;
+pub mod lockstep;
 mod plan;
 use links::{LinkState, RouteTable, NO_ROUTE};
 
