@@ -20,6 +20,7 @@ use super::ring::{all_gather_round, all_reduce_round, reduce_scatter_round};
 use super::{unsupported, Request, ScheduleGenerator};
 use crate::error::Result;
 use crate::schedule::{Collective, Op, Rank, Schedule, ScheduleBuilder, Slot, StepRef};
+use crate::sim::lockstep::{pass_us, Lockstep};
 
 /// The hierarchical all-reduce, with its inter-host all-reduce as a ring (`hier`: bandwidth
 /// optimal, 2(H−1) latencies) or as recursive halving-doubling (`hier-rhd`: the same bytes in
@@ -66,6 +67,80 @@ impl ScheduleGenerator for Hierarchical {
     }
     fn channel_variants(&self) -> &'static [u32] {
         &[1, 2, 8]
+    }
+
+    /// All-reduce as a pipeline of three lock-step stages per piece, all on the wire at once
+    /// (their flows share the links): the intra-host reduce-scatter and all-gather (m−1 steps
+    /// each, one piece at a time on their channel) and the inter-host all-reduce of every rail
+    /// (a ring's 2(H−1) steps, or halving-doubling's 2·log₂H exchanges of halving size; k
+    /// pieces side by side on the inter-host channels). The pipeline takes its fill plus the
+    /// slowest stage once per piece it serves.
+    fn estimate(&self, req: &Request, bytes: u64, model: &mut Lockstep) -> Option<f64> {
+        if req.collective != Collective::AllReduce {
+            return None;
+        }
+        let layout = HostLayout::alike(req.topology).ok()?;
+        let (m, h) = (layout.per_host(), layout.hosts());
+        if h < 2 || m < 2 || (self.halving_doubling && !h.is_power_of_two()) {
+            return None;
+        }
+        let pieces = if req.pipeline > 1 { req.pipeline } else { DEFAULT_PIECES } as usize;
+        let k = match req.channels {
+            0 => DEFAULT_INTER_CHANNELS,
+            c => c,
+        }
+        .clamp(1, pieces as u32) as usize;
+        let ring_edges = |g: &[Rank]| (0..g.len()).map(|i| (g[i], g[(i + 1) % g.len()])).collect::<Vec<_>>();
+        let rails: Vec<Vec<Rank>> = (0..m).map(|j| layout.members.iter().map(|g| g[j]).collect()).collect();
+        // Intra-host rings (reduce-scatter and all-gather), then k copies of the rails' flows.
+        let mut flows: Vec<(Rank, Rank)> = Vec::new();
+        for _ in 0..2 {
+            flows.extend(layout.members.iter().flat_map(|g| ring_edges(g)));
+        }
+        let intra = flows.len();
+        let rail_flows: Vec<(Rank, Rank)> = rails
+            .iter()
+            .flat_map(|r| {
+                if self.halving_doubling {
+                    // Every exchange crosses the NICs alike; the first one stands for all.
+                    let d = h / 2;
+                    (0..h).map(|v| (r[v], r[v ^ d])).collect::<Vec<_>>()
+                } else {
+                    ring_edges(r)
+                }
+            })
+            .collect();
+        for _ in 0..k {
+            flows.extend(&rail_flows);
+        }
+        let round = model.round(&flows)?;
+        let block = bytes as f64 / (pieces * m) as f64;
+        let per_host = |first: usize| {
+            (0..h)
+                .map(|g| pass_us(&round.part(first + g * m..first + (g + 1) * m), block, m - 1, true))
+                .reduce(f64::max)
+        };
+        let (reduce, gather) = (per_host(0)?, per_host(h * m)?);
+        let part = block / h as f64;
+        let inter = (0..m)
+            .map(|j| {
+                let rail = round.part(intra + j * h..intra + (j + 1) * h);
+                if self.halving_doubling {
+                    let exchange = rail.flows.iter().map(|f| f.latency_us).fold(0.0, f64::max);
+                    let rate = rail.flows.iter().map(|f| f.rate).fold(f64::INFINITY, f64::min);
+                    // Exchanges of H/2, H/4, … parts each way, reduced or copied on arrival.
+                    let moved = 2.0 * part * (h - 1) as f64;
+                    let levels = 2 * h.trailing_zeros() as usize;
+                    moved / rate + rail.local_us(moved) + levels as f64 * (exchange + rail.posting_us)
+                } else {
+                    pass_us(&rail, part, 2 * (h - 1), true)
+                }
+            })
+            .reduce(f64::max)?;
+        let rounds_inter = pieces.div_ceil(k) as f64;
+        let fill = reduce + inter + gather;
+        let p = pieces as f64 - 1.0;
+        Some((fill + p * reduce).max(fill + (rounds_inter - 1.0) * inter).max(fill + p * gather))
     }
 
     fn generate(&self, req: &Request) -> Result<Schedule> {

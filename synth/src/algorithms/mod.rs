@@ -91,7 +91,9 @@ pub trait ScheduleGenerator: Send + Sync {
     }
     /// The time, µs, of what [`generate`](Self::generate) builds for `request` moving a buffer
     /// of `bytes`, in closed form under the simulator's model ([`Lockstep`]), for shapes that
-    /// move in lock-step; `None`: no closed form, simulate it. The tuner prices candidates this
+    /// move in lock-step; `None`: no closed form, simulate it. Exact for one lock-step phase (a
+    /// ring); where phases overlap, pessimistic by what the fluid model lends one phase from
+    /// another's idle links. The tuner prices candidates this
     /// way above a few dozen ranks, where simulating a schedule costs seconds.
     fn estimate(&self, _request: &Request, _bytes: u64, _model: &mut Lockstep) -> Option<f64> {
         None
