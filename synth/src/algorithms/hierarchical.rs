@@ -16,7 +16,7 @@
 //! reduce inside each host, then round each rail.
 
 use super::rails::HostLayout;
-use super::ring::{all_gather_round, all_reduce_round, reduce_scatter_round};
+use super::ring::{all_gather_round, all_reduce_round, reduce_scatter_round, ring_edges};
 use super::{unsupported, Request, ScheduleGenerator};
 use crate::error::Result;
 use crate::schedule::{Collective, Op, Rank, Schedule, ScheduleBuilder, Slot, StepRef};
@@ -90,7 +90,6 @@ impl ScheduleGenerator for Hierarchical {
             c => c,
         }
         .clamp(1, pieces as u32) as usize;
-        let ring_edges = |g: &[Rank]| (0..g.len()).map(|i| (g[i], g[(i + 1) % g.len()])).collect::<Vec<_>>();
         let rails: Vec<Vec<Rank>> = (0..m).map(|j| layout.members.iter().map(|g| g[j]).collect()).collect();
         // Intra-host rings (reduce-scatter and all-gather), then k copies of the rails' flows.
         let mut flows: Vec<(Rank, Rank)> = Vec::new();
@@ -106,7 +105,7 @@ impl ScheduleGenerator for Hierarchical {
                     let d = h / 2;
                     (0..h).map(|v| (r[v], r[v ^ d])).collect::<Vec<_>>()
                 } else {
-                    ring_edges(r)
+                    ring_edges(r).collect()
                 }
             })
             .collect();

@@ -21,6 +21,12 @@ fn neighbours(order: &[Rank], i: usize) -> (Rank, Rank, Rank) {
     (order[(i + m - 1) % m], order[i], order[(i + 1) % m])
 }
 
+/// Every edge of the ring `order`, position i to i + 1 (the flows of one lock-step round).
+pub(crate) fn ring_edges(order: &[Rank]) -> impl Iterator<Item = (Rank, Rank)> + '_ {
+    let m = order.len();
+    (0..m).map(move |i| (order[i], order[(i + 1) % m]))
+}
+
 /// Block index `i - d` modulo the ring size.
 fn back(i: usize, d: usize, m: usize) -> usize {
     (i + m * (d / m + 1) - d) % m
@@ -182,8 +188,7 @@ impl ScheduleGenerator for Ring {
         }
         let orders = channel_orders(req);
         let rings = orders.len();
-        let edges: Vec<(Rank, Rank)> =
-            orders.iter().flat_map(|o| (0..n).map(move |i| (o[i], o[(i + 1) % n]))).collect();
+        let edges: Vec<(Rank, Rank)> = orders.iter().flat_map(|o| ring_edges(o)).collect();
         let round = model.round(&edges)?;
         let chunk = bytes as f64 / (n * rings * k) as f64;
         (0..rings).map(|c| pass_us(&round.part(c * n..(c + 1) * n), chunk, steps, true)).reduce(f64::max)

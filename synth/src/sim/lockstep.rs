@@ -12,8 +12,9 @@
 //! Phases that run side by side (a pipeline's stages) are given as one set of flows. The
 //! shares then count every stage's flows on a link, which is what a full pipeline does.
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
+use super::links::RouteTable;
 use super::SimConfig;
 use crate::schedule::Rank;
 use crate::topology::routing::Router;
@@ -123,17 +124,20 @@ pub struct Lockstep<'t> {
     topo: &'t Topology,
     router: Router<'t>,
     config: SimConfig,
-    /// (link groups, latency) of each pair routed so far.
-    routes: FxHashMap<(Rank, Rank), (Vec<u32>, f64)>,
+    /// Route ids of the pairs routed so far, into `table` (the simulator's flat layout).
+    route_of: FxHashMap<(Rank, Rank), u32>,
+    table: RouteTable,
 }
 
 impl<'t> Lockstep<'t> {
     pub fn new(topo: &'t Topology, config: SimConfig) -> Lockstep<'t> {
-        Lockstep { topo, router: Router::new(topo), config, routes: FxHashMap::default() }
-    }
-
-    pub fn topology(&self) -> &'t Topology {
-        self.topo
+        Lockstep {
+            topo,
+            router: Router::new(topo),
+            config,
+            route_of: FxHashMap::default(),
+            table: RouteTable::default(),
+        }
     }
 
     /// The round in which every `(from, to)` of `flows` sends one message at once (a pair
@@ -143,34 +147,39 @@ impl<'t> Lockstep<'t> {
         let mut load = vec![0u32; groups.len()];
         let mut posts: FxHashMap<Rank, u32> = FxHashMap::default();
         // With pair sharing the flows of one pair count once on a link.
-        let mut counted: FxHashMap<(Rank, Rank), ()> = FxHashMap::default();
+        let mut counted: FxHashSet<(Rank, Rank)> = FxHashSet::default();
+        let mut routes = Vec::with_capacity(flows.len());
         for &(from, to) in flows {
             if from == to {
+                routes.push(None);
                 continue;
             }
             *posts.entry(from).or_default() += 1;
-            let (links, _) = self.route(from, to)?;
-            if self.config.pair_sharing && counted.insert((from, to), ()).is_some() {
+            let route = self.route(from, to)?;
+            routes.push(Some(route));
+            if self.config.pair_sharing && !counted.insert((from, to)) {
                 continue;
             }
-            for &g in &links {
+            for &g in self.table.links(route) {
                 load[g as usize] += 1;
             }
         }
-        let mut costs = Vec::with_capacity(flows.len());
-        for &(from, to) in flows {
-            if from == to {
-                costs.push(FlowCost { rate: f64::INFINITY, latency_us: 0.0 });
-                continue;
-            }
-            let (links, latency) = self.route(from, to)?;
-            // GB/s = 10^3 bytes per µs.
-            let rate = links
-                .iter()
-                .map(|&g| groups[g as usize].bandwidth * 1e3 / f64::from(load[g as usize].max(1)))
-                .fold(f64::INFINITY, f64::min);
-            costs.push(FlowCost { rate, latency_us: latency + self.config.message_overhead_us });
-        }
+        let costs = routes
+            .iter()
+            .map(|route| match *route {
+                None => FlowCost { rate: f64::INFINITY, latency_us: 0.0 },
+                Some(route) => FlowCost {
+                    // GB/s = 10^3 bytes per µs.
+                    rate: self
+                        .table
+                        .links(route)
+                        .iter()
+                        .map(|&g| groups[g as usize].bandwidth * 1e3 / f64::from(load[g as usize].max(1)))
+                        .fold(f64::INFINITY, f64::min),
+                    latency_us: self.table.latency[route as usize] + self.config.message_overhead_us,
+                },
+            })
+            .collect();
         let busiest = posts.values().copied().max().unwrap_or(0);
         Some(Round {
             flows: costs,
@@ -179,14 +188,14 @@ impl<'t> Lockstep<'t> {
         })
     }
 
-    fn route(&mut self, from: Rank, to: Rank) -> Option<(Vec<u32>, f64)> {
-        if let Some(r) = self.routes.get(&(from, to)) {
-            return Some(r.clone());
+    /// The route id of `from` → `to`, routed once.
+    fn route(&mut self, from: Rank, to: Rank) -> Option<u32> {
+        if let Some(&id) = self.route_of.get(&(from, to)) {
+            return Some(id);
         }
-        let route = self.router.route(from, to)?;
-        let entry = (route.groups.iter().map(|&g| g as u32).collect::<Vec<_>>(), route.latency);
-        self.routes.insert((from, to), entry.clone());
-        Some(entry)
+        let id = self.table.push(&self.router.route(from, to)?);
+        self.route_of.insert((from, to), id);
+        Some(id)
     }
 }
 
