@@ -15,6 +15,7 @@
 //! sends (n−1)/n through some NIC), then inside each host. Reduce-scatter is its mirror image:
 //! reduce inside each host, then round each rail.
 
+use super::hier_doubling;
 use super::rails::HostLayout;
 use super::ring::{all_gather_round, all_reduce_round, reduce_scatter_round, ring_edges};
 use super::{unsupported, Request, ScheduleGenerator};
@@ -62,8 +63,7 @@ impl ScheduleGenerator for Hierarchical {
         }
     }
     fn supports(&self, c: Collective) -> bool {
-        c == Collective::AllReduce
-            || (!self.halving_doubling && matches!(c, Collective::AllGather | Collective::ReduceScatter))
+        matches!(c, Collective::AllReduce | Collective::AllGather | Collective::ReduceScatter)
     }
     fn channel_variants(&self) -> &'static [u32] {
         &[1, 2, 8]
@@ -76,10 +76,17 @@ impl ScheduleGenerator for Hierarchical {
     /// pieces side by side on the inter-host channels). The pipeline takes its fill plus the
     /// slowest stage once per piece it serves.
     fn estimate(&self, req: &Request, bytes: u64, model: &mut Lockstep) -> Option<f64> {
-        if req.collective != Collective::AllReduce {
-            return None;
-        }
         let layout = HostLayout::alike(req.topology).ok()?;
+        if req.collective != Collective::AllReduce {
+            if !self.halving_doubling {
+                return None;
+            }
+            let (pieces, channels) = hier_doubling::DEFAULTS;
+            let pieces = if req.pipeline > 1 { req.pipeline } else { pieces };
+            let channels = if req.channels > 0 { req.channels } else { channels }.clamp(1, pieces);
+            // Pieces side by side arrive together: as one piece per channel's worth.
+            return hier_doubling::estimate(&layout, req.collective, bytes, pieces / channels, model);
+        }
         let (m, h) = (layout.per_host(), layout.hosts());
         if h < 2 || m < 2 || (self.halving_doubling && !h.is_power_of_two()) {
             return None;
@@ -148,11 +155,7 @@ impl ScheduleGenerator for Hierarchical {
             return Err(unsupported(
                 self.name(),
                 coll,
-                if self.halving_doubling {
-                    "hierarchical halving-doubling builds all-reduce only"
-                } else {
-                    "the hierarchical algorithm builds all-reduce, all-gather and reduce-scatter"
-                },
+                "the hierarchical algorithms build all-reduce, all-gather and reduce-scatter",
             ));
         }
         let topo = req.topology;
@@ -165,14 +168,24 @@ impl ScheduleGenerator for Hierarchical {
         if self.halving_doubling && !h.is_power_of_two() {
             return Err(unsupported(self.name(), coll, &format!("{h} hosts is not a power of two")));
         }
-        let pieces = if req.pipeline > 1 { req.pipeline } else { DEFAULT_PIECES };
+        let doubling_gathers =
+            self.halving_doubling && matches!(coll, Collective::AllGather | Collective::ReduceScatter);
+        let (default_pieces, default_channels) =
+            if doubling_gathers { hier_doubling::DEFAULTS } else { (DEFAULT_PIECES, DEFAULT_INTER_CHANNELS) };
+        let pieces = if req.pipeline > 1 { req.pipeline } else { default_pieces };
         let inter_channels = match req.channels {
-            0 => DEFAULT_INTER_CHANNELS,
+            0 => default_channels,
             c => c,
         }
         .clamp(1, pieces);
         let n = topo.nranks() as u32;
         match coll {
+            Collective::AllGather if self.halving_doubling => {
+                return Ok(hier_doubling::all_gather(self.name(), &layout, pieces, inter_channels))
+            }
+            Collective::ReduceScatter if self.halving_doubling => {
+                return Ok(hier_doubling::reduce_scatter(self.name(), &layout, pieces, inter_channels))
+            }
             Collective::AllGather => return Ok(all_gather(self.name(), &layout, pieces, inter_channels)),
             Collective::ReduceScatter => return Ok(reduce_scatter(self.name(), &layout, pieces, inter_channels)),
             _ => {}

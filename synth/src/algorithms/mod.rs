@@ -5,6 +5,7 @@
 //! ([`GENERATOR_API_VERSION`]); [`Registry`] maps names to generators.
 
 pub mod alltoall;
+pub mod hier_doubling;
 pub mod hierarchical;
 pub mod rails;
 pub mod rd;

@@ -1,0 +1,370 @@
+//! `hier-rhd` all-gather and reduce-scatter: recursive doubling (halving) along each rail
+//! across hosts, and a direct exchange inside each host that forwards every block the moment
+//! it arrives.
+//!
+//! Across H hosts a ring pays H−1 network latencies one after another; at mid sizes on 64
+//! hosts that is as long as the transfer itself. Doubling pays log₂H of them and moves the same
+//! bytes: each rank's NIC carries (H−1)/H of the rail's data, what the host cut allows. Inside
+//! the host every rank sends each block it holds straight to each other local rank (an
+//! NVSwitch carries them all at once), one message per block and peer, so the intra-host phase
+//! is one hop deep and runs under the rail's transfers instead of after them.
+//!
+//! A rank's sends and receives of one exchange ride two channels by direction (lower host to
+//! upper and back), so its sends never queue behind its receives and a block received is
+//! forwarded as soon as it lands.
+
+use super::rails::HostLayout;
+use crate::schedule::{Collective, Op, Rank, Schedule, ScheduleBuilder, Slot, StepRef};
+use crate::sim::lockstep::Lockstep;
+
+/// Pieces and inter-host channels when the request leaves them open. Pieces let the host
+/// forward (all-gather) or reduce (reduce-scatter) one piece while the next is on the wire; on
+/// clusters of 8 to 64 DGX-like hosts 4 is within a point of the best depth at 64 MiB and
+/// 1 GiB. Pieces side by side on several channels only share the NIC and arrive together.
+pub(super) const DEFAULTS: (u32, u32) = (4, 1);
+
+/// µs for all-gather or reduce-scatter of `bytes` (the whole buffer) in `pieces` pieces, in
+/// closed form: the rail's log₂H exchanges (a network latency each) moving (H−1)/H of the
+/// buffer's rail share through each NIC, beside the host's exchange of every block with every
+/// local peer. All-gather ends one piece's forwarding after its rail; reduce-scatter starts
+/// one piece's reduction before it (and its lanes pay a local latency per block). Either ends
+/// no earlier than the host's exchange alone. Hosts alike with disjoint insides, so one host's
+/// flows stand for all.
+pub(super) fn estimate(
+    layout: &HostLayout,
+    coll: Collective,
+    bytes: u64,
+    pieces: u32,
+    model: &mut Lockstep,
+) -> Option<f64> {
+    let (h, m) = (layout.hosts(), layout.per_host());
+    let gather = match coll {
+        Collective::AllGather => true,
+        Collective::ReduceScatter => false,
+        _ => return None,
+    };
+    if h < 2 || m < 2 || !h.is_power_of_two() {
+        return None;
+    }
+    let lanes = if gather { 1 } else { LANES as usize };
+    let host = &layout.members[0];
+    let mut flows: Vec<(Rank, Rank)> = Vec::new();
+    for (j, &me) in host.iter().enumerate() {
+        for k in 1..m {
+            flows.extend(std::iter::repeat_n((me, host[(j + k) % m]), lanes));
+        }
+    }
+    let intra = flows.len();
+    // Every exchange crosses the NICs alike; the first (farthest) one stands for all.
+    for (g, members) in layout.members.iter().enumerate() {
+        flows.extend(members.iter().zip(&layout.members[g ^ (h / 2)]).map(|(&a, &b)| (a, b)));
+    }
+    let round = model.round(&flows)?;
+    let slowest = |range: std::ops::Range<usize>| {
+        let f = &round.flows[range];
+        (f.iter().map(|f| f.rate).fold(f64::INFINITY, f64::min), f.iter().map(|f| f.latency_us).fold(0.0, f64::max))
+    };
+    let ((rate_i, alpha_i), (rate_r, alpha_r)) = (slowest(0..intra), slowest(intra..flows.len()));
+    let block = bytes as f64 / (h * m) as f64;
+    let piece = block / f64::from(pieces);
+    let levels = h.trailing_zeros() as f64;
+    let moved = (h - 1) as f64 * block;
+    let rail = levels * alpha_r + moved / rate_r + if gather { 0.0 } else { round.local_us(moved) };
+    let one_piece = piece / rate_i + alpha_i;
+    let blocks = (h as u32 * pieces) as f64;
+    // Messages a rank posts one after another, priced at the round's posting cost per flow.
+    let per_rank_flows = (lanes * (m - 1) + 1) as f64;
+    let posting = round.posting_us / per_rank_flows * ((h - 1) as f64 * f64::from(pieces) + (m - 1) as f64 * blocks);
+    let time = if gather {
+        (rail + one_piece).max(h as f64 * block / rate_i + alpha_i)
+    } else {
+        let host_sums = blocks / lanes as f64 * (one_piece + round.local_us(piece));
+        (one_piece + rail).max(host_sums + alpha_r)
+    };
+    Some(time + posting)
+}
+
+/// The channel of a rail message from host `from` to host `to`, out of the two at `base`.
+fn rail_channel(base: u32, from: usize, to: usize) -> u32 {
+    base + u32::from(from > to)
+}
+
+/// Lanes per local peer: block i to peer j + k and from peer j − k goes on lane i mod LANES
+/// of offset k, so that while one lane waits for the peer's block the other one sends.
+const LANES: u32 = 2;
+
+/// The channel of the i-th block exchanged with the local peers at offset `k` (1 ≤ k < m).
+fn intra_channel(k: usize, i: usize) -> u32 {
+    (k as u32 - 1) * LANES + i as u32 % LANES
+}
+
+/// Channels: `LANES·(m − 1)` intra-host ones, then two per inter-host channel.
+fn rail_base(layout: &HostLayout, p: u32, inter_channels: u32) -> u32 {
+    (layout.per_host() as u32 - 1) * LANES + 2 * (p % inter_channels)
+}
+
+/// A block a rank holds: the host it came from, where it is, and the step that wrote it.
+type Held = (usize, Slot, Option<StepRef>);
+
+/// All-gather in `pieces` pieces: piece p of rank r is output chunk r·pieces + p. The hosts
+/// must be a power of two. Each exchange sends every piece of what the rank holds, piece after
+/// piece, so the host forwards the first piece while the last is on the wire.
+pub(super) fn all_gather(name: &str, layout: &HostLayout, pieces: u32, inter_channels: u32) -> Schedule {
+    let hosts = &layout.members;
+    let (h, m) = (layout.hosts(), layout.per_host());
+    let n = (h * m) as u32;
+    let mut b = ScheduleBuilder::new(name, Collective::AllGather, n, n * pieces);
+    b.in_place(true);
+    let chunk = |t: usize, j: usize, p: u32| Slot::output(hosts[t][j] * pieces + p);
+    for (g, host) in hosts.iter().enumerate() {
+        for (j, &me) in host.iter().enumerate() {
+            // levels[l][p]: the blocks of piece p this rank got from exchange l (level 0: its
+            // own, copied to the output, where every send reads it; in place the copy is a
+            // no-op, but no send may read it while it is written).
+            let own: Vec<Vec<Held>> = (0..pieces)
+                .map(|p| {
+                    let base = rail_base(layout, p, inter_channels);
+                    let at = b.push(me, base, Op::Copy { src: Slot::input(p), dst: chunk(g, j, p) }, 1);
+                    vec![(g, chunk(g, j, p), Some(at))]
+                })
+                .collect();
+            let mut levels = vec![own];
+            let mut d = 1;
+            while d < h {
+                let (partner_host, partner) = (g ^ d, hosts[g ^ d][j]);
+                let mut got = Vec::with_capacity(pieces as usize);
+                for p in 0..pieces {
+                    let base = rail_base(layout, p, inter_channels);
+                    let (out, inn) = (rail_channel(base, g, partner_host), rail_channel(base, partner_host, g));
+                    let held: Vec<Held> = levels.iter().flat_map(|l| l[p as usize].iter().copied()).collect();
+                    for &(_, src, ready) in &held {
+                        let at = b.push(me, out, Op::Send { to: partner, src }, 1);
+                        if let Some(on) = ready {
+                            b.depend(me, at, on);
+                        }
+                    }
+                    // The partner holds the mirror image of this rank's list, in the same order.
+                    let piece: Vec<Held> = held
+                        .iter()
+                        .map(|&(t, _, _)| {
+                            let dst = chunk(t ^ d, j, p);
+                            (t ^ d, dst, Some(b.push(me, inn, Op::Recv { from: partner, dst }, 1)))
+                        })
+                        .collect();
+                    got.push(piece);
+                }
+                levels.push(got);
+                d <<= 1;
+            }
+            // Every local peer receives each block in the order it arrived here; the peers
+            // share this rank's host, so their rails deliver in the same order. All sends
+            // first: each waits for its block to land, never for a peer's message.
+            let arrived: Vec<(u32, Held)> = levels
+                .iter()
+                .flat_map(|l| l.iter().enumerate().flat_map(|(p, blocks)| blocks.iter().map(move |&x| (p as u32, x))))
+                .collect();
+            for k in 1..m {
+                let (to, from_j) = (host[(j + k) % m], (j + m - k) % m);
+                let lane = intra_channel(k, 0);
+                for &(_, (_, src, ready)) in &arrived {
+                    let at = b.push(me, lane, Op::Send { to, src }, 1);
+                    if let Some(on) = ready {
+                        b.depend(me, at, on);
+                    }
+                }
+                for &(p, (t, _, _)) in &arrived {
+                    b.push(me, lane, Op::Recv { from: host[from_j], dst: chunk(t, from_j, p) }, 1);
+                }
+            }
+        }
+    }
+    b.build()
+}
+
+/// Reduce-scatter in `pieces` pieces: rank r ends with output chunk p = the sum of every
+/// rank's input chunk r·pieces + p. Host sums wait in scratch chunk t·pieces + p (the host
+/// sum of the block of host t's rank on this rail), the other hosts' sums of it in scratch
+/// chunk (h + t)·pieces + p. The hosts must be a power of two.
+pub(super) fn reduce_scatter(name: &str, layout: &HostLayout, pieces: u32, inter_channels: u32) -> Schedule {
+    let hosts = &layout.members;
+    let (h, m) = (layout.hosts(), layout.per_host());
+    let n = (h * m) as u32;
+    let mut b = ScheduleBuilder::new(name, Collective::ReduceScatter, n, n * pieces);
+    b.in_place(true);
+    if h > 1 {
+        b.reserve_scratch(2 * h as u32 * pieces);
+    }
+    let input = |t: usize, j: usize, p: u32| Slot::input(hosts[t][j] * pieces + p);
+    let scratch = |t: usize, p: u32| Slot::scratch(t as u32 * pieces + p);
+    let rail_sum = |t: usize, p: u32| scratch(h + t, p);
+    for (g, host) in hosts.iter().enumerate() {
+        let order = halving_order(g, h);
+        for (j, &me) in host.iter().enumerate() {
+            // partial[p][t]: where this rank's partial sum of piece p of host t's rail-j block
+            // is, and the step that last wrote it.
+            let mut partial: Vec<Vec<(Slot, Option<StepRef>)>> =
+                (0..pieces).map(|p| (0..h).map(|t| (input(t, j, p), None)).collect()).collect();
+            let host_sum = |t: usize, p: u32| if h == 1 { Slot::output(p) } else { scratch(t, p) };
+            if m == 1 && h == 1 {
+                for p in 0..pieces {
+                    b.push(me, 0, Op::Copy { src: input(g, j, p), dst: Slot::output(p) }, 1);
+                }
+            }
+            // Inside the host: peer j − k's contributions arrive with offset k, reduced one
+            // offset after another into the host sum, in the order the rail needs them.
+            let needed =
+                order.iter().flat_map(|level| (0..pieces).flat_map(move |p| level.iter().map(move |&t| (p, t))));
+            for (i, (p, t)) in needed.enumerate() {
+                for k in 1..m {
+                    let (to_j, from) = ((j + k) % m, host[(j + m - k) % m]);
+                    let lane = intra_channel(k, i);
+                    b.push(me, lane, Op::Send { to: host[to_j], src: input(t, to_j, p) }, 1);
+                    let (src, prev) = partial[p as usize][t];
+                    let dst = host_sum(t, p);
+                    let at = b.push(me, lane, Op::RecvReduce { from, src, dst }, 1);
+                    if let Some(on) = prev {
+                        b.depend(me, at, on);
+                    }
+                    partial[p as usize][t] = (dst, Some(at));
+                }
+            }
+            // Along the rail: halve the hosts held, keeping the half with this host. What the
+            // partners send accumulates apart from the host sum (rail[p][t], the step that
+            // last wrote it), so that it never waits for this host's reduction of the block;
+            // the two meet only where the block moves on or ends.
+            let mut rail: Vec<Vec<Option<StepRef>>> = vec![vec![None; h]; pieces as usize];
+            let mut d = h / 2;
+            let mut held: Vec<usize> = (0..h).collect();
+            while d >= 1 {
+                let (partner_host, partner) = (g ^ d, hosts[g ^ d][j]);
+                let (keep, mut give): (Vec<usize>, Vec<usize>) = held.iter().partition(|&&t| t & d == g & d);
+                // In the order the partner hands them on, which is the order it receives them in.
+                give.sort_by_key(|&t| need_rank(partner_host, t));
+                let mut keep = keep;
+                keep.sort_by_key(|&t| need_rank(g, t));
+                for (p, (partial, rail)) in (0..pieces).zip(partial.iter().zip(rail.iter_mut())) {
+                    let base = rail_base(layout, p, inter_channels);
+                    let (out, inn) = (rail_channel(base, g, partner_host), rail_channel(base, partner_host, g));
+                    for &t in &give {
+                        let src = combine(&mut b, me, out, partial[t], rail[t], rail_sum(t, p));
+                        b.push_after(me, out, Op::Send { to: partner, src: src.0 }, 1, &src.1);
+                    }
+                    // The partner gives exactly the hosts kept here.
+                    for &t in &keep {
+                        let (op, after) = if d == 1 {
+                            let (src, after) = combine(&mut b, me, inn, partial[t], rail[t], rail_sum(t, p));
+                            (Op::RecvReduce { from: partner, src, dst: Slot::output(p) }, after)
+                        } else {
+                            match rail[t] {
+                                Some(on) => (
+                                    Op::RecvReduce { from: partner, src: rail_sum(t, p), dst: rail_sum(t, p) },
+                                    vec![on],
+                                ),
+                                None => (Op::Recv { from: partner, dst: rail_sum(t, p) }, vec![]),
+                            }
+                        };
+                        rail[t] = Some(b.push_after(me, inn, op, 1, &after));
+                    }
+                }
+                held = keep;
+                d /= 2;
+            }
+        }
+    }
+    b.build()
+}
+
+/// The block's host sum added into what the rail brought, where the rail brought anything:
+/// the slot that holds both, and the steps a reader of it waits for.
+fn combine(
+    b: &mut ScheduleBuilder,
+    me: u32,
+    channel: u32,
+    (host_sum, host_ready): (Slot, Option<StepRef>),
+    rail: Option<StepRef>,
+    rail_sum: Slot,
+) -> (Slot, Vec<StepRef>) {
+    let host_ready: Vec<StepRef> = host_ready.into_iter().collect();
+    match rail {
+        None => (host_sum, host_ready),
+        Some(on) => {
+            let at = b.push_after(me, channel, Op::Reduce { src: host_sum, dst: rail_sum }, 1, &host_ready);
+            b.depend(me, at, on);
+            (rail_sum, vec![at])
+        }
+    }
+}
+
+/// Where host `t`'s sum comes in [`halving_order`]`(g, ·)` flattened: hosts differing from
+/// `g` in a higher bit are handed on earlier, ties in ascending order, `g` last.
+fn need_rank(g: usize, t: usize) -> (u32, usize) {
+    (u32::MAX - (usize::BITS - (t ^ g).leading_zeros()), t)
+}
+
+/// The hosts whose sums host `g` hands on along its rail, one list per exchange in the order
+/// recursive halving hands them on (each in the order its receiver hands them on again),
+/// then `g` itself: the order the host sums are needed in.
+fn halving_order(g: usize, h: usize) -> Vec<Vec<usize>> {
+    let mut order = Vec::new();
+    let mut held: Vec<usize> = (0..h).collect();
+    let mut d = h / 2;
+    while d >= 1 {
+        let (keep, mut give): (Vec<usize>, Vec<usize>) = held.iter().partition(|&&t| t & d == g & d);
+        give.sort_by_key(|&t| need_rank(g ^ d, t));
+        order.push(give);
+        held = keep;
+        d /= 2;
+    }
+    order.push(held);
+    order
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topology::resolve;
+    use crate::verify::verify;
+
+    fn layout(name: &str) -> HostLayout {
+        HostLayout::alike(&resolve(name).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn halving_hands_on_every_other_host_once_and_keeps_its_own_last() {
+        let order = halving_order(5, 8);
+        // Host 1 (5 ^ 4) hands on 2 and 3 at its second exchange, 0 at its third; host 7
+        // hands on 6 and keeps 7.
+        assert_eq!(order, vec![vec![2, 3, 0, 1], vec![6, 7], vec![4], vec![5]]);
+        for g in 0..16 {
+            let mut all = halving_order(g, 16).concat();
+            assert_eq!(all.pop(), Some(g));
+            all.sort_unstable();
+            assert_eq!(all, (0..16).filter(|&t| t != g).collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn both_collectives_verify_on_every_shape() {
+        for name in ["cluster:2x4", "cluster:4x2", "cluster:8x3", "cluster:1x4", "cluster:4x1"] {
+            let l = layout(name);
+            for (pieces, channels) in [(1, 1), (3, 2)] {
+                let ag = all_gather("t", &l, pieces, channels);
+                verify(&ag).unwrap_or_else(|e| panic!("{name} all-gather p{pieces}: {e}"));
+                let rs = reduce_scatter("t", &l, pieces, channels);
+                verify(&rs).unwrap_or_else(|e| panic!("{name} reduce-scatter p{pieces}: {e}"));
+            }
+        }
+    }
+
+    #[test]
+    fn each_rank_sends_log_h_rail_exchanges_and_one_message_per_block_and_peer() {
+        let l = layout("cluster:8x4");
+        let ag = all_gather("t", &l, 1, 1);
+        // Rail: 7 blocks out; host: 8 blocks to each of 3 peers.
+        for r in 0..32 {
+            let sends: usize =
+                ag.ranks[r].channels.iter().map(|c| c.steps.iter().filter(|s| s.op.send_to().is_some()).count()).sum();
+            assert_eq!(sends, 7 + 8 * 3, "rank {r}");
+        }
+    }
+}
