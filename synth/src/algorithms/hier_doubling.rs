@@ -51,7 +51,7 @@ pub(super) fn estimate(
     let mut flows: Vec<(Rank, Rank)> = Vec::new();
     for (j, &me) in host.iter().enumerate() {
         for k in 1..m {
-            flows.extend(std::iter::repeat_n((me, host[(j + k) % m]), lanes));
+            flows.extend(std::iter::repeat((me, host[(j + k) % m])).take(lanes));
         }
     }
     let intra = flows.len();

@@ -263,6 +263,30 @@ mod tests {
         }
     }
 
+    /// hier-rhd's all-gather and reduce-scatter: the rail's exchanges beside the host's, near
+    /// the simulator at every depth the tuner prices by default and both sizes.
+    #[test]
+    fn the_doubling_gathers_closed_form_is_near_the_simulators_time() {
+        let registry = Registry::builtin();
+        let g = registry.get("hier-rhd").unwrap();
+        for spec in ["cluster:2x8", "cluster:4x4", "cluster:8x4"] {
+            let topo = resolve(spec).unwrap();
+            let mut model = Lockstep::new(&topo, SimConfig::default());
+            let mut sim = Simulator::new(&topo);
+            for coll in [Collective::AllGather, Collective::ReduceScatter] {
+                for pipeline in [1, 8, 32] {
+                    let req = Request::new(&topo, coll).pipeline(pipeline);
+                    let schedule = g.generate(&req).unwrap();
+                    for bytes in [1u64 << 26, 1 << 30] {
+                        let est = g.estimate(&req, bytes, &mut model).unwrap();
+                        let off = est / sim.run(&schedule, bytes).unwrap().time_us - 1.0;
+                        assert!((-0.03..=0.03).contains(&off), "{spec} {coll} p{pipeline} {bytes}: {off}");
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn a_chain_pipelines_and_a_cycle_takes_its_slowest_pace() {
         let flow = |rate, latency_us| FlowCost { rate, latency_us };
