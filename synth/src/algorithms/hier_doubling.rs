@@ -138,10 +138,7 @@ pub(super) fn all_gather(name: &str, layout: &HostLayout, pieces: u32, inter_cha
                     let (out, inn) = (rail_channel(base, g, partner_host), rail_channel(base, partner_host, g));
                     let held: Vec<Held> = levels.iter().flat_map(|l| l[p as usize].iter().copied()).collect();
                     for &(_, src, ready) in &held {
-                        let at = b.push(me, out, Op::Send { to: partner, src }, 1);
-                        if let Some(on) = ready {
-                            b.depend(me, at, on);
-                        }
+                        b.push_after(me, out, Op::Send { to: partner, src }, 1, ready.as_slice());
                     }
                     // The partner holds the mirror image of this rank's list, in the same order.
                     let piece: Vec<Held> = held
@@ -167,10 +164,7 @@ pub(super) fn all_gather(name: &str, layout: &HostLayout, pieces: u32, inter_cha
                 let (to, from_j) = (host[(j + k) % m], (j + m - k) % m);
                 let lane = intra_channel(k, 0);
                 for &(_, (_, src, ready)) in &arrived {
-                    let at = b.push(me, lane, Op::Send { to, src }, 1);
-                    if let Some(on) = ready {
-                        b.depend(me, at, on);
-                    }
+                    b.push_after(me, lane, Op::Send { to, src }, 1, ready.as_slice());
                 }
                 for &(p, (t, _, _)) in &arrived {
                     b.push(me, lane, Op::Recv { from: host[from_j], dst: chunk(t, from_j, p) }, 1);
@@ -221,10 +215,7 @@ pub(super) fn reduce_scatter(name: &str, layout: &HostLayout, pieces: u32, inter
                     b.push(me, lane, Op::Send { to: host[to_j], src: input(t, to_j, p) }, 1);
                     let (src, prev) = partial[p as usize][t];
                     let dst = host_sum(t, p);
-                    let at = b.push(me, lane, Op::RecvReduce { from, src, dst }, 1);
-                    if let Some(on) = prev {
-                        b.depend(me, at, on);
-                    }
+                    let at = b.push_after(me, lane, Op::RecvReduce { from, src, dst }, 1, prev.as_slice());
                     partial[p as usize][t] = (dst, Some(at));
                 }
             }
@@ -237,33 +228,28 @@ pub(super) fn reduce_scatter(name: &str, layout: &HostLayout, pieces: u32, inter
             let mut held: Vec<usize> = (0..h).collect();
             while d >= 1 {
                 let (partner_host, partner) = (g ^ d, hosts[g ^ d][j]);
-                let (keep, mut give): (Vec<usize>, Vec<usize>) = held.iter().partition(|&&t| t & d == g & d);
+                let (mut keep, mut give): (Vec<usize>, Vec<usize>) = held.iter().partition(|&&t| t & d == g & d);
                 // In the order the partner hands them on, which is the order it receives them in.
                 give.sort_by_key(|&t| need_rank(partner_host, t));
-                let mut keep = keep;
                 keep.sort_by_key(|&t| need_rank(g, t));
                 for (p, (partial, rail)) in (0..pieces).zip(partial.iter().zip(rail.iter_mut())) {
                     let base = rail_base(layout, p, inter_channels);
                     let (out, inn) = (rail_channel(base, g, partner_host), rail_channel(base, partner_host, g));
                     for &t in &give {
-                        let src = combine(&mut b, me, out, partial[t], rail[t], rail_sum(t, p));
-                        b.push_after(me, out, Op::Send { to: partner, src: src.0 }, 1, &src.1);
+                        let (src, ready) = combine(&mut b, me, out, partial[t], rail[t], rail_sum(t, p));
+                        b.push_after(me, out, Op::Send { to: partner, src }, 1, ready.as_slice());
                     }
                     // The partner gives exactly the hosts kept here.
                     for &t in &keep {
                         let (op, after) = if d == 1 {
                             let (src, after) = combine(&mut b, me, inn, partial[t], rail[t], rail_sum(t, p));
                             (Op::RecvReduce { from: partner, src, dst: Slot::output(p) }, after)
+                        } else if rail[t].is_some() {
+                            (Op::RecvReduce { from: partner, src: rail_sum(t, p), dst: rail_sum(t, p) }, rail[t])
                         } else {
-                            match rail[t] {
-                                Some(on) => (
-                                    Op::RecvReduce { from: partner, src: rail_sum(t, p), dst: rail_sum(t, p) },
-                                    vec![on],
-                                ),
-                                None => (Op::Recv { from: partner, dst: rail_sum(t, p) }, vec![]),
-                            }
+                            (Op::Recv { from: partner, dst: rail_sum(t, p) }, None)
                         };
-                        rail[t] = Some(b.push_after(me, inn, op, 1, &after));
+                        rail[t] = Some(b.push_after(me, inn, op, 1, after.as_slice()));
                     }
                 }
                 held = keep;
@@ -275,22 +261,21 @@ pub(super) fn reduce_scatter(name: &str, layout: &HostLayout, pieces: u32, inter
 }
 
 /// The block's host sum added into what the rail brought, where the rail brought anything:
-/// the slot that holds both, and the steps a reader of it waits for.
+/// the slot that holds both, and the step a reader of it waits for.
 fn combine(
     b: &mut ScheduleBuilder,
-    me: u32,
+    me: Rank,
     channel: u32,
     (host_sum, host_ready): (Slot, Option<StepRef>),
     rail: Option<StepRef>,
     rail_sum: Slot,
-) -> (Slot, Vec<StepRef>) {
-    let host_ready: Vec<StepRef> = host_ready.into_iter().collect();
+) -> (Slot, Option<StepRef>) {
     match rail {
         None => (host_sum, host_ready),
         Some(on) => {
-            let at = b.push_after(me, channel, Op::Reduce { src: host_sum, dst: rail_sum }, 1, &host_ready);
+            let at = b.push_after(me, channel, Op::Reduce { src: host_sum, dst: rail_sum }, 1, host_ready.as_slice());
             b.depend(me, at, on);
-            (rail_sum, vec![at])
+            (rail_sum, Some(at))
         }
     }
 }
