@@ -124,6 +124,11 @@ pub struct Args {
     /// a CPU executor; 0 for GPUs, which post in parallel).
     #[arg(long, default_value_t = 0.0)]
     pub sim_message_us: f64,
+    /// (--simulate) The `auto` rows give the tuner's own price of its choice (a closed form at
+    /// scale, else its simulation) instead of simulating the choice again: a cluster too large to
+    /// simulate in a sweep (`cluster:512x8`) is decided, and priced, in seconds.
+    #[arg(long)]
+    pub auto_priced: bool,
     /// (--simulate) Flows between the same two ranks share one fair share of a link, as over
     /// topoccl's one connection per peer (the runtime's model; GPUs share per flow).
     #[arg(long)]

@@ -24,8 +24,8 @@ use crate::sim::lockstep::Lockstep;
 pub(super) const DEFAULTS: (u32, u32) = (4, 1);
 
 /// µs for all-gather or reduce-scatter of `bytes` (the whole buffer) in `pieces` pieces, in
-/// closed form: the rail's log₂H exchanges (a network latency each) moving (H−1)/H of the
-/// buffer's rail share through each NIC, beside the host's exchange of every block with every
+/// closed form: the rail's log₂H exchanges moving (H−1)/H of the buffer's rail share through
+/// each NIC, one after another but each waiting only for its first piece, beside the host's exchange of every block with every
 /// local peer. All-gather ends one piece's forwarding after its rail; reduce-scatter starts
 /// one piece's reduction before it (and its lanes pay a local latency per block). Either ends
 /// no earlier than the host's exchange alone. Hosts alike with disjoint insides, so one host's
@@ -46,13 +46,13 @@ pub(super) fn estimate(
     if h < 2 || m < 2 || !h.is_power_of_two() {
         return None;
     }
-    let lanes = if gather { 1 } else { LANES as usize };
+    // All-gather sends to every local peer at once (a lane each); reduce-scatter sends to one
+    // peer after another on one channel, so one offset stands for all.
+    let offsets = if gather { m } else { 2 };
     let host = &layout.members[0];
     let mut flows: Vec<(Rank, Rank)> = Vec::new();
     for (j, &me) in host.iter().enumerate() {
-        for k in 1..m {
-            flows.extend(std::iter::repeat((me, host[(j + k) % m])).take(lanes));
-        }
+        flows.extend((1..offsets).map(|k| (me, host[(j + k) % m])));
     }
     let intra = flows.len();
     // Every exchange crosses the NICs alike; the first (farthest) one stands for all.
@@ -67,40 +67,86 @@ pub(super) fn estimate(
     let ((rate_i, alpha_i), (rate_r, alpha_r)) = (slowest(0..intra), slowest(intra..flows.len()));
     let block = bytes as f64 / (h * m) as f64;
     let piece = block / f64::from(pieces);
-    let levels = h.trailing_zeros() as f64;
     let moved = (h - 1) as f64 * block;
-    let rail = levels * alpha_r + moved / rate_r + if gather { 0.0 } else { round.local_us(moved) };
-    let one_piece = piece / rate_i + alpha_i;
+    // Exchanges of 1, 2, … H/2 blocks (all-gather; reduce-scatter the reverse), one after
+    // another on the NIC: the next starts when this one's bytes have left and its first
+    // piece has come in from the partner.
+    let sizes: Vec<f64> = (0..h.trailing_zeros()).map(|l| f64::from(1u32 << l)).collect();
+    let sizes = if gather { sizes } else { sizes.into_iter().rev().collect() };
+    let (last, earlier) = sizes.split_last()?;
+    let starts: f64 = earlier.iter().map(|&s| (s * block / rate_r).max(s * piece / rate_r + alpha_r)).sum();
+    let rail = starts + last * block / rate_r + alpha_r + if gather { 0.0 } else { round.local_us(moved) };
     let blocks = (h as u32 * pieces) as f64;
+    let peers = (m - 1) as f64;
     // Messages a rank posts one after another, priced at the round's posting cost per flow.
-    let per_rank_flows = (lanes * (m - 1) + 1) as f64;
-    let posting = round.posting_us / per_rank_flows * ((h - 1) as f64 * f64::from(pieces) + (m - 1) as f64 * blocks);
+    let per_rank_flows = offsets as f64;
+    let posting = round.posting_us / per_rank_flows * ((h - 1) as f64 * f64::from(pieces) + peers * blocks);
     let time = if gather {
-        (rail + one_piece).max(h as f64 * block / rate_i + alpha_i)
+        (rail + piece / rate_i + alpha_i).max(h as f64 * block / rate_i + alpha_i)
     } else {
-        let host_sums = blocks / lanes as f64 * (one_piece + round.local_us(piece));
-        (one_piece + rail).max(host_sums + alpha_r)
+        // The first host sum is every peer's piece in, reduced; the rest stream behind it.
+        let first = peers * (piece / rate_i + round.local_us(piece)) + alpha_i;
+        let host_sums = blocks * peers * (piece / rate_i + round.local_us(piece)) + alpha_i;
+        (first + rail).max(host_sums + alpha_r)
     };
     Some(time + posting)
 }
 
-/// The channel of a rail message from host `from` to host `to`, out of the two at `base`.
+/// The channel of a rail message from host `from` to host `to` (partners at one exchange,
+/// `from ^ to` a power of two), out of the two per exchange at `base`. Each exchange has its
+/// own pair: on one pair per direction, a rank whose direction flips from one exchange to the
+/// next would queue its next sends behind its last receives, and pay a network latency per
+/// exchange with nothing on the wire.
 fn rail_channel(base: u32, from: usize, to: usize) -> u32 {
-    base + u32::from(from > to)
+    base + 2 * (from ^ to).trailing_zeros() + u32::from(from > to)
 }
 
-/// Lanes per local peer: block i to peer j + k and from peer j − k goes on lane i mod LANES
-/// of offset k, so that while one lane waits for the peer's block the other one sends.
-const LANES: u32 = 2;
-
-/// The channel of the i-th block exchanged with the local peers at offset `k` (1 ≤ k < m).
-fn intra_channel(k: usize, i: usize) -> u32 {
-    (k as u32 - 1) * LANES + i as u32 % LANES
+/// Reduce-scatter's channel of the blocks local rank `j` sends to its local peers: each rank
+/// sends on its own channel, one peer after another, and receives from peer `i` on channel `i`,
+/// so its sends never wait for a reduction and each peer's blocks are reduced as they land.
+fn sender_channel(j: usize) -> u32 {
+    j as u32
 }
 
-/// Channels: `LANES·(m − 1)` intra-host ones, then two per inter-host channel.
+/// Channels: `m` intra-host ones (all-gather's offsets 1..m, reduce-scatter's senders), then
+/// two per exchange (log₂H of them) per inter-host channel.
 fn rail_base(layout: &HostLayout, p: u32, inter_channels: u32) -> u32 {
-    (layout.per_host() as u32 - 1) * LANES + 2 * (p % inter_channels)
+    let exchanges = layout.hosts().trailing_zeros();
+    layout.per_host() as u32 + 2 * exchanges * (p % inter_channels)
+}
+
+/// Keeps a rank's rail sends in exchange order: the first send of each piece in an exchange
+/// waits for the last send of the exchange before on its inter-host channel. Each exchange has
+/// its own channels ([`rail_channel`]), so without this a later exchange's sends would share
+/// the NIC with an earlier one's, its blocks would land out of the order the host forwards
+/// (reduces) them in, and the host would hold the later ones back.
+struct ExchangeOrder {
+    /// Per inter-host channel: the last send of the exchange before, and of this one.
+    before: Vec<Option<StepRef>>,
+    this: Vec<Option<StepRef>>,
+}
+
+impl ExchangeOrder {
+    fn new(inter_channels: u32) -> ExchangeOrder {
+        ExchangeOrder { before: vec![None; inter_channels as usize], this: vec![None; inter_channels as usize] }
+    }
+
+    /// Records send `at` of piece `p`; the first of the piece in this exchange waits.
+    fn sent(&mut self, b: &mut ScheduleBuilder, me: Rank, p: u32, first: bool, at: StepRef) {
+        let lane = p as usize % self.this.len();
+        if let (true, Some(on)) = (first, self.before[lane]) {
+            b.depend(me, at, on);
+        }
+        self.this[lane] = Some(at);
+    }
+
+    fn next_exchange(&mut self) {
+        for (before, this) in self.before.iter_mut().zip(&mut self.this) {
+            if this.is_some() {
+                *before = this.take();
+            }
+        }
+    }
 }
 
 /// A block a rank holds: the host it came from, where it is, and the step that wrote it.
@@ -129,6 +175,7 @@ pub(super) fn all_gather(name: &str, layout: &HostLayout, pieces: u32, inter_cha
                 })
                 .collect();
             let mut levels = vec![own];
+            let mut sent = ExchangeOrder::new(inter_channels);
             let mut d = 1;
             while d < h {
                 let (partner_host, partner) = (g ^ d, hosts[g ^ d][j]);
@@ -137,8 +184,9 @@ pub(super) fn all_gather(name: &str, layout: &HostLayout, pieces: u32, inter_cha
                     let base = rail_base(layout, p, inter_channels);
                     let (out, inn) = (rail_channel(base, g, partner_host), rail_channel(base, partner_host, g));
                     let held: Vec<Held> = levels.iter().flat_map(|l| l[p as usize].iter().copied()).collect();
-                    for &(_, src, ready) in &held {
-                        b.push_after(me, out, Op::Send { to: partner, src }, 1, ready.as_slice());
+                    for (i, &(_, src, ready)) in held.iter().enumerate() {
+                        let at = b.push_after(me, out, Op::Send { to: partner, src }, 1, ready.as_slice());
+                        sent.sent(&mut b, me, p, i == 0, at);
                     }
                     // The partner holds the mirror image of this rank's list, in the same order.
                     let piece: Vec<Held> = held
@@ -151,6 +199,7 @@ pub(super) fn all_gather(name: &str, layout: &HostLayout, pieces: u32, inter_cha
                     got.push(piece);
                 }
                 levels.push(got);
+                sent.next_exchange();
                 d <<= 1;
             }
             // Every local peer receives each block in the order it arrived here; the peers
@@ -162,7 +211,7 @@ pub(super) fn all_gather(name: &str, layout: &HostLayout, pieces: u32, inter_cha
                 .collect();
             for k in 1..m {
                 let (to, from_j) = (host[(j + k) % m], (j + m - k) % m);
-                let lane = intra_channel(k, 0);
+                let lane = k as u32;
                 for &(_, (_, src, ready)) in &arrived {
                     b.push_after(me, lane, Op::Send { to, src }, 1, ready.as_slice());
                 }
@@ -208,14 +257,15 @@ pub(super) fn reduce_scatter(name: &str, layout: &HostLayout, pieces: u32, inter
             // offset after another into the host sum, in the order the rail needs them.
             let needed =
                 order.iter().flat_map(|level| (0..pieces).flat_map(move |p| level.iter().map(move |&t| (p, t))));
-            for (i, (p, t)) in needed.enumerate() {
+            for (p, t) in needed {
                 for k in 1..m {
-                    let (to_j, from) = ((j + k) % m, host[(j + m - k) % m]);
-                    let lane = intra_channel(k, i);
-                    b.push(me, lane, Op::Send { to: host[to_j], src: input(t, to_j, p) }, 1);
+                    let (to_j, from_j) = ((j + k) % m, (j + m - k) % m);
+                    let send = Op::Send { to: host[to_j], src: input(t, to_j, p) };
+                    b.push(me, sender_channel(j), send, 1);
                     let (src, prev) = partial[p as usize][t];
                     let dst = host_sum(t, p);
-                    let at = b.push_after(me, lane, Op::RecvReduce { from, src, dst }, 1, prev.as_slice());
+                    let reduce = Op::RecvReduce { from: host[from_j], src, dst };
+                    let at = b.push_after(me, sender_channel(from_j), reduce, 1, prev.as_slice());
                     partial[p as usize][t] = (dst, Some(at));
                 }
             }
@@ -226,6 +276,7 @@ pub(super) fn reduce_scatter(name: &str, layout: &HostLayout, pieces: u32, inter
             let mut rail: Vec<Vec<Option<StepRef>>> = vec![vec![None; h]; pieces as usize];
             let mut d = h / 2;
             let mut held: Vec<usize> = (0..h).collect();
+            let mut sent = ExchangeOrder::new(inter_channels);
             while d >= 1 {
                 let (partner_host, partner) = (g ^ d, hosts[g ^ d][j]);
                 let (mut keep, mut give): (Vec<usize>, Vec<usize>) = held.iter().partition(|&&t| t & d == g & d);
@@ -235,9 +286,10 @@ pub(super) fn reduce_scatter(name: &str, layout: &HostLayout, pieces: u32, inter
                 for (p, (partial, rail)) in (0..pieces).zip(partial.iter().zip(rail.iter_mut())) {
                     let base = rail_base(layout, p, inter_channels);
                     let (out, inn) = (rail_channel(base, g, partner_host), rail_channel(base, partner_host, g));
-                    for &t in &give {
+                    for (i, &t) in give.iter().enumerate() {
                         let (src, ready) = combine(&mut b, me, out, partial[t], rail[t], rail_sum(t, p));
-                        b.push_after(me, out, Op::Send { to: partner, src }, 1, ready.as_slice());
+                        let at = b.push_after(me, out, Op::Send { to: partner, src }, 1, ready.as_slice());
+                        sent.sent(&mut b, me, p, i == 0, at);
                     }
                     // The partner gives exactly the hosts kept here.
                     for &t in &keep {
@@ -253,6 +305,7 @@ pub(super) fn reduce_scatter(name: &str, layout: &HostLayout, pieces: u32, inter
                     }
                 }
                 held = keep;
+                sent.next_exchange();
                 d /= 2;
             }
         }

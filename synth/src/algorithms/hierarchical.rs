@@ -79,7 +79,7 @@ impl ScheduleGenerator for Hierarchical {
         let layout = HostLayout::alike(req.topology).ok()?;
         if req.collective != Collective::AllReduce {
             if !self.halving_doubling {
-                return None;
+                return ring_rails_estimate(&layout, req, bytes, model);
             }
             let (pieces, channels) = hier_doubling::DEFAULTS;
             let pieces = if req.pipeline > 1 { req.pipeline } else { pieces };
@@ -233,6 +233,71 @@ impl ScheduleGenerator for Hierarchical {
 /// this many channels side by side, after the inter-host channels: one after another they would
 /// pay H·(m−1) latencies per piece.
 const INTRA_PASS_CHANNELS: u32 = 8;
+
+/// All-gather or reduce-scatter ([`all_gather`], [`reduce_scatter`]) as a two-stage pipeline
+/// over the pieces, both stages on the wire at once: each piece's ring round every rail (H−1
+/// steps; k pieces side by side on the inter-host channels) and its H intra-host ring passes
+/// (m−1 steps each), shared out over [`INTRA_PASS_CHANNELS`] channels that each run their
+/// passes one after another, one piece after another.
+///
+/// All-gather's rails start at once, k pieces a round, and the hosts pass each piece on as its
+/// round ends. Reduce-scatter's pieces reach the rails one host stage apart: a rail round that
+/// finds the NICs idle runs alone, and only where the rails are the slower stage do k of them
+/// share the NICs.
+fn ring_rails_estimate(layout: &HostLayout, req: &Request, bytes: u64, model: &mut Lockstep) -> Option<f64> {
+    let (m, h) = (layout.per_host(), layout.hosts());
+    if h < 2 || m < 2 {
+        return None;
+    }
+    let pieces = if req.pipeline > 1 { req.pipeline } else { DEFAULT_PIECES } as usize;
+    let k = match req.channels {
+        0 => DEFAULT_INTER_CHANNELS,
+        c => c,
+    }
+    .clamp(1, pieces as u32) as usize;
+    let passes = (INTRA_PASS_CHANNELS as usize).min(h);
+    let mut flows: Vec<(Rank, Rank)> = Vec::new();
+    for _ in 0..passes {
+        flows.extend(layout.members.iter().flat_map(|g| ring_edges(g)));
+    }
+    let intra = flows.len();
+    let rails: Vec<(Rank, Rank)> = (0..m)
+        .flat_map(|j| ring_edges(&layout.members.iter().map(|g| g[j]).collect::<Vec<_>>()).collect::<Vec<_>>())
+        .collect();
+    let chunk = bytes as f64 / (pieces * h * m) as f64;
+    // µs of one piece's rail round with `copies` rounds side by side, and the host stage then.
+    let mut stages = |copies: usize| -> Option<(f64, f64)> {
+        let mut all = flows.clone();
+        for _ in 0..copies {
+            all.extend(&rails);
+        }
+        let round = model.round(&all)?;
+        let steps = h.div_ceil(passes) * (m - 1);
+        let host = (0..h).map(|g| pass_us(&round.part(g * m..(g + 1) * m), chunk, steps, true)).reduce(f64::max)?;
+        let rail = (0..m)
+            .map(|j| pass_us(&round.part(intra + j * h..intra + (j + 1) * h), chunk, h - 1, true))
+            .reduce(f64::max)?;
+        Some((host, rail))
+    };
+    let (host, rail) = stages(k)?;
+    if req.collective == Collective::AllGather {
+        let mut host_free = 0.0f64;
+        for p in 0..pieces {
+            host_free = host_free.max((p / k + 1) as f64 * rail) + host;
+        }
+        return Some(host_free);
+    }
+    let (_, alone) = stages(1)?;
+    // A rail round's time on the wire per piece: what k side by side add over one alone is
+    // k − 1 pieces' bytes. Rounds that reach the rails apart overlap one's latency with
+    // another's bytes, so rails that are the slower stage keep the NICs busy.
+    let wire = if k > 1 { ((rail - alone) / (k - 1) as f64).clamp(0.0, alone) } else { alone };
+    let pieces_f = pieces as f64;
+    let host_bound = pieces_f * host + alone;
+    let nic_bound = host + pieces_f * wire + (alone - wire);
+    let lane_bound = host + pieces.div_ceil(k) as f64 * alone;
+    Some(host_bound.max(nic_bound).max(lane_bound))
+}
 
 /// All-gather in `pieces` pieces: piece p of rank r is chunk r·pieces + p.
 fn all_gather(name: &str, layout: &HostLayout, pieces: u32, inter_channels: u32) -> Schedule {
