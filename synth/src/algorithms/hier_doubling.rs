@@ -41,6 +41,11 @@ pub(super) fn estimate(
     let gather = match coll {
         Collective::AllGather => true,
         Collective::ReduceScatter => false,
+        // Reduce-scatter, then all-gather (which overlaps it by at most a piece).
+        Collective::AllReduce => {
+            let reduce = estimate(layout, Collective::ReduceScatter, bytes, pieces, model)?;
+            return Some(reduce + estimate(layout, Collective::AllGather, bytes, pieces, model)?);
+        }
         _ => return None,
     };
     if h < 2 || m < 2 || !h.is_power_of_two() {
@@ -92,27 +97,50 @@ pub(super) fn estimate(
     Some(time + posting)
 }
 
-/// The channel of a rail message from host `from` to host `to` (partners at one exchange,
-/// `from ^ to` a power of two), out of the two per exchange at `base`. Each exchange has its
-/// own pair: on one pair per direction, a rank whose direction flips from one exchange to the
-/// next would queue its next sends behind its last receives, and pay a network latency per
-/// exchange with nothing on the wire.
-fn rail_channel(base: u32, from: usize, to: usize) -> u32 {
-    base + 2 * (from ^ to).trailing_zeros() + u32::from(from > to)
+/// One collective's shape: its hosts, pieces and inter-host channels, and the first channel it
+/// uses (all-reduce runs reduce-scatter, then all-gather on the channels after it).
+struct Plan<'a> {
+    layout: &'a HostLayout,
+    pieces: u32,
+    inter_channels: u32,
+    first_channel: u32,
 }
 
-/// Reduce-scatter's channel of the blocks local rank `j` sends to its local peers: each rank
-/// sends on its own channel, one peer after another, and receives from peer `i` on channel `i`,
-/// so its sends never wait for a reduction and each peer's blocks are reduced as they land.
-fn sender_channel(j: usize) -> u32 {
-    j as u32
-}
+impl Plan<'_> {
+    /// Channels: `m` intra-host ones (all-gather's offsets 1..m, reduce-scatter's senders),
+    /// then two per exchange (log₂H of them) per inter-host channel.
+    fn channels(&self) -> u32 {
+        let exchanges = self.layout.hosts().trailing_zeros();
+        self.layout.per_host() as u32 + 2 * exchanges * self.inter_channels
+    }
 
-/// Channels: `m` intra-host ones (all-gather's offsets 1..m, reduce-scatter's senders), then
-/// two per exchange (log₂H of them) per inter-host channel.
-fn rail_base(layout: &HostLayout, p: u32, inter_channels: u32) -> u32 {
-    let exchanges = layout.hosts().trailing_zeros();
-    layout.per_host() as u32 + 2 * exchanges * (p % inter_channels)
+    /// The first rail channel of piece `p`.
+    fn rail_base(&self, p: u32) -> u32 {
+        let exchanges = self.layout.hosts().trailing_zeros();
+        self.first_channel + self.layout.per_host() as u32 + 2 * exchanges * (p % self.inter_channels)
+    }
+
+    /// The channel of a rail message of piece `p` from host `from` to host `to` (partners at one
+    /// exchange, `from ^ to` a power of two). Each exchange has its own pair, by direction: on
+    /// one pair, a rank whose direction flips from one exchange to the next would queue its
+    /// next sends behind its last receives, and pay a network latency per exchange with
+    /// nothing on the wire.
+    fn rail_channel(&self, p: u32, from: usize, to: usize) -> u32 {
+        self.rail_base(p) + 2 * (from ^ to).trailing_zeros() + u32::from(from > to)
+    }
+
+    /// All-gather's channel to the local peer at offset `k` (and from the one at −k).
+    fn offset_channel(&self, k: usize) -> u32 {
+        self.first_channel + k as u32
+    }
+
+    /// Reduce-scatter's channel of the blocks local rank `j` sends to its local peers: each rank
+    /// sends on its own channel, one peer after another, and receives from peer `i` on channel
+    /// `i`, so its sends never wait for a reduction and each peer's blocks are reduced as they
+    /// land.
+    fn sender_channel(&self, j: usize) -> u32 {
+        self.first_channel + j as u32
+    }
 }
 
 /// Keeps a rank's rail sends in exchange order: the first send of each piece in an exchange
@@ -153,40 +181,67 @@ impl ExchangeOrder {
 type Held = (usize, Slot, Option<StepRef>);
 
 /// All-gather in `pieces` pieces: piece p of rank r is output chunk r·pieces + p. The hosts
-/// must be a power of two. Each exchange sends every piece of what the rank holds, piece after
-/// piece, so the host forwards the first piece while the last is on the wire.
+/// must be a power of two.
 pub(super) fn all_gather(name: &str, layout: &HostLayout, pieces: u32, inter_channels: u32) -> Schedule {
-    let hosts = &layout.members;
-    let (h, m) = (layout.hosts(), layout.per_host());
-    let n = (h * m) as u32;
+    let n = (layout.hosts() * layout.per_host()) as u32;
     let mut b = ScheduleBuilder::new(name, Collective::AllGather, n, n * pieces);
     b.in_place(true);
+    let plan = Plan { layout, pieces, inter_channels, first_channel: 0 };
+    // Its own pieces copied to the output, where every send reads them; in place the copy is
+    // a no-op, but no send may read a piece while it is written.
+    let own = |b: &mut ScheduleBuilder, me: Rank, p: u32| {
+        let dst = Slot::output(me * pieces + p);
+        Some(b.push(me, plan.rail_base(p), Op::Copy { src: Slot::input(p), dst }, 1))
+    };
+    gather_into(&mut b, &plan, own);
+    b.build()
+}
+
+/// All-reduce in `pieces` pieces per rank: reduce-scatter leaves rank r's pieces, summed, at
+/// output chunks r·pieces.., and all-gather hands each on the moment its sum is done, on
+/// channels of its own.
+pub(super) fn all_reduce(name: &str, layout: &HostLayout, pieces: u32, inter_channels: u32) -> Schedule {
+    let n = (layout.hosts() * layout.per_host()) as u32;
+    let mut b = ScheduleBuilder::new(name, Collective::AllReduce, n, n * pieces);
+    b.in_place(true);
+    let reduce = Plan { layout, pieces, inter_channels, first_channel: 0 };
+    let summed = reduce_scatter_into(&mut b, &reduce, &|me, p| Slot::output(me * pieces + p));
+    let gather = Plan { first_channel: reduce.channels(), ..reduce };
+    gather_into(&mut b, &gather, |_, me, p| summed[me as usize][p as usize]);
+    b.build()
+}
+
+/// Recursive doubling along each rail, then every block to every local peer, into `b`: piece p
+/// of rank r ends at output chunk r·pieces + p on every rank. `own(b, r, p)` is the step after
+/// which rank r's own piece p is there (`None`: from the start). Each exchange sends every
+/// piece of what the rank holds, piece after piece, so the host forwards the first piece
+/// while the last is on the wire.
+fn gather_into(
+    b: &mut ScheduleBuilder,
+    plan: &Plan,
+    mut own: impl FnMut(&mut ScheduleBuilder, Rank, u32) -> Option<StepRef>,
+) {
+    let (layout, pieces) = (plan.layout, plan.pieces);
+    let hosts = &layout.members;
+    let (h, m) = (layout.hosts(), layout.per_host());
     let chunk = |t: usize, j: usize, p: u32| Slot::output(hosts[t][j] * pieces + p);
     for (g, host) in hosts.iter().enumerate() {
         for (j, &me) in host.iter().enumerate() {
             // levels[l][p]: the blocks of piece p this rank got from exchange l (level 0: its
-            // own, copied to the output, where every send reads it; in place the copy is a
-            // no-op, but no send may read it while it is written).
-            let own: Vec<Vec<Held>> = (0..pieces)
-                .map(|p| {
-                    let base = rail_base(layout, p, inter_channels);
-                    let at = b.push(me, base, Op::Copy { src: Slot::input(p), dst: chunk(g, j, p) }, 1);
-                    vec![(g, chunk(g, j, p), Some(at))]
-                })
-                .collect();
+            // own).
+            let own: Vec<Vec<Held>> = (0..pieces).map(|p| vec![(g, chunk(g, j, p), own(b, me, p))]).collect();
             let mut levels = vec![own];
-            let mut sent = ExchangeOrder::new(inter_channels);
+            let mut sent = ExchangeOrder::new(plan.inter_channels);
             let mut d = 1;
             while d < h {
                 let (partner_host, partner) = (g ^ d, hosts[g ^ d][j]);
                 let mut got = Vec::with_capacity(pieces as usize);
                 for p in 0..pieces {
-                    let base = rail_base(layout, p, inter_channels);
-                    let (out, inn) = (rail_channel(base, g, partner_host), rail_channel(base, partner_host, g));
+                    let (out, inn) = (plan.rail_channel(p, g, partner_host), plan.rail_channel(p, partner_host, g));
                     let held: Vec<Held> = levels.iter().flat_map(|l| l[p as usize].iter().copied()).collect();
                     for (i, &(_, src, ready)) in held.iter().enumerate() {
                         let at = b.push_after(me, out, Op::Send { to: partner, src }, 1, ready.as_slice());
-                        sent.sent(&mut b, me, p, i == 0, at);
+                        sent.sent(b, me, p, i == 0, at);
                     }
                     // The partner holds the mirror image of this rank's list, in the same order.
                     let piece: Vec<Held> = held
@@ -211,7 +266,7 @@ pub(super) fn all_gather(name: &str, layout: &HostLayout, pieces: u32, inter_cha
                 .collect();
             for k in 1..m {
                 let (to, from_j) = (host[(j + k) % m], (j + m - k) % m);
-                let lane = k as u32;
+                let lane = plan.offset_channel(k);
                 for &(_, (_, src, ready)) in &arrived {
                     b.push_after(me, lane, Op::Send { to, src }, 1, ready.as_slice());
                 }
@@ -221,22 +276,36 @@ pub(super) fn all_gather(name: &str, layout: &HostLayout, pieces: u32, inter_cha
             }
         }
     }
-    b.build()
 }
 
 /// Reduce-scatter in `pieces` pieces: rank r ends with output chunk p = the sum of every
-/// rank's input chunk r·pieces + p. Host sums wait in scratch chunk t·pieces + p (the host
-/// sum of the block of host t's rank on this rail), the other hosts' sums of it in scratch
-/// chunk (h + t)·pieces + p. The hosts must be a power of two.
+/// rank's input chunk r·pieces + p. The hosts must be a power of two.
 pub(super) fn reduce_scatter(name: &str, layout: &HostLayout, pieces: u32, inter_channels: u32) -> Schedule {
-    let hosts = &layout.members;
-    let (h, m) = (layout.hosts(), layout.per_host());
-    let n = (h * m) as u32;
+    let n = (layout.hosts() * layout.per_host()) as u32;
     let mut b = ScheduleBuilder::new(name, Collective::ReduceScatter, n, n * pieces);
     b.in_place(true);
+    let plan = Plan { layout, pieces, inter_channels, first_channel: 0 };
+    reduce_scatter_into(&mut b, &plan, &|_, p| Slot::output(p));
+    b.build()
+}
+
+/// Inside each host every block to the local rank on its rail, reduced as it lands, then
+/// recursive halving along each rail, into `b`: rank r ends with the sum of every rank's input
+/// chunk r·pieces + p at `result(r, p)`. Host sums wait in scratch chunk t·pieces + p (the host
+/// sum of the block of host t's rank on this rail), the other hosts' sums of it in scratch
+/// chunk (h + t)·pieces + p. Returns, per rank and piece, the step that writes the result.
+fn reduce_scatter_into(
+    b: &mut ScheduleBuilder,
+    plan: &Plan,
+    result: &dyn Fn(Rank, u32) -> Slot,
+) -> Vec<Vec<Option<StepRef>>> {
+    let (layout, pieces) = (plan.layout, plan.pieces);
+    let hosts = &layout.members;
+    let (h, m) = (layout.hosts(), layout.per_host());
     if h > 1 {
         b.reserve_scratch(2 * h as u32 * pieces);
     }
+    let mut done = vec![vec![None; pieces as usize]; h * m];
     let input = |t: usize, j: usize, p: u32| Slot::input(hosts[t][j] * pieces + p);
     let scratch = |t: usize, p: u32| Slot::scratch(t as u32 * pieces + p);
     let rail_sum = |t: usize, p: u32| scratch(h + t, p);
@@ -247,10 +316,11 @@ pub(super) fn reduce_scatter(name: &str, layout: &HostLayout, pieces: u32, inter
             // is, and the step that last wrote it.
             let mut partial: Vec<Vec<(Slot, Option<StepRef>)>> =
                 (0..pieces).map(|p| (0..h).map(|t| (input(t, j, p), None)).collect()).collect();
-            let host_sum = |t: usize, p: u32| if h == 1 { Slot::output(p) } else { scratch(t, p) };
+            let host_sum = |t: usize, p: u32| if h == 1 { result(me, p) } else { scratch(t, p) };
             if m == 1 && h == 1 {
                 for p in 0..pieces {
-                    b.push(me, 0, Op::Copy { src: input(g, j, p), dst: Slot::output(p) }, 1);
+                    let copy = Op::Copy { src: input(g, j, p), dst: result(me, p) };
+                    done[me as usize][p as usize] = Some(b.push(me, plan.first_channel, copy, 1));
                 }
             }
             // Inside the host: peer j − k's contributions arrive with offset k, reduced one
@@ -261,12 +331,17 @@ pub(super) fn reduce_scatter(name: &str, layout: &HostLayout, pieces: u32, inter
                 for k in 1..m {
                     let (to_j, from_j) = ((j + k) % m, (j + m - k) % m);
                     let send = Op::Send { to: host[to_j], src: input(t, to_j, p) };
-                    b.push(me, sender_channel(j), send, 1);
+                    b.push(me, plan.sender_channel(j), send, 1);
                     let (src, prev) = partial[p as usize][t];
                     let dst = host_sum(t, p);
                     let reduce = Op::RecvReduce { from: host[from_j], src, dst };
-                    let at = b.push_after(me, sender_channel(from_j), reduce, 1, prev.as_slice());
+                    let at = b.push_after(me, plan.sender_channel(from_j), reduce, 1, prev.as_slice());
                     partial[p as usize][t] = (dst, Some(at));
+                }
+            }
+            if h == 1 && m > 1 {
+                for (p, partial) in partial.iter().enumerate() {
+                    done[me as usize][p] = partial[g].1;
                 }
             }
             // Along the rail: halve the hosts held, keeping the half with this host. What the
@@ -276,7 +351,7 @@ pub(super) fn reduce_scatter(name: &str, layout: &HostLayout, pieces: u32, inter
             let mut rail: Vec<Vec<Option<StepRef>>> = vec![vec![None; h]; pieces as usize];
             let mut d = h / 2;
             let mut held: Vec<usize> = (0..h).collect();
-            let mut sent = ExchangeOrder::new(inter_channels);
+            let mut sent = ExchangeOrder::new(plan.inter_channels);
             while d >= 1 {
                 let (partner_host, partner) = (g ^ d, hosts[g ^ d][j]);
                 let (mut keep, mut give): (Vec<usize>, Vec<usize>) = held.iter().partition(|&&t| t & d == g & d);
@@ -284,18 +359,17 @@ pub(super) fn reduce_scatter(name: &str, layout: &HostLayout, pieces: u32, inter
                 give.sort_by_key(|&t| need_rank(partner_host, t));
                 keep.sort_by_key(|&t| need_rank(g, t));
                 for (p, (partial, rail)) in (0..pieces).zip(partial.iter().zip(rail.iter_mut())) {
-                    let base = rail_base(layout, p, inter_channels);
-                    let (out, inn) = (rail_channel(base, g, partner_host), rail_channel(base, partner_host, g));
+                    let (out, inn) = (plan.rail_channel(p, g, partner_host), plan.rail_channel(p, partner_host, g));
                     for (i, &t) in give.iter().enumerate() {
-                        let (src, ready) = combine(&mut b, me, out, partial[t], rail[t], rail_sum(t, p));
+                        let (src, ready) = combine(b, me, out, partial[t], rail[t], rail_sum(t, p));
                         let at = b.push_after(me, out, Op::Send { to: partner, src }, 1, ready.as_slice());
-                        sent.sent(&mut b, me, p, i == 0, at);
+                        sent.sent(b, me, p, i == 0, at);
                     }
                     // The partner gives exactly the hosts kept here.
                     for &t in &keep {
                         let (op, after) = if d == 1 {
-                            let (src, after) = combine(&mut b, me, inn, partial[t], rail[t], rail_sum(t, p));
-                            (Op::RecvReduce { from: partner, src, dst: Slot::output(p) }, after)
+                            let (src, after) = combine(b, me, inn, partial[t], rail[t], rail_sum(t, p));
+                            (Op::RecvReduce { from: partner, src, dst: result(me, p) }, after)
                         } else if rail[t].is_some() {
                             (Op::RecvReduce { from: partner, src: rail_sum(t, p), dst: rail_sum(t, p) }, rail[t])
                         } else {
@@ -308,9 +382,15 @@ pub(super) fn reduce_scatter(name: &str, layout: &HostLayout, pieces: u32, inter
                 sent.next_exchange();
                 d /= 2;
             }
+            if h > 1 {
+                // The last exchange kept this host's block alone and wrote its total.
+                for (p, rail) in rail.iter().enumerate() {
+                    done[me as usize][p] = rail[g];
+                }
+            }
         }
     }
-    b.build()
+    done
 }
 
 /// The block's host sum added into what the rail brought, where the rail brought anything:
@@ -382,14 +462,16 @@ mod tests {
     }
 
     #[test]
-    fn both_collectives_verify_on_every_shape() {
-        for name in ["cluster:2x4", "cluster:4x2", "cluster:8x3", "cluster:1x4", "cluster:4x1"] {
+    fn every_collective_verifies_on_every_shape() {
+        for name in ["cluster:2x4", "cluster:4x2", "cluster:8x3", "cluster:1x4", "cluster:4x1", "cluster:1x1"] {
             let l = layout(name);
             for (pieces, channels) in [(1, 1), (3, 2)] {
                 let ag = all_gather("t", &l, pieces, channels);
                 verify(&ag).unwrap_or_else(|e| panic!("{name} all-gather p{pieces}: {e}"));
                 let rs = reduce_scatter("t", &l, pieces, channels);
                 verify(&rs).unwrap_or_else(|e| panic!("{name} reduce-scatter p{pieces}: {e}"));
+                let ar = all_reduce("t", &l, pieces, channels);
+                verify(&ar).unwrap_or_else(|e| panic!("{name} all-reduce p{pieces}: {e}"));
             }
         }
     }

@@ -20,7 +20,7 @@ use super::rails::HostLayout;
 use super::ring::{all_gather_round, all_reduce_round, reduce_scatter_round, ring_edges};
 use super::{unsupported, Request, ScheduleGenerator};
 use crate::error::Result;
-use crate::schedule::{Collective, Op, Rank, Schedule, ScheduleBuilder, Slot, StepRef};
+use crate::schedule::{Collective, Rank, Schedule, ScheduleBuilder, Slot, StepRef};
 use crate::sim::lockstep::{pass_us, Lockstep};
 
 /// The hierarchical all-reduce, with its inter-host all-reduce as a ring (`hier`: bandwidth
@@ -77,18 +77,18 @@ impl ScheduleGenerator for Hierarchical {
     /// slowest stage once per piece it serves.
     fn estimate(&self, req: &Request, bytes: u64, model: &mut Lockstep) -> Option<f64> {
         let layout = HostLayout::alike(req.topology).ok()?;
-        if req.collective != Collective::AllReduce {
-            if !self.halving_doubling {
-                return ring_rails_estimate(&layout, req, bytes, model);
-            }
+        if self.halving_doubling {
             let (pieces, channels) = hier_doubling::DEFAULTS;
             let pieces = if req.pipeline > 1 { req.pipeline } else { pieces };
             let channels = if req.channels > 0 { req.channels } else { channels }.clamp(1, pieces);
             // Pieces side by side arrive together: as one piece per channel's worth.
             return hier_doubling::estimate(&layout, req.collective, bytes, pieces / channels, model);
         }
+        if req.collective != Collective::AllReduce {
+            return ring_rails_estimate(&layout, req, bytes, model);
+        }
         let (m, h) = (layout.per_host(), layout.hosts());
-        if h < 2 || m < 2 || (self.halving_doubling && !h.is_power_of_two()) {
+        if h < 2 || m < 2 {
             return None;
         }
         let pieces = if req.pipeline > 1 { req.pipeline } else { DEFAULT_PIECES } as usize;
@@ -104,18 +104,7 @@ impl ScheduleGenerator for Hierarchical {
             flows.extend(layout.members.iter().flat_map(|g| ring_edges(g)));
         }
         let intra = flows.len();
-        let rail_flows: Vec<(Rank, Rank)> = rails
-            .iter()
-            .flat_map(|r| {
-                if self.halving_doubling {
-                    // Every exchange crosses the NICs alike; the first one stands for all.
-                    let d = h / 2;
-                    (0..h).map(|v| (r[v], r[v ^ d])).collect::<Vec<_>>()
-                } else {
-                    ring_edges(r).collect()
-                }
-            })
-            .collect();
+        let rail_flows: Vec<(Rank, Rank)> = rails.iter().flat_map(|r| ring_edges(r)).collect();
         for _ in 0..k {
             flows.extend(&rail_flows);
         }
@@ -131,16 +120,7 @@ impl ScheduleGenerator for Hierarchical {
         let inter = (0..m)
             .map(|j| {
                 let rail = round.part(intra + j * h..intra + (j + 1) * h);
-                if self.halving_doubling {
-                    let exchange = rail.flows.iter().map(|f| f.latency_us).fold(0.0, f64::max);
-                    let rate = rail.flows.iter().map(|f| f.rate).fold(f64::INFINITY, f64::min);
-                    // Exchanges of H/2, H/4, … parts each way, reduced or copied on arrival.
-                    let moved = 2.0 * part * (h - 1) as f64;
-                    let levels = 2 * h.trailing_zeros() as usize;
-                    moved / rate + rail.local_us(moved) + levels as f64 * (exchange + rail.posting_us)
-                } else {
-                    pass_us(&rail, part, 2 * (h - 1), true)
-                }
+                pass_us(&rail, part, 2 * (h - 1), true)
             })
             .reduce(f64::max)?;
         let rounds_inter = pieces.div_ceil(k) as f64;
@@ -168,10 +148,8 @@ impl ScheduleGenerator for Hierarchical {
         if self.halving_doubling && !h.is_power_of_two() {
             return Err(unsupported(self.name(), coll, &format!("{h} hosts is not a power of two")));
         }
-        let doubling_gathers =
-            self.halving_doubling && matches!(coll, Collective::AllGather | Collective::ReduceScatter);
         let (default_pieces, default_channels) =
-            if doubling_gathers { hier_doubling::DEFAULTS } else { (DEFAULT_PIECES, DEFAULT_INTER_CHANNELS) };
+            if self.halving_doubling { hier_doubling::DEFAULTS } else { (DEFAULT_PIECES, DEFAULT_INTER_CHANNELS) };
         let pieces = if req.pipeline > 1 { req.pipeline } else { default_pieces };
         let inter_channels = match req.channels {
             0 => default_channels,
@@ -179,13 +157,15 @@ impl ScheduleGenerator for Hierarchical {
         }
         .clamp(1, pieces);
         let n = topo.nranks() as u32;
+        if self.halving_doubling {
+            let build = match coll {
+                Collective::AllGather => hier_doubling::all_gather,
+                Collective::ReduceScatter => hier_doubling::reduce_scatter,
+                _ => hier_doubling::all_reduce,
+            };
+            return Ok(build(self.name(), &layout, pieces, inter_channels));
+        }
         match coll {
-            Collective::AllGather if self.halving_doubling => {
-                return Ok(hier_doubling::all_gather(self.name(), &layout, pieces, inter_channels))
-            }
-            Collective::ReduceScatter if self.halving_doubling => {
-                return Ok(hier_doubling::reduce_scatter(self.name(), &layout, pieces, inter_channels))
-            }
             Collective::AllGather => return Ok(all_gather(self.name(), &layout, pieces, inter_channels)),
             Collective::ReduceScatter => return Ok(reduce_scatter(self.name(), &layout, pieces, inter_channels)),
             _ => {}
@@ -209,12 +189,8 @@ impl ScheduleGenerator for Hierarchical {
             for j in 0..m {
                 let rail: Vec<Rank> = hosts.iter().map(|g| g[j]).collect();
                 let first: Vec<StepRef> = rail.iter().map(|&r| b.next_step(r, inter)).collect();
-                if self.halving_doubling {
-                    halving_doubling_round(&mut b, &rail, inter, at(j));
-                } else {
-                    let part = |t: usize| Slot::output(at(j) + t as u32);
-                    all_reduce_round(&mut b, &rail, inter, 1, &part, &part);
-                }
+                let part = |t: usize| Slot::output(at(j) + t as u32);
+                all_reduce_round(&mut b, &rail, inter, 1, &part, &part);
                 wait_for_previous_phase(&mut b, &rail, &first, &mut ready, inter);
             }
             // 3. All-gather inside each host.
@@ -381,38 +357,6 @@ fn reduce_scatter(name: &str, layout: &HostLayout, pieces: u32, inter_channels: 
         }
     }
     b.build()
-}
-
-/// All-reduce in place of the `ranks.len()` chunks from output chunk `first` among `ranks` (a
-/// power of two of them) on `channel`: recursive halving, each rank ending with the sum of one
-/// chunk, then recursive doubling. Rank `ranks[v]` keeps chunk `v`.
-fn halving_doubling_round(b: &mut ScheduleBuilder, ranks: &[Rank], channel: u32, first: u32) {
-    let p = ranks.len() as u32;
-    if p < 2 {
-        return;
-    }
-    let levels = p.trailing_zeros();
-    let chunk = |lo: u32| Slot::output(first + lo);
-    for (v, &me) in ranks.iter().enumerate() {
-        let v = v as u32;
-        let (mut lo, mut hi) = (0, p);
-        for d in (0..levels).rev().map(|l| 1u32 << l) {
-            let partner = ranks[(v ^ d) as usize];
-            let mid = (lo + hi) / 2;
-            let (keep, send) = if v & d == 0 { ((lo, mid), (mid, hi)) } else { ((mid, hi), (lo, mid)) };
-            b.push(me, channel, Op::Send { to: partner, src: chunk(send.0) }, send.1 - send.0);
-            let k = chunk(keep.0);
-            b.push(me, channel, Op::RecvReduce { from: partner, src: k, dst: k }, keep.1 - keep.0);
-            (lo, hi) = keep;
-        }
-        for d in (0..levels).map(|l| 1u32 << l) {
-            let partner = ranks[(v ^ d) as usize];
-            let plo = lo ^ d;
-            b.push(me, channel, Op::Send { to: partner, src: chunk(lo) }, d);
-            b.push(me, channel, Op::Recv { from: partner, dst: chunk(plo) }, d);
-            lo = lo.min(plo);
-        }
-    }
 }
 
 /// Makes the first step each rank of `ranks` just pushed on `channel` (at `first`) wait for
