@@ -23,10 +23,10 @@ use crate::error::Result;
 use crate::schedule::{Collective, Rank, Schedule, ScheduleBuilder, Slot, StepRef};
 use crate::sim::lockstep::{pass_us, Lockstep};
 
-/// The hierarchical all-reduce, with its inter-host all-reduce as a ring (`hier`: bandwidth
-/// optimal, 2(H−1) latencies) or as recursive halving-doubling (`hier-rhd`: the same bytes in
-/// 2·log₂H latencies, for a power-of-two host count). Across 64 hosts at mid sizes the ring's
-/// 126 hops are most of the time.
+/// The hierarchical collectives, with rings along the rails (`hier`: any host count, H−1 hops
+/// per pass) or recursive halving/doubling along them (`hier-rhd`, built in
+/// [`hier_doubling`]: the same bytes in log₂H exchanges, for a power-of-two host count).
+/// Across 64 hosts at mid sizes a ring's 63 hops per pass are most of the time.
 pub struct Hierarchical {
     pub halving_doubling: bool,
 }
