@@ -47,6 +47,18 @@ const INTER: u32 = 2;
 /// is within 2 points of the best of 1–16 channels at 1 GiB on both (the tuner prices others).
 const DEFAULT_INTER_CHANNELS: u32 = 4;
 
+impl Hierarchical {
+    /// Pieces and inter-host channels: the request's, or this variant's defaults where it
+    /// leaves them open (pipeline 1, channels 0); at most one channel per piece.
+    fn knobs(&self, req: &Request) -> (u32, u32) {
+        let (pieces, channels) =
+            if self.halving_doubling { hier_doubling::DEFAULTS } else { (DEFAULT_PIECES, DEFAULT_INTER_CHANNELS) };
+        let pieces = if req.pipeline > 1 { req.pipeline } else { pieces };
+        let channels = if req.channels > 0 { req.channels } else { channels };
+        (pieces, channels.clamp(1, pieces))
+    }
+}
+
 impl ScheduleGenerator for Hierarchical {
     fn name(&self) -> &'static str {
         if self.halving_doubling {
@@ -78,25 +90,19 @@ impl ScheduleGenerator for Hierarchical {
     fn estimate(&self, req: &Request, bytes: u64, model: &mut Lockstep) -> Option<f64> {
         let layout = HostLayout::alike(req.topology).ok()?;
         if self.halving_doubling {
-            let (pieces, channels) = hier_doubling::DEFAULTS;
-            let pieces = if req.pipeline > 1 { req.pipeline } else { pieces };
-            let channels = if req.channels > 0 { req.channels } else { channels }.clamp(1, pieces);
+            let (pieces, channels) = self.knobs(req);
             // Pieces side by side arrive together: as one piece per channel's worth.
             return hier_doubling::estimate(&layout, req.collective, bytes, pieces / channels, model);
         }
         if req.collective != Collective::AllReduce {
-            return ring_rails_estimate(&layout, req, bytes, model);
+            return ring_rails_estimate(&layout, req, self.knobs(req), bytes, model);
         }
         let (m, h) = (layout.per_host(), layout.hosts());
         if h < 2 || m < 2 {
             return None;
         }
-        let pieces = if req.pipeline > 1 { req.pipeline } else { DEFAULT_PIECES } as usize;
-        let k = match req.channels {
-            0 => DEFAULT_INTER_CHANNELS,
-            c => c,
-        }
-        .clamp(1, pieces as u32) as usize;
+        let (pieces, k) = self.knobs(req);
+        let (pieces, k) = (pieces as usize, k as usize);
         let rails: Vec<Vec<Rank>> = (0..m).map(|j| layout.members.iter().map(|g| g[j]).collect()).collect();
         // Intra-host rings (reduce-scatter and all-gather), then k copies of the rails' flows.
         let mut flows: Vec<(Rank, Rank)> = Vec::new();
@@ -148,14 +154,7 @@ impl ScheduleGenerator for Hierarchical {
         if self.halving_doubling && !h.is_power_of_two() {
             return Err(unsupported(self.name(), coll, &format!("{h} hosts is not a power of two")));
         }
-        let (default_pieces, default_channels) =
-            if self.halving_doubling { hier_doubling::DEFAULTS } else { (DEFAULT_PIECES, DEFAULT_INTER_CHANNELS) };
-        let pieces = if req.pipeline > 1 { req.pipeline } else { default_pieces };
-        let inter_channels = match req.channels {
-            0 => default_channels,
-            c => c,
-        }
-        .clamp(1, pieces);
+        let (pieces, inter_channels) = self.knobs(req);
         let n = topo.nranks() as u32;
         if self.halving_doubling {
             let build = match coll {
@@ -220,17 +219,18 @@ const INTRA_PASS_CHANNELS: u32 = 8;
 /// round ends. Reduce-scatter's pieces reach the rails one host stage apart: a rail round that
 /// finds the NICs idle runs alone, and only where the rails are the slower stage do k of them
 /// share the NICs.
-fn ring_rails_estimate(layout: &HostLayout, req: &Request, bytes: u64, model: &mut Lockstep) -> Option<f64> {
+fn ring_rails_estimate(
+    layout: &HostLayout,
+    req: &Request,
+    (pieces, k): (u32, u32),
+    bytes: u64,
+    model: &mut Lockstep,
+) -> Option<f64> {
     let (m, h) = (layout.per_host(), layout.hosts());
     if h < 2 || m < 2 {
         return None;
     }
-    let pieces = if req.pipeline > 1 { req.pipeline } else { DEFAULT_PIECES } as usize;
-    let k = match req.channels {
-        0 => DEFAULT_INTER_CHANNELS,
-        c => c,
-    }
-    .clamp(1, pieces as u32) as usize;
+    let (pieces, k) = (pieces as usize, k as usize);
     let passes = (INTRA_PASS_CHANNELS as usize).min(h);
     let mut flows: Vec<(Rank, Rank)> = Vec::new();
     for _ in 0..passes {
