@@ -1,6 +1,7 @@
-//! `hier-rhd` all-gather and reduce-scatter: recursive doubling (halving) along each rail
-//! across hosts, and a direct exchange inside each host that forwards every block the moment
-//! it arrives.
+//! `hier-rhd`: recursive doubling (halving) along each rail across hosts, and a direct
+//! exchange inside each host that forwards (reduces) every block the moment it arrives.
+//! All-gather and reduce-scatter are built here; all-reduce is reduce-scatter, then
+//! all-gather.
 //!
 //! Across H hosts a ring pays H−1 network latencies one after another; at mid sizes on 64
 //! hosts that is as long as the transfer itself. Doubling pays log₂H of them and moves the same
@@ -9,9 +10,8 @@
 //! NVSwitch carries them all at once), one message per block and peer, so the intra-host phase
 //! is one hop deep and runs under the rail's transfers instead of after them.
 //!
-//! A rank's sends and receives of one exchange ride two channels by direction (lower host to
-//! upper and back), so its sends never queue behind its receives and a block received is
-//! forwarded as soon as it lands.
+//! Each rail exchange has its own two channels, one per direction, so a rank's sends never
+//! queue behind its receives and a block received is forwarded as soon as it lands.
 
 use super::rails::HostLayout;
 use crate::schedule::{Collective, Op, Rank, Schedule, ScheduleBuilder, Slot, StepRef};
@@ -25,11 +25,11 @@ pub(super) const DEFAULTS: (u32, u32) = (4, 1);
 
 /// µs for all-gather or reduce-scatter of `bytes` (the whole buffer) in `pieces` pieces, in
 /// closed form: the rail's log₂H exchanges moving (H−1)/H of the buffer's rail share through
-/// each NIC, one after another but each waiting only for its first piece, beside the host's exchange of every block with every
-/// local peer. All-gather ends one piece's forwarding after its rail; reduce-scatter starts
-/// one piece's reduction before it (and its lanes pay a local latency per block). Either ends
-/// no earlier than the host's exchange alone. Hosts alike with disjoint insides, so one host's
-/// flows stand for all.
+/// each NIC, one after another but each waiting only for its first piece, beside the host's
+/// exchange of every block with every local peer. All-gather ends one piece's forwarding
+/// after its rail; reduce-scatter starts one host sum's reduction before it. Either ends no
+/// earlier than the host's exchange alone. Hosts alike with disjoint insides, so one host's
+/// flows stand for all. All-reduce is the two added.
 pub(super) fn estimate(
     layout: &HostLayout,
     coll: Collective,
@@ -108,16 +108,19 @@ struct Plan<'a> {
 
 impl Plan<'_> {
     /// Channels: `m` intra-host ones (all-gather's offsets 1..m, reduce-scatter's senders),
-    /// then two per exchange (log₂H of them) per inter-host channel.
+    /// then [`Self::rail_channels`] per inter-host channel.
     fn channels(&self) -> u32 {
-        let exchanges = self.layout.hosts().trailing_zeros();
-        self.layout.per_host() as u32 + 2 * exchanges * self.inter_channels
+        self.layout.per_host() as u32 + self.rail_channels() * self.inter_channels
+    }
+
+    /// Rail channels of one inter-host channel: two per exchange (log₂H of them).
+    fn rail_channels(&self) -> u32 {
+        2 * self.layout.hosts().trailing_zeros()
     }
 
     /// The first rail channel of piece `p`.
     fn rail_base(&self, p: u32) -> u32 {
-        let exchanges = self.layout.hosts().trailing_zeros();
-        self.first_channel + self.layout.per_host() as u32 + 2 * exchanges * (p % self.inter_channels)
+        self.first_channel + self.layout.per_host() as u32 + self.rail_channels() * (p % self.inter_channels)
     }
 
     /// The channel of a rail message of piece `p` from host `from` to host `to` (partners at one
@@ -145,7 +148,7 @@ impl Plan<'_> {
 
 /// Keeps a rank's rail sends in exchange order: the first send of each piece in an exchange
 /// waits for the last send of the exchange before on its inter-host channel. Each exchange has
-/// its own channels ([`rail_channel`]), so without this a later exchange's sends would share
+/// its own channels ([`Plan::rail_channel`]), so without this a later exchange's sends would share
 /// the NIC with an earlier one's, its blocks would land out of the order the host forwards
 /// (reduces) them in, and the host would hold the later ones back.
 struct ExchangeOrder {

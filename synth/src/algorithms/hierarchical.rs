@@ -81,12 +81,13 @@ impl ScheduleGenerator for Hierarchical {
         &[1, 2, 8]
     }
 
-    /// All-reduce as a pipeline of three lock-step stages per piece, all on the wire at once
-    /// (their flows share the links): the intra-host reduce-scatter and all-gather (m−1 steps
-    /// each, one piece at a time on their channel) and the inter-host all-reduce of every rail
-    /// (a ring's 2(H−1) steps, or halving-doubling's 2·log₂H exchanges of halving size; k
-    /// pieces side by side on the inter-host channels). The pipeline takes its fill plus the
-    /// slowest stage once per piece it serves.
+    /// `hier-rhd`: `hier_doubling::estimate`; `hier`'s all-gather and reduce-scatter:
+    /// `ring_rails_estimate`. `hier`'s all-reduce as a pipeline of three lock-step stages per
+    /// piece, all on the wire at once (their flows share the links): the intra-host
+    /// reduce-scatter and all-gather (m−1 steps each, one piece at a time on their channel)
+    /// and the ring all-reduce of every rail (2(H−1) steps; k pieces side by side on the
+    /// inter-host channels). The pipeline takes its fill plus the slowest stage once per piece
+    /// it serves.
     fn estimate(&self, req: &Request, bytes: u64, model: &mut Lockstep) -> Option<f64> {
         let layout = HostLayout::alike(req.topology).ok()?;
         if self.halving_doubling {
@@ -95,7 +96,7 @@ impl ScheduleGenerator for Hierarchical {
             return hier_doubling::estimate(&layout, req.collective, bytes, pieces / channels, model);
         }
         if req.collective != Collective::AllReduce {
-            return ring_rails_estimate(&layout, req, self.knobs(req), bytes, model);
+            return ring_rails_estimate(&layout, req.collective, self.knobs(req), bytes, model);
         }
         let (m, h) = (layout.per_host(), layout.hosts());
         if h < 2 || m < 2 {
@@ -221,7 +222,7 @@ const INTRA_PASS_CHANNELS: u32 = 8;
 /// share the NICs.
 fn ring_rails_estimate(
     layout: &HostLayout,
-    req: &Request,
+    coll: Collective,
     (pieces, k): (u32, u32),
     bytes: u64,
     model: &mut Lockstep,
@@ -256,7 +257,7 @@ fn ring_rails_estimate(
         Some((host, rail))
     };
     let (host, rail) = stages(k)?;
-    if req.collective == Collective::AllGather {
+    if coll == Collective::AllGather {
         let mut host_free = 0.0f64;
         for p in 0..pieces {
             host_free = host_free.max((p / k + 1) as f64 * rail) + host;
