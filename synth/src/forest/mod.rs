@@ -13,6 +13,7 @@
 //! share of every shard, a bundle getting a whole number of lanes, since links are shared
 //! equally between the message streams on them, not in proportion to planned rates.
 
+mod lanes;
 pub mod packing;
 
 use crate::algorithms::tree::{Tree, TreeLanes};
@@ -57,7 +58,7 @@ fn plan_for(topo: &Topology, direction: Direction, fabric: bool) -> Option<Arc<F
     if let Some((_, plan)) = recent().iter().find(|(k, _)| *k == key) {
         return Some(Arc::clone(plan));
     }
-    let plan = Arc::new(forest_plan(topo, direction, fabric, TOLERANCE, SLACK)?);
+    let plan = Arc::new(forest_plan(topo, direction, fabric, TOLERANCE, SLACK, LANES)?);
     let mut plans = recent();
     if plans.len() >= RECENT_PLANS_KEPT {
         plans.remove(0);
