@@ -21,6 +21,15 @@ fn main() -> Result<(), topoccl_synth::Error> {
         let rates: Vec<f64> = plan.bundles.iter().map(|b| b.rate).collect();
         let (counts, realized) = lane_counts_on(&plan.cap, &plan.usage, &rates, 32);
         let deepest = plan.bundles.iter().flat_map(|b| &b.trees).map(|t| t.depth()).max().unwrap_or(0);
+        let groups = topo.link_groups();
+        let mut by_latency: std::collections::BTreeMap<String, usize> = Default::default();
+        for t in plan.bundles.iter().flat_map(|b| &b.trees) {
+            for a in t.arc.iter().flatten() {
+                let us: f64 = plan.arcs[*a].groups.iter().map(|&g| groups[g].latency).sum();
+                *by_latency.entry(format!("{us:.1} us")).or_default() += 1;
+            }
+        }
+        println!("{coll}: tree edges by path latency {by_latency:?}");
         println!(
             "{coll}: bound {per_root:.3} GB/s per root; packed {:.3} ({:.1} %) in {} bundles, trees up to {deepest} deep; \
              {} lanes realize {realized:.3} ({:.1} %); {seconds:.2} s",

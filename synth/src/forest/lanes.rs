@@ -17,8 +17,18 @@
 //! to depth, come out as chains up to 7 deep. Packings are weighed at their rate after fill
 //! ([`LanePacking::filled_rate`]).
 
-use super::packing::{RootTree, TreeOracle};
+use super::packing::{Direction, RootTree, TreeOracle};
+use crate::blink::multipath::PathArc;
 use crate::schedule::Rank;
+
+/// Lane counts tried.
+const LANE_COUNTS: [usize; 7] = [8, 12, 16, 24, 32, 48, 64];
+/// Depths tried (`None`: any), shallowest first.
+const DEPTHS: [Option<usize>; 4] = [Some(1), Some(2), Some(3), None];
+/// Rate after fill given up for fewer lanes.
+const LANE_SLACK: f64 = 0.002;
+/// A pair's path is short if its latency is within this of the pair's quickest path, µs.
+const SHORT_PATH_US: f64 = 0.25;
 
 /// Penalty sharpness, raised pass by pass: a soft penalty spreads the trees, a sharp one then
 /// works on the busiest links alone.
@@ -55,12 +65,55 @@ pub(crate) fn filled_rate(rate: f64, depth: usize) -> f64 {
 /// Chunks per lane the fill is weighed at: about what the tuner picks for large messages.
 const PIPELINE_FILLED: u32 = 32;
 
-/// Packs `lanes` lanes over `oracle`'s arcs into link groups of capacities `cap` (GB/s);
+/// The best whole lanes over `arcs` for `n` ranks: every depth of [`DEPTHS`] and lane count
+/// of [`LANE_COUNTS`], first over each pair's short paths only (a chunk sent round through
+/// the CPUs lands microseconds after one that crossed a switch, and the lanes end with their
+/// last chunk), then over all. The best rate after fill is kept, or the fewest lanes within
+/// [`LANE_SLACK`] of it, short paths first. Once lanes reach `target` (the fractional
+/// packing's rate) the search stops: more lanes or deeper trees could win only within the
+/// slack.
+pub(crate) fn pack_whole(
+    arcs: &[PathArc],
+    n: usize,
+    direction: Direction,
+    cap: &[f64],
+    latency: &[f64],
+    target: f64,
+) -> Option<LanePacking> {
+    let delay: Vec<f64> = arcs.iter().map(|a| a.groups.iter().map(|&g| latency[g]).sum()).collect();
+    let mut quickest = vec![f64::INFINITY; n * n];
+    for (a, &d) in arcs.iter().zip(&delay) {
+        let q = &mut quickest[a.from as usize * n + a.to as usize];
+        *q = q.min(d);
+    }
+    let short = |i: usize| delay[i] <= quickest[arcs[i].from as usize * n + arcs[i].to as usize] + SHORT_PATH_US;
+    let oracles = [TreeOracle::over(n, direction, arcs, short), TreeOracle::new(n, direction, arcs)];
+    let mut found: Vec<(LanePacking, bool)> = Vec::new();
+    'search: for depth in DEPTHS {
+        for (oracle, only_short) in oracles.iter().zip([true, false]) {
+            for &lanes in &LANE_COUNTS {
+                let Some(p) = pack_lanes(oracle, cap, latency, lanes, depth, target) else { continue };
+                let reached = p.rate >= target;
+                found.push((p, only_short));
+                if reached {
+                    break 'search;
+                }
+            }
+        }
+    }
+    let best = found.iter().map(|(p, _)| p.filled_rate()).fold(0.0, f64::max);
+    found.retain(|(p, _)| p.filled_rate() >= best * (1.0 - LANE_SLACK));
+    found.into_iter().min_by_key(|(p, only_short)| (p.trees.len(), !only_short)).map(|(p, _)| p)
+}
+
+/// Packs `lanes` lanes over `oracle`'s arcs into link groups of capacities `cap` (GB/s) and
+/// latencies `latency` (µs);
 /// `target` is about the best rate per root (the fractional packing's), which only scales the
 /// penalty. `None` if some rank cannot reach another.
-pub(crate) fn pack_lanes(
+fn pack_lanes(
     oracle: &TreeOracle,
     cap: &[f64],
+    latency: &[f64],
     lanes: usize,
     depth: Option<usize>,
     target: f64,
@@ -110,6 +163,7 @@ pub(crate) fn pack_lanes(
         state.add(oracle, tree, 1);
     }
     state.polish(oracle, &mut trees);
+    state.shorten(oracle, &mut trees, latency);
     let depth = trees.iter().flatten().map(RootTree::depth).max().unwrap_or(0);
     Some(LanePacking { rate: state.rate(), trees, depth })
 }
@@ -212,6 +266,45 @@ impl<'c> Lanes<'c> {
             if !moved {
                 return;
             }
+        }
+    }
+
+    /// Moves trees to paths of less latency where that brings no group up to the fullest
+    /// fill: the lanes end when their last chunk lands, and a chunk that went round through
+    /// the CPUs (PCIe beside NVSwitch) lands microseconds after one that crossed the switch.
+    fn shorten(&mut self, oracle: &TreeOracle, trees: &mut [Vec<RootTree>], latency: &[f64]) {
+        let unit = self.unit.clone();
+        let fill = |load: &[i64], g: usize| load[g] as f64 * unit[g];
+        let top = (0..self.load.len()).map(|g| fill(&self.load, g)).filter(|f| f.is_finite()).fold(0.0, f64::max);
+        let below = |load: &[i64], g: usize| fill(load, g) < top * (1.0 - 1e-9);
+        let delay = |tree: &RootTree| oracle.groups(tree).map(|g| latency[g]).sum::<f64>();
+        for tree in trees.iter_mut().flatten() {
+            self.add(oracle, tree, -1);
+            let length: Vec<f64> =
+                (0..self.load.len())
+                    .map(|g| {
+                        if (self.load[g] + 1) as f64 * unit[g] < top * (1.0 - 1e-9) {
+                            latency[g]
+                        } else {
+                            f64::INFINITY
+                        }
+                    })
+                    .collect();
+            let weighted = oracle.weighted(&length);
+            let found = self
+                .depth
+                .and_then(|d| oracle.shallow_tree(tree.root, &weighted, d))
+                .or_else(|| oracle.tree(tree.root, &weighted))
+                .filter(|(t, len)| len.is_finite() && delay(t) < delay(tree) - 1e-9);
+            if let Some((shorter, _)) = found {
+                self.add(oracle, &shorter, 1);
+                if oracle.groups(&shorter).all(|g| below(&self.load, g)) {
+                    *tree = shorter;
+                    continue;
+                }
+                self.add(oracle, &shorter, -1);
+            }
+            self.add(oracle, tree, 1);
         }
     }
 

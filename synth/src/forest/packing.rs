@@ -11,7 +11,7 @@
 //! router's or, where transports follow paths, the fabric's (PCIe beside NVLink), so links that
 //! several paths cross are shared exactly.
 
-use super::lanes::{filled_rate, pack_lanes, LanePacking};
+use super::lanes::{filled_rate, pack_whole};
 use crate::blink::arborescence::{min_arborescence, WeightedArc};
 use crate::blink::lanes::lane_counts_on;
 use crate::blink::multipath::{path_arcs, PathArc};
@@ -111,8 +111,18 @@ pub(crate) struct Weighted {
 
 impl<'a> TreeOracle<'a> {
     pub(crate) fn new(n: usize, direction: Direction, arcs: &'a [PathArc]) -> TreeOracle<'a> {
+        TreeOracle::over(n, direction, arcs, |_| true)
+    }
+
+    /// An oracle over the arcs `keep` keeps (indices stay those of `arcs`).
+    pub(crate) fn over(
+        n: usize,
+        direction: Direction,
+        arcs: &'a [PathArc],
+        keep: impl Fn(usize) -> bool,
+    ) -> TreeOracle<'a> {
         let mut between: Vec<Vec<usize>> = vec![Vec::new(); n * n];
-        for (i, a) in arcs.iter().enumerate() {
+        for (i, a) in arcs.iter().enumerate().filter(|&(i, _)| keep(i)) {
             between[a.from as usize * n + a.to as usize].push(i);
         }
         TreeOracle { n, direction, arcs, between }
@@ -216,13 +226,6 @@ impl<'a> TreeOracle<'a> {
     }
 }
 
-/// Lane counts tried when packing whole lanes directly.
-const LANE_COUNTS: [usize; 6] = [8, 12, 16, 24, 32, 48];
-/// Rate given up for fewer lanes.
-const LANE_SLACK: f64 = 0.002;
-/// Depths whole lanes are packed at (`None`: any): shallow trees fill their pipeline sooner.
-const DEPTHS: [Option<usize>; 4] = [Some(1), Some(2), Some(3), None];
-
 /// Packs bundles of trees of `direction` over every pair's routed path (and its fabric path
 /// with `fabric`) until within `tolerance` of the certificate, then keeps a few by LP/ILP
 /// (`slack`: rate given up for fewer bundles). `None` where some rank cannot reach another.
@@ -240,6 +243,7 @@ pub fn forest_plan(
     }
     let arcs = path_arcs(topo, fabric)?;
     let cap: Vec<f64> = topo.link_groups().iter().map(|g| g.bandwidth).collect();
+    let latency: Vec<f64> = topo.link_groups().iter().map(|g| g.latency).collect();
     let oracle = TreeOracle::new(n, direction, &arcs);
     let round_work = n * (arcs.len() + n * n);
     let packed = garg_konemann(&cap, tolerance, round_work, true, |length| {
@@ -268,29 +272,14 @@ pub fn forest_plan(
     let upper = packed.upper.max(rate);
     let bundle_rates: Vec<f64> = bundles.iter().map(|b| b.rate).collect();
     let (_, rounded) = lane_counts_on(&cap, &kept_usage, &bundle_rates, lanes);
-    // Whole lanes packed directly, where they realize more than the rounded packing: the
-    // fewest lanes within a slack of the best.
-    // Fewest lanes and shallowest trees first: once lanes of some depth reach the fractional
-    // rate, more lanes of it or deeper trees could only win within the slack.
-    let mut packed_lanes: Vec<LanePacking> = Vec::new();
-    'depths: for depth in DEPTHS {
-        for &l in &LANE_COUNTS {
-            let Some(p) = pack_lanes(&oracle, &cap, l, depth, rate) else { continue };
-            let reached = p.rate >= rate;
-            packed_lanes.push(p);
-            if reached {
-                break 'depths;
-            }
-        }
-    }
-    let best = packed_lanes.iter().map(LanePacking::filled_rate).fold(0.0, f64::max);
-    packed_lanes.retain(|p| p.filled_rate() >= best * (1.0 - LANE_SLACK));
-    let deepest = bundles.iter().flat_map(|b| &b.trees).map(RootTree::depth).max().unwrap_or(0);
-    let rounded = filled_rate(rounded, deepest);
-    let Some(whole) = packed_lanes.into_iter().min_by_key(|p| p.trees.len()).filter(|p| p.filled_rate() > rounded)
-    else {
+    let Some(whole) = pack_whole(&arcs, n, direction, &cap, &latency, rate) else {
         return Some(ForestPlan { direction, arcs, bundles, rate, upper, cap, usage: kept_usage });
     };
+    let deepest = bundles.iter().flat_map(|b| &b.trees).map(RootTree::depth).max().unwrap_or(0);
+    let rounded = filled_rate(rounded, deepest);
+    if whole.filled_rate() <= rounded {
+        return Some(ForestPlan { direction, arcs, bundles, rate, upper, cap, usage: kept_usage });
+    }
     let per_lane = whole.rate / whole.trees.len() as f64;
     let usage = whole.trees.iter().map(|lane| lane.iter().flat_map(|t| oracle.groups(t)).collect()).collect();
     let bundles = whole.trees.into_iter().map(|trees| Bundle { trees, rate: per_lane }).collect();
