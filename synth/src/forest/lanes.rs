@@ -92,7 +92,7 @@ pub(crate) fn pack_whole(
     'search: for depth in DEPTHS {
         for (oracle, only_short) in oracles.iter().zip([true, false]) {
             for &lanes in &LANE_COUNTS {
-                let Some(p) = pack_lanes(oracle, cap, latency, lanes, depth, target) else { continue };
+                let Some(p) = pack_lanes(oracle, cap, lanes, depth, target) else { continue };
                 let reached = p.rate >= target;
                 found.push((p, only_short));
                 if reached {
@@ -106,14 +106,12 @@ pub(crate) fn pack_whole(
     found.into_iter().min_by_key(|(p, only_short)| (p.trees.len(), !only_short)).map(|(p, _)| p)
 }
 
-/// Packs `lanes` lanes over `oracle`'s arcs into link groups of capacities `cap` (GB/s) and
-/// latencies `latency` (µs);
+/// Packs `lanes` lanes over `oracle`'s arcs into link groups of capacities `cap` (GB/s);
 /// `target` is about the best rate per root (the fractional packing's), which only scales the
 /// penalty. `None` if some rank cannot reach another.
 fn pack_lanes(
     oracle: &TreeOracle,
     cap: &[f64],
-    latency: &[f64],
     lanes: usize,
     depth: Option<usize>,
     target: f64,
@@ -163,7 +161,6 @@ fn pack_lanes(
         state.add(oracle, tree, 1);
     }
     state.polish(oracle, &mut trees);
-    state.shorten(oracle, &mut trees, latency);
     let depth = trees.iter().flatten().map(RootTree::depth).max().unwrap_or(0);
     Some(LanePacking { rate: state.rate(), trees, depth })
 }
@@ -266,45 +263,6 @@ impl<'c> Lanes<'c> {
             if !moved {
                 return;
             }
-        }
-    }
-
-    /// Moves trees to paths of less latency where that brings no group up to the fullest
-    /// fill: the lanes end when their last chunk lands, and a chunk that went round through
-    /// the CPUs (PCIe beside NVSwitch) lands microseconds after one that crossed the switch.
-    fn shorten(&mut self, oracle: &TreeOracle, trees: &mut [Vec<RootTree>], latency: &[f64]) {
-        let unit = self.unit.clone();
-        let fill = |load: &[i64], g: usize| load[g] as f64 * unit[g];
-        let top = (0..self.load.len()).map(|g| fill(&self.load, g)).filter(|f| f.is_finite()).fold(0.0, f64::max);
-        let below = |load: &[i64], g: usize| fill(load, g) < top * (1.0 - 1e-9);
-        let delay = |tree: &RootTree| oracle.groups(tree).map(|g| latency[g]).sum::<f64>();
-        for tree in trees.iter_mut().flatten() {
-            self.add(oracle, tree, -1);
-            let length: Vec<f64> =
-                (0..self.load.len())
-                    .map(|g| {
-                        if (self.load[g] + 1) as f64 * unit[g] < top * (1.0 - 1e-9) {
-                            latency[g]
-                        } else {
-                            f64::INFINITY
-                        }
-                    })
-                    .collect();
-            let weighted = oracle.weighted(&length);
-            let found = self
-                .depth
-                .and_then(|d| oracle.shallow_tree(tree.root, &weighted, d))
-                .or_else(|| oracle.tree(tree.root, &weighted))
-                .filter(|(t, len)| len.is_finite() && delay(t) < delay(tree) - 1e-9);
-            if let Some((shorter, _)) = found {
-                self.add(oracle, &shorter, 1);
-                if oracle.groups(&shorter).all(|g| below(&self.load, g)) {
-                    *tree = shorter;
-                    continue;
-                }
-                self.add(oracle, &shorter, -1);
-            }
-            self.add(oracle, tree, 1);
         }
     }
 

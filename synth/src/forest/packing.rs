@@ -347,7 +347,7 @@ mod tests {
     fn the_lanes_run_realize_the_cut_bound_with_shallow_trees() {
         // Rounding the fractional packing's 24 bundles on a DGX-1 to equal lanes realized 95 %
         // of the bound; lanes packed whole realize 99 %, with trees at most 3 deep.
-        for spec in ["dgx1", "dgx-a100"] {
+        for spec in ["dgx1", "dgx-a100", "dgx-h100"] {
             let topo = resolve(spec).unwrap();
             let n = topo.nranks() as f64;
             let bound = bound(&topo, Collective::AllGather).rate_gbps / n;
