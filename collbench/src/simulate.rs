@@ -105,13 +105,9 @@ pub fn run(args: &Args, out: &mut dyn Write) -> Result<()> {
             for &(bytes, count) in &sized {
                 let decided = Instant::now();
                 if args.auto_priced {
-                    // The choice is the cheapest priced candidate (`Selector::choose`).
-                    let priced = tuner.price(coll, bytes)?;
+                    let chosen = tuner.choose_priced(coll, bytes)?;
                     deciding += decided.elapsed().as_secs_f64();
-                    let best = priced.into_iter().min_by(|a, b| a.time_us.total_cmp(&b.time_us));
-                    if let Some(best) = best {
-                        rows.push(row(bytes, count, best.time_us, Some(best.choice.to_string())));
-                    }
+                    rows.push(row(bytes, count, chosen.time_us, Some(chosen.choice.to_string())));
                     continue;
                 }
                 let choice = tuner.choose(coll, bytes)?;

@@ -181,9 +181,8 @@ impl Selector {
     /// candidate of its size bucket, unless a user tuner picks another.
     pub fn choose(&mut self, collective: Collective, bytes: u64) -> Result<Choice> {
         self.check_root(collective)?;
-        let bucket = size_bucket(bytes);
-        let key = DecisionKey::new(self.options.forced.as_deref(), collective, bucket, &self.options.sim);
         if self.plugins.is_empty() {
+            let key = self.decision_key(collective, bytes);
             if let Some(c) = self.decisions.get(&key) {
                 return Ok(c.clone());
             }
@@ -192,7 +191,17 @@ impl Selector {
                 return Ok(c.clone());
             }
         }
-        let priced = self.price(collective, bytes)?;
+        Ok(self.choose_priced(collective, bytes)?.choice)
+    }
+
+    /// [`Selector::choose`]'s pick with its price (at the size bucket), always priced afresh:
+    /// no decision made or stored before is read, and the decision is stored as `choose` stores
+    /// it. This is how a decision is timed, and how a cluster too large to simulate is priced.
+    pub fn choose_priced(&mut self, collective: Collective, bytes: u64) -> Result<Priced> {
+        self.check_root(collective)?;
+        let bucket = size_bucket(bytes);
+        // `price` errs rather than return no candidate, so `best` indexes `priced`.
+        let mut priced = self.price(collective, bytes)?;
         let mut best = 0;
         for (i, p) in priced.iter().enumerate() {
             if p.time_us < priced[best].time_us {
@@ -206,12 +215,17 @@ impl Selector {
                 break;
             }
         }
-        let choice = priced[best].choice.clone();
+        let chosen = priced.swap_remove(best);
         if self.plugins.is_empty() {
-            self.options.cache.store_decision(self.fingerprint, &key.to_string(), &choice);
-            self.decisions.insert(key, choice.clone());
+            let key = self.decision_key(collective, bytes);
+            self.options.cache.store_decision(self.fingerprint, &key.to_string(), &chosen.choice);
+            self.decisions.insert(key, chosen.choice.clone());
         }
-        Ok(choice)
+        Ok(chosen)
+    }
+
+    fn decision_key(&self, collective: Collective, bytes: u64) -> DecisionKey {
+        DecisionKey::new(self.options.forced.as_deref(), collective, size_bucket(bytes), &self.options.sim)
     }
 
     /// The simulated time, in microseconds, of the schedule [`Selector::choose`] picks for

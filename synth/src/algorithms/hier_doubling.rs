@@ -357,10 +357,7 @@ fn reduce_scatter_into(
             let mut sent = ExchangeOrder::new(plan.inter_channels);
             while d >= 1 {
                 let (partner_host, partner) = (g ^ d, hosts[g ^ d][j]);
-                let (mut keep, mut give): (Vec<usize>, Vec<usize>) = held.iter().partition(|&&t| t & d == g & d);
-                // In the order the partner hands them on, which is the order it receives them in.
-                give.sort_by_key(|&t| need_rank(partner_host, t));
-                keep.sort_by_key(|&t| need_rank(g, t));
+                let (keep, give) = halve(&held, g, d);
                 for (p, (partial, rail)) in (0..pieces).zip(partial.iter().zip(rail.iter_mut())) {
                     let (out, inn) = (plan.rail_channel(p, g, partner_host), plan.rail_channel(p, partner_host, g));
                     for (i, &t) in give.iter().enumerate() {
@@ -430,14 +427,23 @@ fn halving_order(g: usize, h: usize) -> Vec<Vec<usize>> {
     let mut held: Vec<usize> = (0..h).collect();
     let mut d = h / 2;
     while d >= 1 {
-        let (keep, mut give): (Vec<usize>, Vec<usize>) = held.iter().partition(|&&t| t & d == g & d);
-        give.sort_by_key(|&t| need_rank(g ^ d, t));
+        let (keep, give) = halve(&held, g, d);
         order.push(give);
         held = keep;
         d /= 2;
     }
     order.push(held);
     order
+}
+
+/// Host `g`'s exchange across bit `d` of recursive halving over the hosts `held`: the hosts it
+/// keeps, in the order it receives them (its own [`need_rank`]), and those it gives, in the
+/// order its partner hands them on, which is the order the partner receives them in.
+fn halve(held: &[usize], g: usize, d: usize) -> (Vec<usize>, Vec<usize>) {
+    let (mut keep, mut give): (Vec<usize>, Vec<usize>) = held.iter().partition(|&&t| t & d == g & d);
+    keep.sort_by_key(|&t| need_rank(g, t));
+    give.sort_by_key(|&t| need_rank(g ^ d, t));
+    (keep, give)
 }
 
 #[cfg(test)]

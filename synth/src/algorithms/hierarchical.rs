@@ -104,7 +104,7 @@ impl ScheduleGenerator for Hierarchical {
         }
         let (pieces, k) = self.knobs(req);
         let (pieces, k) = (pieces as usize, k as usize);
-        let rails: Vec<Vec<Rank>> = (0..m).map(|j| layout.members.iter().map(|g| g[j]).collect()).collect();
+        let rails: Vec<Vec<Rank>> = (0..m).map(|j| layout.rail(j)).collect();
         // Intra-host rings (reduce-scatter and all-gather), then k copies of the rails' flows.
         let mut flows: Vec<(Rank, Rank)> = Vec::new();
         for _ in 0..2 {
@@ -187,7 +187,7 @@ impl ScheduleGenerator for Hierarchical {
             }
             // 2. All-reduce block j across hosts among the ranks at position j.
             for j in 0..m {
-                let rail: Vec<Rank> = hosts.iter().map(|g| g[j]).collect();
+                let rail = layout.rail(j);
                 let first: Vec<StepRef> = rail.iter().map(|&r| b.next_step(r, inter)).collect();
                 let part = |t: usize| Slot::output(at(j) + t as u32);
                 all_reduce_round(&mut b, &rail, inter, 1, &part, &part);
@@ -238,9 +238,7 @@ fn ring_rails_estimate(
         flows.extend(layout.members.iter().flat_map(|g| ring_edges(g)));
     }
     let intra = flows.len();
-    let rails: Vec<(Rank, Rank)> = (0..m)
-        .flat_map(|j| ring_edges(&layout.members.iter().map(|g| g[j]).collect::<Vec<_>>()).collect::<Vec<_>>())
-        .collect();
+    let rails: Vec<(Rank, Rank)> = (0..m).flat_map(|j| ring_edges(&layout.rail(j)).collect::<Vec<_>>()).collect();
     let chunk = bytes as f64 / (pieces * h * m) as f64;
     // µs of one piece's rail round with `copies` rounds side by side, and the host stage then.
     let mut stages = |copies: usize| -> Option<(f64, f64)> {
@@ -290,7 +288,7 @@ fn all_gather(name: &str, layout: &HostLayout, pieces: u32, inter_channels: u32)
         let mut ready: Vec<Option<StepRef>> = vec![None; n as usize];
         // 1. Round each rail: position j of every host gets piece p of every rank at position j.
         for j in 0..layout.per_host() {
-            let rail: Vec<Rank> = hosts.iter().map(|g| g[j]).collect();
+            let rail = layout.rail(j);
             all_gather_round(&mut b, &rail, inter, 1, &|_| Slot::input(p), &|t| Slot::output(chunk(rail[t], p)));
             for &r in &rail {
                 ready[r as usize] = b.last_step(r, inter);
@@ -342,7 +340,7 @@ fn reduce_scatter(name: &str, layout: &HostLayout, pieces: u32, inter_channels: 
         // 2. Round each rail: position t ends with the total of rank (t, j)'s piece, once
         //    every intra-host pass of this piece is done on the rank.
         for j in 0..layout.per_host() {
-            let rail: Vec<Rank> = hosts.iter().map(|g| g[j]).collect();
+            let rail = layout.rail(j);
             let first: Vec<StepRef> = rail.iter().map(|&r| b.next_step(r, inter)).collect();
             let part = |t: usize| Slot::scratch(t as u32 * pieces + p);
             reduce_scatter_round(&mut b, &rail, inter, 1, &part, &|_| Slot::output(p));

@@ -59,6 +59,11 @@ impl HostLayout {
         self.members.len()
     }
 
+    /// Rail `j`: the rank at local position `j` of every host, in host order.
+    pub fn rail(&self, j: usize) -> Vec<Rank> {
+        self.members.iter().map(|g| g[j]).collect()
+    }
+
     /// The ring of channel `c` out of `channels`: hosts in order, each entered at local
     /// position `rotation(c)` and left from the position before it. With fewer channels than
     /// ranks per host the rotations spread evenly; with twice as many or more, every other

@@ -194,10 +194,9 @@ impl<'c> Lanes<'c> {
     /// `root`'s cheapest tree when a crossing of a group costs what it adds to
     /// Σ exp(sharpness × fill), fill being the group's load in units of its full share.
     fn cheapest(&self, oracle: &TreeOracle, root: Rank, sharpness: f64) -> Option<RootTree> {
-        let fill: Vec<f64> = self.load.iter().zip(&self.unit).map(|(&l, &u)| l as f64 * u).collect();
         // Relative to the fullest group, so the exponentials stay finite; a tiny term per
         // crossing prefers shorter paths among empty groups.
-        let top = fill.iter().copied().filter(|f| f.is_finite()).fold(0.0, f64::max);
+        let (fill, top) = self.fills();
         let length: Vec<f64> = fill
             .iter()
             .zip(&self.unit)
@@ -209,11 +208,20 @@ impl<'c> Lanes<'c> {
                 }
             })
             .collect();
-        let weighted = oracle.weighted(&length);
-        self.depth
-            .and_then(|d| oracle.shallow_tree(root, &weighted, d))
-            .or_else(|| oracle.tree(root, &weighted))
-            .map(|(t, _)| t)
+        self.tree_under(oracle, root, &length).map(|(t, _)| t)
+    }
+
+    /// Every group's load in units of its full share, and the fullest such fill.
+    fn fills(&self) -> (Vec<f64>, f64) {
+        let fill: Vec<f64> = self.load.iter().zip(&self.unit).map(|(&l, &u)| l as f64 * u).collect();
+        let top = fill.iter().copied().filter(|f| f.is_finite()).fold(0.0, f64::max);
+        (fill, top)
+    }
+
+    /// `root`'s cheapest tree under `length` per group, held to the depth where one is found.
+    fn tree_under(&self, oracle: &TreeOracle, root: Rank, length: &[f64]) -> Option<(RootTree, f64)> {
+        let weighted = oracle.weighted(length);
+        self.depth.and_then(|d| oracle.shallow_tree(root, &weighted, d)).or_else(|| oracle.tree(root, &weighted))
     }
 
     /// Moves trees off the fullest groups while some other tree of their root avoids every
@@ -222,8 +230,7 @@ impl<'c> Lanes<'c> {
     /// the fullest fill or the number of groups at it, so this ends.
     fn polish(&mut self, oracle: &TreeOracle, trees: &mut [Vec<RootTree>]) {
         for _ in 0..POLISH_MOVES {
-            let fill: Vec<f64> = self.load.iter().zip(&self.unit).map(|(&l, &u)| l as f64 * u).collect();
-            let top = fill.iter().copied().filter(|f| f.is_finite()).fold(0.0, f64::max);
+            let (fill, top) = self.fills();
             let full = |g: usize| fill[g] >= top * (1.0 - 1e-9);
             let mut moved = false;
             'search: for lane in trees.iter_mut() {
@@ -240,12 +247,7 @@ impl<'c> Lanes<'c> {
                         .zip(&self.unit)
                         .map(|(&l, &u)| if (l + 1) as f64 * u >= top * (1.0 - 1e-9) { f64::INFINITY } else { u })
                         .collect();
-                    let weighted = oracle.weighted(&length);
-                    let found = self
-                        .depth
-                        .and_then(|d| oracle.shallow_tree(tree.root, &weighted, d))
-                        .or_else(|| oracle.tree(tree.root, &weighted))
-                        .filter(|(_, len)| len.is_finite());
+                    let found = self.tree_under(oracle, tree.root, &length).filter(|(_, len)| len.is_finite());
                     // Lengths count each crossing alone; a tree crossing a group several
                     // times (a star's root link) must still stay under the top.
                     if let Some((better, _)) = found {

@@ -9,9 +9,10 @@
 //!   its root holds the sum), which is what beats Blink's trees where reduce-scatter plus
 //!   all-gather is the better shape.
 //!
-//! The bundles are emitted as equal lanes ([`crate::blink::lanes`]): every lane carries the same
-//! share of every shard, a bundle getting a whole number of lanes, since links are shared
-//! equally between the message streams on them, not in proportion to planned rates.
+//! The plan is emitted as equal lanes ([`crate::blink::lanes`]): every lane carries the same
+//! share of every shard, since links are shared equally between the message streams on them,
+//! not in proportion to planned rates. The lanes are packed whole where that
+//! realizes more than giving each fractional bundle a whole number of lanes (`lanes.rs`).
 
 mod lanes;
 pub mod packing;

@@ -179,12 +179,10 @@ impl<'a> TreeOracle<'a> {
     /// their pipeline sooner, which the cheapest arborescence, indifferent to depth, is not.
     pub(crate) fn shallow_tree(&self, root: Rank, weighted: &Weighted, depth: usize) -> Option<(RootTree, f64)> {
         let n = self.n;
-        let mut best_arc: Vec<Option<usize>> = vec![None; n * n];
+        // `weighted` holds one arc per pair at most.
+        let mut arc_of: Vec<Option<usize>> = vec![None; n * n];
         for (i, a) in weighted.arcs.iter().enumerate() {
-            let slot = &mut best_arc[a.from * n + a.to];
-            if slot.map_or(true, |j| a.weight < weighted.arcs[j].weight) {
-                *slot = Some(i);
-            }
+            arc_of[a.from * n + a.to] = Some(i);
         }
         let mut level: Vec<Option<usize>> = vec![None; n];
         level[root as usize] = Some(0);
@@ -202,7 +200,7 @@ impl<'a> TreeOracle<'a> {
                     if level[v].is_some() {
                         continue;
                     }
-                    if let Some(i) = best_arc[u * n + v] {
+                    if let Some(i) = arc_of[u * n + v] {
                         let w = weighted.arcs[i].weight;
                         if pick.map_or(true, |(pw, _, _)| w < pw) {
                             pick = Some((w, i, v));
@@ -270,20 +268,19 @@ pub fn forest_plan(
     }
     let rate: f64 = bundles.iter().map(|b| b.rate).sum();
     let upper = packed.upper.max(rate);
+    // The fractional bundles as `Forest` rounds them to lanes, against lanes packed whole.
     let bundle_rates: Vec<f64> = bundles.iter().map(|b| b.rate).collect();
     let (_, rounded) = lane_counts_on(&cap, &kept_usage, &bundle_rates, lanes);
-    let Some(whole) = pack_whole(&arcs, n, direction, &cap, &latency, rate) else {
-        return Some(ForestPlan { direction, arcs, bundles, rate, upper, cap, usage: kept_usage });
-    };
     let deepest = bundles.iter().flat_map(|b| &b.trees).map(RootTree::depth).max().unwrap_or(0);
-    let rounded = filled_rate(rounded, deepest);
-    if whole.filled_rate() <= rounded {
-        return Some(ForestPlan { direction, arcs, bundles, rate, upper, cap, usage: kept_usage });
+    match pack_whole(&arcs, n, direction, &cap, &latency, rate) {
+        Some(whole) if whole.filled_rate() > filled_rate(rounded, deepest) => {
+            let per_lane = whole.rate / whole.trees.len() as f64;
+            let usage = whole.trees.iter().map(|lane| lane.iter().flat_map(|t| oracle.groups(t)).collect()).collect();
+            let bundles = whole.trees.into_iter().map(|trees| Bundle { trees, rate: per_lane }).collect();
+            Some(ForestPlan { direction, arcs, bundles, rate: whole.rate, upper, cap, usage })
+        }
+        _ => Some(ForestPlan { direction, arcs, bundles, rate, upper, cap, usage: kept_usage }),
     }
-    let per_lane = whole.rate / whole.trees.len() as f64;
-    let usage = whole.trees.iter().map(|lane| lane.iter().flat_map(|t| oracle.groups(t)).collect()).collect();
-    let bundles = whole.trees.into_iter().map(|trees| Bundle { trees, rate: per_lane }).collect();
-    Some(ForestPlan { direction, arcs, bundles, rate: whole.rate, upper, cap, usage })
 }
 
 #[cfg(test)]
