@@ -188,3 +188,28 @@ fn a_send_via_the_fabric_takes_the_fabric_path_where_paths_are_followed() {
     bad.ranks[1].channels[1].via_fabric = vec![0];
     assert!(bad.validate().is_err());
 }
+
+/// A schedule too large to validate before it runs (over a million steps) is validated beside
+/// the run; a fault anywhere in it still comes back as validation's error, naming the step,
+/// whether the run would have failed on it (a dependency on a missing channel) or not (a step
+/// of no chunks, at the start, which the run gives up on early).
+#[test]
+fn a_large_malformed_schedule_gets_validations_error() {
+    use topoccl_synth::schedule::{Dep, StepRef};
+    use topoccl_synth::Error;
+    let topo = resolve("ring:1024").unwrap();
+    let good = Registry::builtin().generate("ring", &Request::new(&topo, Collective::AllReduce).channels(1)).unwrap();
+    let steps: usize = good.ranks.iter().flat_map(|p| &p.channels).map(|c| c.steps.len()).sum();
+    assert!(steps > 1 << 20, "{steps} steps: too few to be validated beside the run");
+    let mut missing_channel = good.clone();
+    let last = missing_channel.ranks.last_mut().unwrap().channels.first_mut().unwrap();
+    last.deps.push(Dep { step: 5, on: StepRef { channel: 3, step: 0 } });
+    let mut no_chunks = good;
+    no_chunks.ranks[0].channels[0].steps[0].count = 0;
+    for (sched, names) in [(missing_channel, "rank 1023 channel 0 step 5"), (no_chunks, "rank 0 channel 0 step 0")] {
+        match simulate(&topo, &sched, 1 << 20) {
+            Err(Error::MalformedSchedule(m)) => assert!(m.contains(names), "{m}"),
+            other => panic!("{names}: {other:?}"),
+        }
+    }
+}

@@ -10,18 +10,35 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
+/// No flow: [`RouteFlows::first`] is empty.
+const NO_FLOW: u32 = u32::MAX;
+
+/// Flows after the first as (mark as f64 bits, flow id), earliest on top.
+type LaterFlows = BinaryHeap<Reverse<(u64, u32)>>;
+
 /// The active flows of one route.
-#[derive(Default)]
 pub(super) struct RouteFlows {
     /// Bytes served to each flow of the route since it was first used, as of `last`.
     served: f64,
     /// Bytes per µs each flow gets now.
     rate: f64,
     last: f64,
+    /// The first-ending flow, as (mark, id), kept apart from the rest: most routes carry one
+    /// flow at a time, and then the heap's own memory is never touched.
+    first_mark: f64,
+    first: u32,
     /// Bumped at every rate change; events of older versions are stale.
     version: u32,
-    /// (mark as f64 bits, flow id): marks are non-negative, so bit order is numeric order.
-    ends: BinaryHeap<Reverse<(u64, u32)>>,
+    /// The other flows as (mark as f64 bits, flow id): marks are non-negative, so bit order is
+    /// numeric order. Boxed: a route is then 48 bytes, and the many that never carry two flows
+    /// at once fit more of them in cache.
+    rest: Option<Box<LaterFlows>>,
+}
+
+impl Default for RouteFlows {
+    fn default() -> RouteFlows {
+        RouteFlows { served: 0.0, rate: 0.0, last: 0.0, first_mark: 0.0, first: NO_FLOW, version: 0, rest: None }
+    }
 }
 
 impl RouteFlows {
@@ -37,16 +54,35 @@ impl RouteFlows {
     /// Adds flow `id` of `bytes` at time `now`; true if it is the route's only flow.
     pub fn add(&mut self, now: f64, id: u32, bytes: f64) -> bool {
         self.catch_up(now);
-        self.ends.push(Reverse(((self.served + bytes).to_bits(), id)));
-        self.ends.len() == 1
+        let mark = self.served + bytes;
+        if self.first == NO_FLOW {
+            (self.first_mark, self.first) = (mark, id);
+            return true;
+        }
+        let (mark, id) = if (mark, id) < (self.first_mark, self.first) {
+            let later = (self.first_mark, self.first);
+            (self.first_mark, self.first) = (mark, id);
+            later
+        } else {
+            (mark, id)
+        };
+        self.rest.get_or_insert_with(Box::default).push(Reverse((mark.to_bits(), id)));
+        false
     }
 
     /// Removes the first-ending flow (whose end event fired); returns it and whether the route
     /// has no flow left.
     pub fn pop(&mut self, now: f64) -> Option<(u32, bool)> {
         self.catch_up(now);
-        let Reverse((_, id)) = self.ends.pop()?;
-        Some((id, self.ends.is_empty()))
+        if self.first == NO_FLOW {
+            return None;
+        }
+        let id = self.first;
+        (self.first_mark, self.first) = match self.rest.as_mut().and_then(|rest| rest.pop()) {
+            Some(Reverse((mark, next))) => (f64::from_bits(mark), next),
+            None => (0.0, NO_FLOW),
+        };
+        Some((id, self.first == NO_FLOW))
     }
 
     /// Sets the rate from `now` on; returns the new version and, if a flow is left, the time
@@ -55,7 +91,7 @@ impl RouteFlows {
         self.catch_up(now);
         self.rate = rate;
         self.version = self.version.wrapping_add(1);
-        let next = self.ends.peek().map(|Reverse((mark, _))| (f64::from_bits(*mark) - self.served).max(0.0) / rate);
+        let next = (self.first != NO_FLOW).then(|| (self.first_mark - self.served).max(0.0) / rate);
         (self.version, next)
     }
 }

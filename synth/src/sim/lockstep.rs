@@ -176,7 +176,7 @@ impl<'t> Lockstep<'t> {
                         .iter()
                         .map(|&g| groups[g as usize].bandwidth * 1e3 / f64::from(load[g as usize].max(1)))
                         .fold(f64::INFINITY, f64::min),
-                    latency_us: self.table.latency[route as usize] + self.config.message_overhead_us,
+                    latency_us: self.table.latency(route) + self.config.message_overhead_us,
                 },
             })
             .collect();

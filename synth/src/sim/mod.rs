@@ -15,6 +15,7 @@
 //! whatever other lanes queued first, instead of getting its fair share at once.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use rustc_hash::FxHashMap;
 
@@ -127,9 +128,11 @@ struct ChannelState {
     has_waiters: bool,
 }
 
-/// Schedules of at least this many steps are validated on a second thread while the plan is
-/// built (a thread costs tens of µs; validating 67 M steps, a second).
+/// Schedules of at least this many steps are validated on a second thread while they run (a
+/// thread costs tens of µs; validating 67 M steps, a second).
 const VALIDATE_BESIDE_STEPS: usize = 1 << 20;
+/// Events between looks at whether validation, running beside, has failed.
+const POLL_EVERY: u32 = 1 << 16;
 
 /// Prices schedules on one topology; routes are cached across runs.
 pub struct Simulator<'t> {
@@ -222,6 +225,33 @@ impl<'t> Simulator<'t> {
                 ranks: self.topo.nranks(),
             });
         }
+        let steps: usize = sched.ranks.iter().flat_map(|p| &p.channels).map(|c| c.steps.len()).sum();
+        if steps < VALIDATE_BESIDE_STEPS {
+            sched.validate()?;
+            return self.simulate(sched, bytes, &AtomicBool::new(false));
+        }
+        // Validation reads every step, and so does the plan; on two cores, side by side with
+        // the whole run. The run reads nothing validation has not yet checked that could make
+        // it fail other than cleanly, and gives up once validation has failed.
+        let invalid = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let checked = s.spawn(|| {
+                let checked = sched.validate();
+                if checked.is_err() {
+                    invalid.store(true, Ordering::Relaxed);
+                }
+                checked
+            });
+            let outcome = self.simulate(sched, bytes, &invalid);
+            // Validation's error names the step; it comes first.
+            checked.join().unwrap_or_else(|_| Err(Error::MalformedSchedule("validation panicked".into())))?;
+            outcome
+        })
+    }
+
+    /// Runs a schedule that is valid or being validated (`invalid` set once it is known not
+    /// to be).
+    fn simulate(&mut self, sched: &Schedule, bytes: u64, invalid: &AtomicBool) -> Result<SimResult> {
         let mut channels = Vec::new();
         let mut offset = Vec::with_capacity(sched.ranks.len());
         for (r, prog) in sched.ranks.iter().enumerate() {
@@ -241,35 +271,20 @@ impl<'t> Simulator<'t> {
         let mut conns = Vec::new();
         let mut conn_of = FxHashMap::default();
         let nranks = sched.nranks;
-        let mut build = || {
-            Plan::build(sched, &placed, |from, to, ch| {
-                if let Some(&c) = conn_of.get(&(from, to, ch)) {
-                    return Ok(c);
-                }
-                if from.max(to) >= nranks || from == to {
-                    // Validation, running beside, names the step.
-                    return Err(Error::MalformedSchedule(format!("a message from rank {from} to rank {to}")));
-                }
-                let route = self.route(from, to, false)?;
-                conns.push(Conn { to, route, arrived: 0, waiter: NO_WAITER });
-                let id = conns.len() as u32 - 1;
-                conn_of.insert((from, to, ch), id);
-                Ok(id)
-            })
-        };
-        let steps: usize = sched.ranks.iter().flat_map(|p| &p.channels).map(|c| c.steps.len()).sum();
-        let plan = if steps < VALIDATE_BESIDE_STEPS {
-            sched.validate()?;
-            build()?
-        } else {
-            // Both read every step; on two cores, side by side.
-            std::thread::scope(|s| {
-                let checked = s.spawn(|| sched.validate());
-                let plan = build();
-                checked.join().unwrap_or_else(|_| Err(Error::MalformedSchedule("validation panicked".into())))?;
-                plan
-            })?
-        };
+        let plan = Plan::build(sched, &placed, |from, to, ch| {
+            if let Some(&c) = conn_of.get(&(from, to, ch)) {
+                return Ok(c);
+            }
+            if from.max(to) >= nranks || from == to {
+                // Validation names the step.
+                return Err(Error::MalformedSchedule(format!("a message from rank {from} to rank {to}")));
+            }
+            let route = self.route(from, to, false)?;
+            conns.push(Conn { to, route, arrived: 0, waiter: NO_WAITER });
+            let id = conns.len() as u32 - 1;
+            conn_of.insert((from, to, ch), id);
+            Ok(id)
+        })?;
         drop(placed);
         let groups = self.topo.link_groups();
         let mut run = Run {
@@ -298,7 +313,12 @@ impl<'t> Simulator<'t> {
         for g in 0..run.channels.len() as u32 {
             self.advance(&mut run, g)?;
         }
+        let mut events = 0u32;
         while let Some((time, kind)) = run.events.pop() {
+            events = events.wrapping_add(1);
+            if events % POLL_EVERY == 0 && invalid.load(Ordering::Relaxed) {
+                return Err(Error::MalformedSchedule("validation failed".into()));
+            }
             run.now = time;
             match kind {
                 EventKind::FlowDone { route, version } => {
@@ -474,7 +494,7 @@ impl<'t> Simulator<'t> {
         // A route left without flows is off its links' lists and gets no event; the one that
         // just fired was its only one (each rate change posts one).
         self.rerate_links(run, route);
-        let latency = self.routes.latency[route as usize] + self.config.message_overhead_us;
+        let latency = self.routes.latency(route) + self.config.message_overhead_us;
         run.push(latency, EventKind::Arrive { conn });
         if g != QUEUED {
             run.complete_step(g);
@@ -501,7 +521,7 @@ impl<'t> Simulator<'t> {
         let groups = self.routes.links(route);
         if let [l] = groups {
             let link = &run.links[*l as usize];
-            if link.more.is_empty() {
+            if link.one_route() {
                 // The common case: one route alone on a direct link.
                 if link.first != NO_ROUTE {
                     self.rerate(run, link.first);

@@ -1,14 +1,16 @@
-//! The schedule as the simulator walks it: each step reduced to 12 bytes (its connections
-//! resolved, its flags precomputed), stored *round-major* — step `k` of every channel side by
-//! side, then step `k + 1`.
+//! The schedule as the simulator walks it: each channel's steps reduced to what the cost model
+//! reads (the connections they receive and send on, the chunks they move, their flags) and
+//! stored as *runs* of consecutive steps that are alike.
 //!
 //! Why: a schedule of N ranks holds O(N²) steps (a 4096-rank ring all-reduce at two channels,
-//! 67 M of them, 1.9 GB), far beyond any cache, and its channels mostly run in lock step. Walked
-//! in the schedule's own layout (one array per channel) every step is a cache and TLB miss; in
-//! rounds, consecutive events touch neighbouring steps. Channels are placed longest first, so
-//! the channels that have a step `k` are a prefix of round `k` and no round is padded.
+//! 67 M of them, 2.1 GB), far beyond any cache, yet its channels repeat one step shape: a ring
+//! channel keeps its two peers and its chunk count, and changes only its operation, a handful of
+//! times. The model cannot tell those steps apart, so the plan keeps one run for them. A
+//! channel's run cursor moves forward with its program counter, so finding a step is a compare,
+//! and the whole plan stays in cache. A schedule whose every step differs from the last costs one
+//! run per step (16 bytes), no more than a table of steps.
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::schedule::{Op, Rank, Schedule};
 
 /// The step copies or reduces locally (priced with `SimConfig::local_gbps`).
@@ -33,22 +35,31 @@ pub(super) struct PlanStep {
     pub flags: u32,
 }
 
+/// Steps `first..` (up to the next run's first) of one channel, all alike: (first step, receive
+/// connection, send connection, count | flags << COUNT_BITS).
+type StepRun = [u32; 4];
+
 pub(super) struct Plan {
-    /// Steps as (receive connection, send connection, count | flags << COUNT_BITS). Plain words,
-    /// so the allocation is zeroed by the allocator (fresh pages from the kernel) instead of
-    /// written twice.
-    steps: Vec<[u32; 3]>,
-    /// Index of round `k`'s first step.
-    round: Vec<usize>,
-    /// Each channel's place within a round, and its length.
-    place: Vec<u32>,
-    len: Vec<u32>,
+    /// Every channel's runs, channel after channel.
+    runs: Vec<StepRun>,
+    /// Channel `g`'s runs are `runs[start[g]..walks[g].end]`.
+    start: Vec<u32>,
+    /// Where each channel is in its runs: steps are asked for in order, so this only moves on.
+    walks: Vec<Walk>,
 }
 
-/// Channels and steps copied per block: the copy reads each channel sequentially and writes each
-/// round in runs of `BLOCK_CHANNELS` steps, so it stays in cache too.
-const BLOCK_CHANNELS: usize = 64;
-const BLOCK_STEPS: usize = 256;
+/// A channel's place in its runs, in one place: finding its next step reads this and the run.
+#[derive(Clone, Copy)]
+struct Walk {
+    /// The current run.
+    at: u32,
+    /// The first step after the current run.
+    until: u32,
+    /// Past the channel's last run.
+    end: u32,
+    /// The channel's step count.
+    len: u32,
+}
 
 impl Plan {
     /// Compiles `sched`, whose channel `g` is channel `index` of rank `rank` in `channels`
@@ -58,97 +69,177 @@ impl Plan {
         channels: &[(Rank, u32)],
         mut conn: impl FnMut(Rank, Rank, u32) -> Result<u32>,
     ) -> Result<Plan> {
-        let of = |g: usize| {
-            let (rank, index) = channels[g];
-            &sched.ranks[rank as usize].channels[index as usize]
+        let mut runs: Vec<StepRun> = Vec::new();
+        let mut start = Vec::with_capacity(channels.len());
+        let mut walks = Vec::with_capacity(channels.len());
+        let index_of = |n: usize| {
+            u32::try_from(n).map_err(|_| Error::MalformedSchedule(format!("more than {} runs of steps", u32::MAX)))
         };
-        let len: Vec<u32> = (0..channels.len()).map(|g| of(g).steps.len() as u32).collect();
-        let mut order: Vec<u32> = (0..channels.len() as u32).collect();
-        order.sort_by_key(|&g| std::cmp::Reverse(len[g as usize]));
-        let mut place = vec![0u32; channels.len()];
-        for (p, &g) in order.iter().enumerate() {
-            place[g as usize] = p as u32;
-        }
-        let rounds = len.iter().copied().max().unwrap_or(0) as usize;
-        // Channels with a step k: those longer than k.
-        let mut ending = vec![0usize; rounds + 1];
-        for &l in &len {
-            ending[l as usize] += 1;
-        }
-        let mut round = Vec::with_capacity(rounds + 1);
-        let (mut at, mut alive) = (0usize, channels.len());
-        for ends in ending {
-            round.push(at);
-            alive -= ends;
-            at += alive;
-        }
-        let mut steps = vec![[0u32; 3]; at];
-        // Per channel, the last peer received from and sent to and their connections: most
-        // channels keep one peer throughout.
-        let mut last = vec![[(Rank::MAX, NONE); 2]; channels.len()];
-        for block in order.chunks(BLOCK_CHANNELS) {
-            let most = len[block[0] as usize] as usize;
-            for first in (0..most).step_by(BLOCK_STEPS) {
-                for &g in block {
-                    let (rank, index) = channels[g as usize];
-                    let ch = of(g as usize);
-                    let [last_recv, last_send] = &mut last[g as usize];
-                    for (k, step) in ch.steps.iter().enumerate().take(first + BLOCK_STEPS).skip(first) {
-                        let recv = match step.op.recv_from() {
-                            None => NONE,
-                            Some(from) if from == last_recv.0 => last_recv.1,
-                            Some(from) => {
-                                *last_recv = (from, conn(from, rank, index)?);
-                                last_recv.1
-                            }
-                        };
-                        let send = match step.op.send_to() {
-                            None => NONE,
-                            Some(to) if to == last_send.0 => last_send.1,
-                            Some(to) => {
-                                *last_send = (to, conn(rank, to, index)?);
-                                last_send.1
-                            }
-                        };
-                        let touches = step.op.reduces()
-                            || matches!(step.op, Op::Copy { .. } | Op::Recv { .. } | Op::RecvCopySend { .. });
-                        let flags = if touches { TOUCHES } else { 0 };
-                        steps[round[k] + place[g as usize] as usize] = [recv, send, step.count | flags << COUNT_BITS];
+        // Steps with flags of their own, per channel: (step, flag), sorted.
+        let mut flagged: Vec<(u32, u32)> = Vec::new();
+        for &(rank, index) in channels {
+            let prog = &sched.ranks[rank as usize];
+            let ch = &prog.channels[index as usize];
+            let first = index_of(runs.len())?;
+            start.push(first);
+            flagged.clear();
+            for d in &ch.deps {
+                if d.on.channel as usize >= prog.channels.len() {
+                    // Checked before the run walks the dependency (validation names it too).
+                    return Err(Error::MalformedSchedule(format!(
+                        "rank {rank} channel {index} step {}: depends on channel {} of {}",
+                        d.step,
+                        d.on.channel,
+                        prog.channels.len()
+                    )));
+                }
+                flagged.push((d.step, HAS_DEPS));
+            }
+            flagged.extend(ch.via_fabric.iter().map(|&s| (s, VIA_FABRIC)));
+            flagged.sort_unstable();
+            let mut flags_at = flagged.iter().peekable();
+            // The last peer received from and sent to and their connections: most channels keep
+            // one peer throughout.
+            let (mut last_recv, mut last_send) = ((Rank::MAX, NONE), (Rank::MAX, NONE));
+            let mut previous: Option<[u32; 3]> = None;
+            for (k, step) in ch.steps.iter().enumerate() {
+                let k = k as u32;
+                let recv = match step.op.recv_from() {
+                    None => NONE,
+                    Some(from) if from == last_recv.0 => last_recv.1,
+                    Some(from) => {
+                        last_recv = (from, conn(from, rank, index)?);
+                        last_recv.1
                     }
+                };
+                let send = match step.op.send_to() {
+                    None => NONE,
+                    Some(to) if to == last_send.0 => last_send.1,
+                    Some(to) => {
+                        last_send = (to, conn(rank, to, index)?);
+                        last_send.1
+                    }
+                };
+                let touches =
+                    step.op.reduces() || matches!(step.op, Op::Copy { .. } | Op::Recv { .. } | Op::RecvCopySend { .. });
+                let mut flags = if touches { TOUCHES } else { 0 };
+                while let Some(&&(s, flag)) = flags_at.peek() {
+                    if s > k {
+                        break;
+                    }
+                    if s == k {
+                        flags |= flag;
+                    }
+                    flags_at.next();
+                }
+                let shape = [recv, send, step.count | flags << COUNT_BITS];
+                if previous != Some(shape) {
+                    runs.push([k, shape[0], shape[1], shape[2]]);
+                    previous = Some(shape);
                 }
             }
+            let end = index_of(runs.len())?;
+            let len = ch.steps.len() as u32;
+            let until = if first + 1 < end { runs[first as usize + 1][0] } else { len };
+            walks.push(Walk { at: first, until, end, len });
         }
-        let mut plan = Plan { steps, round, place, len };
-        for g in 0..channels.len() {
-            let ch = of(g);
-            for d in &ch.deps {
-                plan.flag(g as u32, d.step, HAS_DEPS);
-            }
-            for &s in &ch.via_fabric {
-                plan.flag(g as u32, s, VIA_FABRIC);
-            }
-        }
-        Ok(plan)
+        Ok(Plan { runs, start, walks })
     }
 
-    fn flag(&mut self, g: u32, k: u32, flag: u32) {
-        if let Some(i) = self.index(g, k) {
-            self.steps[i][2] |= flag << COUNT_BITS;
+    /// Step `k` of channel `g`, if it has one. Cheapest when each channel's steps are asked
+    /// for in order.
+    pub fn step(&mut self, g: u32, k: u32) -> Option<PlanStep> {
+        let w = self.walks.get_mut(g as usize)?;
+        if k >= w.len {
+            return None;
         }
-    }
-
-    fn index(&self, g: u32, k: u32) -> Option<usize> {
-        (k < self.len[g as usize]).then(|| self.round[k as usize] + self.place[g as usize] as usize)
-    }
-
-    /// Step `k` of channel `g`, if it has one.
-    pub fn step(&self, g: u32, k: u32) -> Option<PlanStep> {
-        let [recv, send, word] = self.steps[self.index(g, k)?];
+        if k >= w.until || k < self.runs[w.at as usize][0] {
+            // Past the current run, or (rarely) before it: find the step's run.
+            let from = if k >= w.until { w.at as usize + 1 } else { self.start[g as usize] as usize };
+            let found = self.runs[from..w.end as usize].partition_point(|r| r[0] <= k);
+            w.at = (from + found - 1) as u32;
+            w.until = self.runs.get(w.at as usize + 1).filter(|_| w.at + 1 < w.end).map_or(w.len, |r| r[0]);
+        }
+        let [_, recv, send, word] = self.runs[w.at as usize];
         Some(PlanStep {
             recv: (recv != NONE).then_some(recv),
             send: (send != NONE).then_some(send),
             count: word & ((1 << COUNT_BITS) - 1),
             flags: word >> COUNT_BITS,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithms::{Registry, Request};
+    use crate::schedule::Collective;
+    use crate::topology::resolve;
+
+    /// The runs give back every step of the schedule, in order and out of order.
+    #[test]
+    fn runs_give_back_every_step() {
+        let topo = resolve("dgx1").expect("dgx1");
+        // Steps seen with dependencies and with fabric paths: the flags must be covered too.
+        let (mut with_deps, mut via_fabric) = (0, 0);
+        for algo in ["ring", "tree", "rhd", "blink", "hier-rhd"] {
+            let sched =
+                Registry::builtin().generate(algo, &Request::new(&topo, Collective::AllReduce)).expect("generates");
+            let channels: Vec<(Rank, u32)> = sched
+                .ranks
+                .iter()
+                .enumerate()
+                .flat_map(|(r, p)| (0..p.channels.len() as u32).map(move |c| (r as Rank, c)))
+                .collect();
+            // Connections named by their ends, so a step can be checked against its op.
+            let mut plan = Plan::build(&sched, &channels, |from, to, _| Ok(from * 1000 + to)).expect("builds");
+            let expected = |g: usize, k: usize| {
+                let (rank, index) = channels[g];
+                let ch = &sched.ranks[rank as usize].channels[index as usize];
+                let step = &ch.steps[k];
+                let recv = step.op.recv_from().map(|f| f * 1000 + rank);
+                let send = step.op.send_to().map(|t| rank * 1000 + t);
+                let deps = ch.deps.iter().any(|d| d.step as usize == k);
+                (recv, send, step.count, deps, ch.sends_via_fabric(k as u32))
+            };
+            let got = |s: PlanStep| (s.recv, s.send, s.count, s.flags & HAS_DEPS != 0, s.flags & VIA_FABRIC != 0);
+            let mut steps = 0usize;
+            for (g, &(rank, index)) in channels.iter().enumerate() {
+                let n = sched.ranks[rank as usize].channels[index as usize].steps.len();
+                for k in 0..n {
+                    let s = plan.step(g as u32, k as u32).expect("a step");
+                    assert_eq!(got(s), expected(g, k), "{algo}: channel {g} step {k}");
+                    with_deps += usize::from(s.flags & HAS_DEPS != 0);
+                    via_fabric += usize::from(s.flags & VIA_FABRIC != 0);
+                }
+                assert!(plan.step(g as u32, n as u32).is_none());
+                // Backwards too.
+                for k in (0..n).rev().step_by(3) {
+                    let s = plan.step(g as u32, k as u32).expect("a step");
+                    assert_eq!(got(s), expected(g, k), "{algo}: channel {g} step {k}, backwards");
+                }
+                steps += n;
+            }
+            assert!(plan.runs.len() <= steps, "{algo}: {} runs for {steps} steps", plan.runs.len());
+        }
+        assert!(with_deps > 0 && via_fabric > 0, "{with_deps} steps with dependencies, {via_fabric} via the fabric");
+    }
+
+    /// A ring channel is a few runs however many ranks it spans.
+    #[test]
+    fn a_ring_channel_is_a_few_runs() {
+        let topo = resolve("ring:256").expect("ring");
+        let sched = Registry::builtin().generate("ring", &Request::new(&topo, Collective::AllReduce)).expect("ring");
+        let channels: Vec<(Rank, u32)> = sched
+            .ranks
+            .iter()
+            .enumerate()
+            .flat_map(|(r, p)| (0..p.channels.len() as u32).map(move |c| (r as Rank, c)))
+            .collect();
+        let plan = Plan::build(&sched, &channels, |from, to, _| Ok(from * 1000 + to)).expect("builds");
+        let steps: usize = sched.ranks.iter().flat_map(|p| &p.channels).map(|c| c.steps.len()).sum();
+        assert!(steps >= 256 * 2 * 510, "{steps} steps");
+        assert!(plan.runs.len() <= channels.len() * 8, "{} runs for {} channels", plan.runs.len(), channels.len());
     }
 }
