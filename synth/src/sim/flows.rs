@@ -59,13 +59,11 @@ impl RouteFlows {
             (self.first_mark, self.first) = (mark, id);
             return true;
         }
-        let (mark, id) = if (mark, id) < (self.first_mark, self.first) {
-            let later = (self.first_mark, self.first);
-            (self.first_mark, self.first) = (mark, id);
-            later
-        } else {
-            (mark, id)
-        };
+        let (mut mark, mut id) = (mark, id);
+        if (mark, id) < (self.first_mark, self.first) {
+            std::mem::swap(&mut mark, &mut self.first_mark);
+            std::mem::swap(&mut id, &mut self.first);
+        }
         self.rest.get_or_insert_with(Box::default).push(Reverse((mark.to_bits(), id)));
         false
     }

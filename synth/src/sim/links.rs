@@ -37,16 +37,12 @@ impl LinkState {
     }
 
     pub fn remove_route(&mut self, route: u32) {
-        let Some(more) = self.more.as_mut() else {
-            if self.first == route {
-                self.first = NO_ROUTE;
-            }
-            return;
-        };
         if self.first == route {
-            self.first = more.pop().unwrap_or(NO_ROUTE);
-        } else if let Some(pos) = more.iter().position(|&r| r == route) {
-            more.swap_remove(pos);
+            self.first = self.more.as_mut().and_then(|more| more.pop()).unwrap_or(NO_ROUTE);
+        } else if let Some(more) = self.more.as_mut() {
+            if let Some(pos) = more.iter().position(|&r| r == route) {
+                more.swap_remove(pos);
+            }
         }
     }
 

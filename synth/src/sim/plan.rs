@@ -61,6 +61,37 @@ struct Walk {
     len: u32,
 }
 
+impl Walk {
+    /// Sets `until` for the current run.
+    fn settle(&mut self, runs: &[StepRun]) {
+        self.until = if self.at + 1 < self.end { runs[self.at as usize + 1][0] } else { self.len };
+    }
+}
+
+/// The peer a channel last received from (or sent to) and the connection to it: most channels
+/// keep one peer throughout, so the connection is looked up once.
+struct LastPeer {
+    peer: Rank,
+    conn: u32,
+}
+
+impl Default for LastPeer {
+    fn default() -> LastPeer {
+        LastPeer { peer: Rank::MAX, conn: NONE }
+    }
+}
+
+impl LastPeer {
+    /// The connection to `peer` ([`NONE`] without one), named by `lookup` when the peer changes.
+    fn conn(&mut self, peer: Option<Rank>, lookup: impl FnOnce(Rank) -> Result<u32>) -> Result<u32> {
+        let Some(peer) = peer else { return Ok(NONE) };
+        if peer != self.peer {
+            *self = LastPeer { peer, conn: lookup(peer)? };
+        }
+        Ok(self.conn)
+    }
+}
+
 impl Plan {
     /// Compiles `sched`, whose channel `g` is channel `index` of rank `rank` in `channels`
     /// (global order). `conn(from, to, channel)` names the connection a message takes.
@@ -98,28 +129,12 @@ impl Plan {
             flagged.extend(ch.via_fabric.iter().map(|&s| (s, VIA_FABRIC)));
             flagged.sort_unstable();
             let mut flags_at = flagged.iter().peekable();
-            // The last peer received from and sent to and their connections: most channels keep
-            // one peer throughout.
-            let (mut last_recv, mut last_send) = ((Rank::MAX, NONE), (Rank::MAX, NONE));
+            let (mut last_recv, mut last_send) = (LastPeer::default(), LastPeer::default());
             let mut previous: Option<[u32; 3]> = None;
             for (k, step) in ch.steps.iter().enumerate() {
                 let k = k as u32;
-                let recv = match step.op.recv_from() {
-                    None => NONE,
-                    Some(from) if from == last_recv.0 => last_recv.1,
-                    Some(from) => {
-                        last_recv = (from, conn(from, rank, index)?);
-                        last_recv.1
-                    }
-                };
-                let send = match step.op.send_to() {
-                    None => NONE,
-                    Some(to) if to == last_send.0 => last_send.1,
-                    Some(to) => {
-                        last_send = (to, conn(rank, to, index)?);
-                        last_send.1
-                    }
-                };
+                let recv = last_recv.conn(step.op.recv_from(), |from| conn(from, rank, index))?;
+                let send = last_send.conn(step.op.send_to(), |to| conn(rank, to, index))?;
                 let touches =
                     step.op.reduces() || matches!(step.op, Op::Copy { .. } | Op::Recv { .. } | Op::RecvCopySend { .. });
                 let mut flags = if touches { TOUCHES } else { 0 };
@@ -138,10 +153,9 @@ impl Plan {
                     previous = Some(shape);
                 }
             }
-            let end = index_of(runs.len())?;
-            let len = ch.steps.len() as u32;
-            let until = if first + 1 < end { runs[first as usize + 1][0] } else { len };
-            walks.push(Walk { at: first, until, end, len });
+            let mut walk = Walk { at: first, until: 0, end: index_of(runs.len())?, len: ch.steps.len() as u32 };
+            walk.settle(&runs);
+            walks.push(walk);
         }
         Ok(Plan { runs, start, walks })
     }
@@ -158,7 +172,7 @@ impl Plan {
             let from = if k >= w.until { w.at as usize + 1 } else { self.start[g as usize] as usize };
             let found = self.runs[from..w.end as usize].partition_point(|r| r[0] <= k);
             w.at = (from + found - 1) as u32;
-            w.until = self.runs.get(w.at as usize + 1).filter(|_| w.at + 1 < w.end).map_or(w.len, |r| r[0]);
+            w.settle(&self.runs);
         }
         let [_, recv, send, word] = self.runs[w.at as usize];
         Some(PlanStep {
@@ -177,6 +191,16 @@ mod tests {
     use crate::schedule::Collective;
     use crate::topology::resolve;
 
+    /// Every channel of `sched` as (rank, index), in global order.
+    fn placed(sched: &Schedule) -> Vec<(Rank, u32)> {
+        sched
+            .ranks
+            .iter()
+            .enumerate()
+            .flat_map(|(r, p)| (0..p.channels.len() as u32).map(move |c| (r as Rank, c)))
+            .collect()
+    }
+
     /// The runs give back every step of the schedule, in order and out of order.
     #[test]
     fn runs_give_back_every_step() {
@@ -186,12 +210,7 @@ mod tests {
         for algo in ["ring", "tree", "rhd", "blink", "hier-rhd"] {
             let sched =
                 Registry::builtin().generate(algo, &Request::new(&topo, Collective::AllReduce)).expect("generates");
-            let channels: Vec<(Rank, u32)> = sched
-                .ranks
-                .iter()
-                .enumerate()
-                .flat_map(|(r, p)| (0..p.channels.len() as u32).map(move |c| (r as Rank, c)))
-                .collect();
+            let channels = placed(&sched);
             // Connections named by their ends, so a step can be checked against its op.
             let mut plan = Plan::build(&sched, &channels, |from, to, _| Ok(from * 1000 + to)).expect("builds");
             let expected = |g: usize, k: usize| {
@@ -231,12 +250,7 @@ mod tests {
     fn a_ring_channel_is_a_few_runs() {
         let topo = resolve("ring:256").expect("ring");
         let sched = Registry::builtin().generate("ring", &Request::new(&topo, Collective::AllReduce)).expect("ring");
-        let channels: Vec<(Rank, u32)> = sched
-            .ranks
-            .iter()
-            .enumerate()
-            .flat_map(|(r, p)| (0..p.channels.len() as u32).map(move |c| (r as Rank, c)))
-            .collect();
+        let channels = placed(&sched);
         let plan = Plan::build(&sched, &channels, |from, to, _| Ok(from * 1000 + to)).expect("builds");
         let steps: usize = sched.ranks.iter().flat_map(|p| &p.channels).map(|c| c.steps.len()).sum();
         assert!(steps >= 256 * 2 * 510, "{steps} steps");
