@@ -17,6 +17,7 @@
 //! Users bring their own policy through [`Tuner`], shaped like NCCL's tuner plugin: it sees the
 //! priced candidates (NCCL's cost table) and may pick another one.
 
+mod built;
 pub mod cache;
 mod scale;
 mod select;
@@ -162,6 +163,45 @@ pub fn deeper(topology: &Topology, best: &Choice, chunks: u32, bytes: u64) -> Op
         .then(|| Choice { pipeline: best.pipeline * 2, ..best.clone() })
 }
 
+/// Runners-up this close to the best (relative) are priced deeper too, and a deeper depth is
+/// priced where the pipeline model leaves it this close ([`could_win_deeper`]).
+const DEEPER_CONTENDER: f64 = 0.03;
+
+/// Whether `choice`, deeper than any of its siblings priced so far (same algorithm and
+/// channels, with `chunks` beside `priced`), could still come within [`DEEPER_CONTENDER`] of
+/// `best_us`.
+///
+/// Pipelining hides the time a chunk takes to cross the schedule, so a schedule of `c` chunks
+/// takes about `steady + fill / c`. Fitted to the two deepest siblings, that model predicts the
+/// deeper candidate; it is priced only where the last deepening gained and the prediction is
+/// within reach of the best. The deep candidates are the costly ones (TACOS at 128 chunks per
+/// block took 2 s to synthesize on `cluster:2x8` and lost by 40 %). Where the siblings do not
+/// say how deep the candidate is (the deepest is the generator's default depth), it is priced.
+pub fn could_win_deeper(priced: &[Priced], chunks: &[u32], choice: &Choice, best_us: f64) -> bool {
+    let mut siblings: Vec<(u32, u32, f64)> = priced
+        .iter()
+        .zip(chunks)
+        .filter(|(p, _)| p.choice.algorithm == choice.algorithm && p.choice.channels == choice.channels)
+        .map(|(p, &c)| (c, p.choice.pipeline, p.time_us))
+        .collect();
+    siblings.sort_by_key(|s| s.0);
+    let [.., (shallower, _, shallower_us), (deepest, pipeline, deepest_us)] = siblings[..] else {
+        return true;
+    };
+    if pipeline <= 1 || choice.pipeline <= pipeline || shallower >= deepest {
+        return true;
+    }
+    if deepest_us >= shallower_us {
+        return false;
+    }
+    let inverse = |c: f64| 1.0 / c;
+    let (shallower, deepest) = (f64::from(shallower), f64::from(deepest));
+    let depth = deepest * f64::from(choice.pipeline) / f64::from(pipeline);
+    let fill = (shallower_us - deepest_us) / (inverse(shallower) - inverse(deepest));
+    let predicted = deepest_us - fill * (inverse(deepest) - inverse(depth));
+    predicted < best_us * (1.0 + DEEPER_CONTENDER)
+}
+
 /// The bucket a size falls in: the next power of two (sizes in one bucket share a decision).
 pub fn size_bucket(bytes: u64) -> u64 {
     bytes.max(1).checked_next_power_of_two().unwrap_or(1 << 63)
@@ -175,6 +215,27 @@ mod tests {
     fn choices_print_their_knobs_only_when_set() {
         assert_eq!(Choice::new("ring", 1, 0).to_string(), "ring");
         assert_eq!(Choice::new("ring", 4, 2).to_string(), "ring p4 c2");
+    }
+
+    #[test]
+    fn a_deeper_depth_is_priced_where_the_pipeline_model_leaves_it_a_chance() {
+        let priced = |times: &[(u32, f64)]| -> Vec<Priced> {
+            times.iter().map(|&(p, time_us)| Priced { choice: Choice::new("x", p, 0), time_us }).collect()
+        };
+        // 100 + 3200 / chunks at 8 and 32 chunks per block (one block): 500 and 200; at 128 the
+        // model says 125.
+        let steady = priced(&[(8, 500.0), (32, 200.0)]);
+        let chunks = [8, 32];
+        let deeper = Choice::new("x", 128, 0);
+        assert!(could_win_deeper(&steady, &chunks, &deeper, 125.0));
+        assert!(could_win_deeper(&steady, &chunks, &deeper, 122.0)); // within 3 %
+        assert!(!could_win_deeper(&steady, &chunks, &deeper, 115.0));
+        // The last deepening gained nothing: no deeper.
+        assert!(!could_win_deeper(&priced(&[(8, 200.0), (32, 200.0)]), &chunks, &deeper, 300.0));
+        // Other channels, the default depth or one sibling say nothing: priced.
+        assert!(could_win_deeper(&steady, &chunks, &Choice::new("x", 128, 2), 1.0));
+        assert!(could_win_deeper(&priced(&[(8, 500.0), (1, 200.0)]), &chunks, &deeper, 1.0));
+        assert!(could_win_deeper(&priced(&[(32, 200.0)]), &chunks[1..], &deeper, 1.0));
     }
 
     #[test]

@@ -3,7 +3,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Instant;
 
 use rustc_hash::FxHashMap;
 use topoccl_synth::algorithms::Registry;
@@ -11,9 +10,13 @@ use topoccl_synth::schedule::{Collective, Schedule};
 use topoccl_synth::sim::{SimConfig, Simulator};
 use topoccl_synth::topology::Topology;
 
+use super::built::BuiltSchedules;
 use super::cache::DiskCache;
 use super::scale;
-use super::{candidates, deeper, size_bucket, Choice, Priced, TuneRequest, Tuner, TUNER_API_VERSION};
+use super::{
+    candidates, could_win_deeper, deeper, size_bucket, Choice, Priced, TuneRequest, Tuner, DEEPER_CONTENDER,
+    TUNER_API_VERSION,
+};
 use crate::error::{Error, Result};
 
 /// Settings every rank must share (they enter the decision).
@@ -25,12 +28,6 @@ pub struct SelectorOptions {
     pub sim: SimConfig,
     pub cache: DiskCache,
 }
-
-/// Schedules that took at least this long to build are also kept on disk.
-const DISK_SCHEDULE_MIN_SECS: f64 = 0.2;
-/// Schedules kept in memory before the map is emptied (size-dependent synthesizers add one per
-/// size bucket).
-const MEMORY_SCHEDULES: usize = 512;
 
 /// What a decision depends on: the size bucket, the forced algorithm and every knob of the
 /// cost model (a decision priced under one model is not reused under another). Its text form
@@ -83,28 +80,6 @@ impl std::fmt::Display for DecisionKey {
     }
 }
 
-/// What a built schedule depends on; its text form is the key of the disk cache.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct ScheduleKey {
-    algorithm: String,
-    collective: Collective,
-    pipeline: u32,
-    channels: u32,
-    /// The size bucket for size-dependent generators, else 0.
-    sized: u64,
-    follow_paths: bool,
-}
-
-impl std::fmt::Display for ScheduleKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}/p{}/c{}/{}", self.algorithm, self.collective, self.pipeline, self.channels, self.sized)?;
-        if !self.follow_paths {
-            f.write_str("/one-path")?;
-        }
-        Ok(())
-    }
-}
-
 /// Chooses and builds schedules for one topology. See the module documentation of
 /// [`crate::tuner`].
 pub struct Selector {
@@ -117,7 +92,7 @@ pub struct Selector {
     decisions: FxHashMap<DecisionKey, Choice>,
     /// The disk cache's decisions for this topology, by their text keys (read once).
     stored: BTreeMap<String, Choice>,
-    schedules: FxHashMap<ScheduleKey, Arc<Schedule>>,
+    schedules: BuiltSchedules,
 }
 
 impl std::fmt::Debug for Selector {
@@ -136,6 +111,7 @@ impl Selector {
         check_algorithm(&registry, options.forced.as_deref())?;
         let fingerprint = topology.fingerprint();
         let stored = options.cache.decisions(fingerprint);
+        let schedules = BuiltSchedules::new(fingerprint, options.cache.clone(), options.sim.follow_paths);
         Ok(Selector {
             topology,
             fingerprint,
@@ -144,7 +120,7 @@ impl Selector {
             plugins: Vec::new(),
             decisions: FxHashMap::default(),
             stored,
-            schedules: FxHashMap::default(),
+            schedules,
         })
     }
 
@@ -200,28 +176,47 @@ impl Selector {
     pub fn choose_priced(&mut self, collective: Collective, bytes: u64) -> Result<Priced> {
         self.check_root(collective)?;
         let bucket = size_bucket(bytes);
-        // `price` errs rather than return no candidate, so `best` indexes `priced`.
+        // `price` errs rather than return no candidate, and a candidate is dropped below only
+        // while others remain, so `pick` always has one to index.
         let mut priced = self.price(collective, bytes)?;
-        let mut best = 0;
-        for (i, p) in priced.iter().enumerate() {
-            if p.time_us < priced[best].time_us {
-                best = i;
+        let chosen = loop {
+            let best = self.pick(collective, bucket, &priced);
+            // Pricing does not prove a searched candidate's schedule; the pick is proven now,
+            // and one that fails is dropped and the pick made again without it (as pricing
+            // drops a candidate whose generator fails).
+            let searched = self.registry.get(&priced[best].choice.algorithm).is_ok_and(|g| g.searched());
+            match searched.then(|| self.schedule(&priced[best].choice, collective, bucket)) {
+                Some(Err(_)) if priced.len() > 1 => {
+                    priced.remove(best);
+                }
+                Some(Err(e)) => return Err(e),
+                _ => break priced.swap_remove(best),
             }
-        }
-        let request = TuneRequest { topology: &self.topology, collective, bytes: bucket, priced: &priced };
-        for plugin in &mut self.plugins {
-            if let Some(i) = plugin.choose(&request).filter(|&i| i < priced.len()) {
-                best = i;
-                break;
-            }
-        }
-        let chosen = priced.swap_remove(best);
+        };
         if self.plugins.is_empty() {
             let key = self.decision_key(collective, bytes);
             self.options.cache.store_decision(self.fingerprint, &key.to_string(), &chosen.choice);
             self.decisions.insert(key, chosen.choice.clone());
         }
         Ok(chosen)
+    }
+
+    /// The index in `priced` of the fastest candidate (the first of equals), unless a user tuner
+    /// picks another.
+    fn pick(&mut self, collective: Collective, bucket: u64, priced: &[Priced]) -> usize {
+        let mut best = 0;
+        for (i, p) in priced.iter().enumerate() {
+            if p.time_us < priced[best].time_us {
+                best = i;
+            }
+        }
+        let request = TuneRequest { topology: &self.topology, collective, bytes: bucket, priced };
+        for plugin in &mut self.plugins {
+            if let Some(i) = plugin.choose(&request).filter(|&i| i < priced.len()) {
+                return i;
+            }
+        }
+        best
     }
 
     fn decision_key(&self, collective: Collective, bytes: u64) -> DecisionKey {
@@ -242,8 +237,6 @@ impl Selector {
     /// cannot build this topology are left out, as are duplicates (two knob settings a
     /// generator maps to one schedule).
     pub fn price(&mut self, collective: Collective, bytes: u64) -> Result<Vec<Priced>> {
-        /// Runners-up this close to the winner (relative) are priced deeper too.
-        const DEEPER_CONTENDER: f64 = 0.03;
         let bucket = size_bucket(bytes);
         let only =
             self.options.forced.as_deref().filter(|a| self.registry.get(a).is_ok_and(|g| g.supports(collective)));
@@ -261,7 +254,11 @@ impl Selector {
         let mut deepened: Vec<Choice> = Vec::new();
         while !next.is_empty() {
             for choice in std::mem::take(&mut next) {
-                let schedule = match self.schedule(&choice, collective, bucket) {
+                let best = priced.iter().map(|p| p.time_us).fold(f64::INFINITY, f64::min);
+                if !could_win_deeper(&priced, &chunks, &choice, best) {
+                    continue;
+                }
+                let schedule = match self.priceable(&choice, collective, bucket) {
                     Ok(s) => s,
                     Err(e) => {
                         failures.push(format!("{choice}: {e}"));
@@ -305,55 +302,17 @@ impl Selector {
         Ok(priced)
     }
 
-    /// The schedule `choice` stands for (built on first use, then kept).
+    /// The schedule `choice` stands for, to be run: built on first use and kept, and proven by
+    /// the verifier where a search found it.
     pub fn schedule(&mut self, choice: &Choice, collective: Collective, bytes: u64) -> Result<Arc<Schedule>> {
         self.check_root(collective)?;
-        let generator = self.registry.get(&choice.algorithm)?;
-        let sized = if generator.size_dependent() { size_bucket(bytes) } else { 0 };
-        let follow = self.options.sim.follow_paths;
-        let key = ScheduleKey {
-            algorithm: choice.algorithm.clone(),
-            collective,
-            pipeline: choice.pipeline,
-            channels: choice.channels,
-            sized,
-            follow_paths: follow,
-        };
-        if let Some(s) = self.schedules.get(&key) {
-            return Ok(s.clone());
-        }
-        let disk_key = key.to_string();
-        // A cached schedule was proven when it was made (by this version: the cache checks),
-        // and the cache reads only files of this user that no one else can write; what is
-        // checked again is what a mix-up of files would break: the collective and the ranks.
-        let cached = self
-            .options
-            .cache
-            .schedule(self.fingerprint, &disk_key)
-            .filter(|s| s.collective == collective && s.nranks as usize == self.topology.nranks());
-        let schedule = match cached {
-            Some(s) => s,
-            None => {
-                let started = Instant::now();
-                let request = choice.request(&self.topology, collective, sized).follow_paths(follow);
-                let s = self.registry.generate(&choice.algorithm, &request)?;
-                // Synthesized schedules are proven before they can touch data: a synthesizer
-                // bug then costs a candidate (the tuner prices the others), never a wrong result.
-                if generator.searched() {
-                    topoccl_synth::verify::verify(&s)?;
-                }
-                if started.elapsed().as_secs_f64() >= DISK_SCHEDULE_MIN_SECS {
-                    self.options.cache.store_schedule(self.fingerprint, &disk_key, &s);
-                }
-                s
-            }
-        };
-        if self.schedules.len() >= MEMORY_SCHEDULES {
-            self.schedules.clear();
-        }
-        let schedule = Arc::new(schedule);
-        self.schedules.insert(key, schedule.clone());
-        Ok(schedule)
+        self.schedules.proven(&self.topology, &self.registry, choice, collective, bytes)
+    }
+
+    /// The schedule `choice` stands for, to be priced (not proven yet: see [`BuiltSchedules`]).
+    fn priceable(&mut self, choice: &Choice, collective: Collective, bytes: u64) -> Result<Arc<Schedule>> {
+        self.check_root(collective)?;
+        self.schedules.priceable(&self.topology, &self.registry, choice, collective, bytes)
     }
 }
 
@@ -371,7 +330,7 @@ impl Selector {
             if !scale::worth_simulating(searched, best, bound_us) {
                 continue;
             }
-            let schedule = match self.schedule(&choice, collective, bucket) {
+            let schedule = match self.priceable(&choice, collective, bucket) {
                 Ok(s) => s,
                 Err(e) => {
                     failures.push(format!("{choice}: {e}"));
@@ -414,6 +373,7 @@ fn check_algorithm(registry: &Registry, algo: Option<&str>) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::built::ScheduleKey;
     use super::*;
     use topoccl_synth::topology::resolve;
 
@@ -487,6 +447,42 @@ mod tests {
         assert_eq!(s.choose(Collective::AllGather, 1 << 30).unwrap().algorithm, "ring");
     }
 
+    /// A searched generator whose all-reduce moves nothing: the fastest schedule there is, and
+    /// wrong.
+    struct FastAndWrong;
+    impl topoccl_synth::algorithms::ScheduleGenerator for FastAndWrong {
+        fn name(&self) -> &'static str {
+            "fast-and-wrong"
+        }
+        fn describe(&self) -> &'static str {
+            "moves nothing"
+        }
+        fn searched(&self) -> bool {
+            true
+        }
+        fn supports(&self, c: Collective) -> bool {
+            c == Collective::AllReduce
+        }
+        fn generate(&self, req: &topoccl_synth::algorithms::Request) -> topoccl_synth::Result<Schedule> {
+            Ok(topoccl_synth::schedule::ScheduleBuilder::new(self.name(), req.collective, req.nranks(), 1).build())
+        }
+    }
+
+    #[test]
+    fn a_searched_schedule_that_fails_its_proof_is_priced_but_never_chosen_or_run() {
+        let mut s = selector("ring:4");
+        s.registry.register(Box::new(FastAndWrong));
+        let bytes = 1 << 20;
+        let priced = s.price(Collective::AllReduce, bytes).unwrap();
+        let wrong = priced.iter().find(|p| p.choice.algorithm == "fast-and-wrong").expect("priced unproven");
+        assert!(priced.iter().all(|p| p.time_us >= wrong.time_us), "{priced:?}");
+        assert_ne!(s.choose(Collective::AllReduce, bytes).unwrap().algorithm, "fast-and-wrong");
+        assert!(s.schedule(&wrong.choice, Collective::AllReduce, bytes).is_err());
+        // Forced, it has nothing to fall back on: an error, not a wrong result.
+        s.set_forced(Some("fast-and-wrong")).unwrap();
+        assert!(s.choose(Collective::AllReduce, 1 << 24).is_err());
+    }
+
     struct AlwaysLast;
     impl Tuner for AlwaysLast {
         fn name(&self) -> &str {
@@ -550,7 +546,7 @@ mod tests {
             .generate("ring", &topoccl_synth::algorithms::Request::new(&s.topology, Collective::AllGather))
             .unwrap();
         gather.name = "misfiled".into();
-        s.options.cache.store_schedule(s.fingerprint, &key.to_string(), &gather);
+        s.schedules.store_on_disk(&key, &gather);
         let got = s.schedule(&choice, Collective::ReduceScatter, 4096).unwrap();
         assert_eq!(got.collective, Collective::ReduceScatter);
         assert_ne!(got.name, "misfiled");

@@ -24,6 +24,7 @@ pub mod select;
 use crate::algorithms::tree::{Tree, TreeLanes};
 use crate::algorithms::{unsupported, Request, ScheduleGenerator};
 use crate::error::Result;
+use crate::recent::Recent;
 use crate::schedule::{Collective, Schedule, ScheduleBuilder};
 use crate::topology::logical::RankGraph;
 use crate::topology::Topology;
@@ -157,6 +158,48 @@ fn mark_fabric_sends(schedule: &mut Schedule, plan: &MultipathPlan, lanes: &[(us
     }
 }
 
+/// The trees Blink emits and their lanes, by (topology fingerprint, collective, fabric paths):
+/// the tuner prices one topology at several pipeline depths, and the packing does not depend
+/// on the depth.
+static RECENT_LANES: Recent<(u64, Collective, bool), Laid> = Recent::new(8);
+
+/// A collective's trees ([`emitted_plans`]) laid out as lanes, before any chunk is placed.
+struct Laid {
+    trees: Vec<PackedTree>,
+    /// Each lane's tree (an index into `trees`) and its share of the data.
+    lanes_of: Vec<(usize, f64)>,
+    /// The plan over two paths per pair, where that is what is emitted.
+    two_paths: Option<MultipathPlan>,
+}
+
+impl Laid {
+    fn new(topo: &Topology, coll: Collective, follow_paths: bool) -> Result<Laid> {
+        let (tree_plan, two_paths) = emitted_plans(topo, coll, follow_paths)?;
+        let trees: Vec<PackedTree> = match &two_paths {
+            Some(m) => m.trees.iter().map(|t| t.tree.clone()).collect(),
+            None => tree_plan.trees,
+        };
+        // Trees sharing a link get equal shares of it per message stream (as the simulator and
+        // fair networks give them), not shares in proportion to their rates: the plan is
+        // emitted as equal lanes, a whole number per tree ([`lanes`]).
+        let counts = if let Some(m) = &two_paths {
+            let rates: Vec<f64> = trees.iter().map(|t| t.rate).collect();
+            lanes::lane_counts_on(&m.cap, &m.usage, &rates, LANES).0
+        } else {
+            lanes::lane_counts(&RankGraph::of(topo), tree_plan.shape, &trees, LANES).0
+        };
+        // Every lane carries the same data (what equal sharing of a link rewards).
+        let mut lanes_of: Vec<(usize, f64)> = Vec::new();
+        for (i, &copies) in counts.iter().enumerate() {
+            lanes_of.extend(std::iter::repeat((i, 1.0)).take(copies));
+        }
+        if lanes_of.is_empty() {
+            lanes_of.extend(trees.iter().enumerate().map(|(i, t)| (i, t.rate)));
+        }
+        Ok(Laid { trees, lanes_of, two_paths })
+    }
+}
+
 pub struct Blink;
 
 impl ScheduleGenerator for Blink {
@@ -175,28 +218,10 @@ impl ScheduleGenerator for Blink {
 
     fn generate(&self, req: &Request) -> Result<Schedule> {
         let coll = req.collective;
-        let (tree_plan, two_paths) = emitted_plans(req.topology, coll, req.follow_paths)?;
-        let trees: Vec<PackedTree> = match &two_paths {
-            Some(m) => m.trees.iter().map(|t| t.tree.clone()).collect(),
-            None => tree_plan.trees.clone(),
-        };
-        // Trees sharing a link get equal shares of it per message stream (as the simulator and
-        // fair networks give them), not shares in proportion to their rates: the plan is
-        // emitted as equal lanes, a whole number per tree ([`lanes`]).
-        let counts = if let Some(m) = &two_paths {
-            let rates: Vec<f64> = trees.iter().map(|t| t.rate).collect();
-            lanes::lane_counts_on(&m.cap, &m.usage, &rates, LANES).0
-        } else {
-            lanes::lane_counts(&RankGraph::of(req.topology), tree_plan.shape, &trees, LANES).0
-        };
-        // Every lane carries the same data (what equal sharing of a link rewards).
-        let mut lanes_of: Vec<(usize, f64)> = Vec::new();
-        for (i, &copies) in counts.iter().enumerate() {
-            lanes_of.extend(std::iter::repeat((i, 1.0)).take(copies));
-        }
-        if lanes_of.is_empty() {
-            lanes_of.extend(trees.iter().enumerate().map(|(i, t)| (i, t.rate)));
-        }
+        let laid = RECENT_LANES.get_or_try((req.topology.fingerprint(), coll, req.follow_paths), || {
+            Laid::new(req.topology, coll, req.follow_paths)
+        })?;
+        let Laid { trees, lanes_of, two_paths } = &*laid;
         let rates: Vec<f64> = lanes_of.iter().map(|l| l.1).collect();
         let per_tree = if req.pipeline <= 1 { DEFAULT_PIPELINE } else { req.pipeline };
         let split = split_chunks(&rates, per_tree * lanes_of.len() as u32);
@@ -220,7 +245,7 @@ impl ScheduleGenerator for Blink {
             }
         }
         let mut schedule = b.build();
-        if let Some(m) = &two_paths {
+        if let Some(m) = two_paths {
             mark_fabric_sends(&mut schedule, m, &lane_channels);
         }
         Ok(schedule)

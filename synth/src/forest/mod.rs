@@ -21,10 +21,11 @@ use crate::algorithms::tree::{Tree, TreeLanes};
 use crate::algorithms::{unsupported, Request, ScheduleGenerator};
 use crate::blink::lanes::lane_counts_on;
 use crate::error::Result;
+use crate::recent::Recent;
 use crate::schedule::{Collective, Op, Rank, Schedule, ScheduleBuilder, Slot};
 use crate::topology::Topology;
 use packing::{forest_plan, Direction, ForestPlan, RootTree};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 /// Garg–Könemann stops this close to its certificate.
 const TOLERANCE: f64 = 0.01;
@@ -43,29 +44,16 @@ pub const FOREST_MAX_RANKS: usize = 32;
 pub struct Forest;
 
 /// Plans packed recently, by (topology fingerprint, direction, fabric paths): the tuner prices
-/// one topology at several pipeline depths, and the packing (about a second on 8 GPUs) does not
-/// depend on the depth.
-static RECENT_PLANS: Mutex<Vec<(PlanKey, Arc<ForestPlan>)>> = Mutex::new(Vec::new());
-/// (topology fingerprint, direction, fabric paths).
-type PlanKey = (u64, Direction, bool);
-const RECENT_PLANS_KEPT: usize = 8;
+/// one topology at several pipeline depths, and the packing does not depend on the depth.
+static RECENT_PLANS: Recent<(u64, Direction, bool), ForestPlan> = Recent::new(8);
 
 /// [`forest_plan`] for `topo`, from [`RECENT_PLANS`] when packed already.
 fn plan_for(topo: &Topology, direction: Direction, fabric: bool) -> Option<Arc<ForestPlan>> {
-    let key = (topo.fingerprint(), direction, fabric);
-    // A poisoned lock only means another thread panicked while holding it; every plan in the
-    // list is complete, so the list is still good.
-    let recent = || RECENT_PLANS.lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some((_, plan)) = recent().iter().find(|(k, _)| *k == key) {
-        return Some(Arc::clone(plan));
-    }
-    let plan = Arc::new(forest_plan(topo, direction, fabric, TOLERANCE, SLACK, LANES)?);
-    let mut plans = recent();
-    if plans.len() >= RECENT_PLANS_KEPT {
-        plans.remove(0);
-    }
-    plans.push((key, Arc::clone(&plan)));
-    Some(plan)
+    RECENT_PLANS
+        .get_or_try((topo.fingerprint(), direction, fabric), || {
+            forest_plan(topo, direction, fabric, TOLERANCE, SLACK, LANES).ok_or(())
+        })
+        .ok()
 }
 
 /// One tree of one root on channels of its own, and its paths.
