@@ -6,7 +6,6 @@
 //! cluster proving the deep ones that lose cost seconds. A schedule is therefore kept with
 //! whether it has been proven, and [`BuiltSchedules::proven`] proves it on first use.
 
-use std::collections::hash_map::Entry;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -17,7 +16,7 @@ use topoccl_synth::topology::Topology;
 
 use super::cache::DiskCache;
 use super::{size_bucket, Choice};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Schedules that took at least this long to build are also kept on disk.
 const DISK_SCHEDULE_MIN_SECS: f64 = 0.2;
@@ -94,7 +93,7 @@ impl BuiltSchedules {
         bytes: u64,
     ) -> Result<Arc<Schedule>> {
         let key = self.key(registry, choice, collective, bytes)?;
-        self.built(topology, registry, choice, key).map(|b| Arc::clone(&b.schedule))
+        self.kept_or_built(topology, registry, choice, &key).map(|b| Arc::clone(&b.schedule))
     }
 
     /// The schedule `choice` stands for, to be run: built on first use, and proven by the
@@ -109,38 +108,34 @@ impl BuiltSchedules {
         bytes: u64,
     ) -> Result<Arc<Schedule>> {
         let key = self.key(registry, choice, collective, bytes)?;
-        let disk_key = key.to_string();
-        let (fingerprint, cache) = (self.fingerprint, self.cache.clone());
-        let built = self.built(topology, registry, choice, key)?;
+        let built = self.kept_or_built(topology, registry, choice, &key)?;
+        let schedule = Arc::clone(&built.schedule);
         if !built.proven {
-            topoccl_synth::verify::verify(&built.schedule)?;
+            topoccl_synth::verify::verify(&schedule)?;
             built.proven = true;
             if built.build_secs >= DISK_SCHEDULE_MIN_SECS {
-                cache.store_schedule(fingerprint, &disk_key, &built.schedule);
+                self.cache.store_schedule(self.fingerprint, &key.to_string(), &schedule);
             }
         }
-        Ok(Arc::clone(&built.schedule))
+        Ok(schedule)
     }
 
     /// The kept entry for `key`, built (or read from disk) and kept first if there is none.
-    fn built(
+    fn kept_or_built(
         &mut self,
         topology: &Topology,
         registry: &Registry,
         choice: &Choice,
-        key: ScheduleKey,
+        key: &ScheduleKey,
     ) -> Result<&mut Built> {
-        if self.kept.len() >= MEMORY_SCHEDULES && !self.kept.contains_key(&key) {
-            self.kept.clear();
-        }
-        let built = match self.kept.entry(key) {
-            Entry::Occupied(kept) => kept.into_mut(),
-            Entry::Vacant(slot) => {
-                let built = build(topology, registry, choice, slot.key(), self.fingerprint, &self.cache)?;
-                slot.insert(built)
+        if !self.kept.contains_key(key) {
+            let built = build(topology, registry, choice, key, self.fingerprint, &self.cache)?;
+            if self.kept.len() >= MEMORY_SCHEDULES {
+                self.kept.clear();
             }
-        };
-        Ok(built)
+            self.kept.insert(key.clone(), built);
+        }
+        self.kept.get_mut(key).ok_or_else(|| Error::Internal(format!("schedule {key} not kept")))
     }
 
     /// Writes `schedule` into the disk cache under `key` (tests: a misfiled schedule).

@@ -194,11 +194,10 @@ pub fn could_win_deeper(priced: &[Priced], chunks: &[u32], choice: &Choice, best
     if deepest_us >= shallower_us {
         return false;
     }
-    let inverse = |c: f64| 1.0 / c;
     let (shallower, deepest) = (f64::from(shallower), f64::from(deepest));
     let depth = deepest * f64::from(choice.pipeline) / f64::from(pipeline);
-    let fill = (shallower_us - deepest_us) / (inverse(shallower) - inverse(deepest));
-    let predicted = deepest_us - fill * (inverse(deepest) - inverse(depth));
+    let fill = (shallower_us - deepest_us) / (1.0 / shallower - 1.0 / deepest);
+    let predicted = deepest_us - fill * (1.0 / deepest - 1.0 / depth);
     predicted < best_us * (1.0 + DEEPER_CONTENDER)
 }
 

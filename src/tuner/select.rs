@@ -184,14 +184,17 @@ impl Selector {
             // Pricing does not prove a searched candidate's schedule; the pick is proven now,
             // and one that fails is dropped and the pick made again without it (as pricing
             // drops a candidate whose generator fails).
-            let searched = self.registry.get(&priced[best].choice.algorithm).is_ok_and(|g| g.searched());
-            match searched.then(|| self.schedule(&priced[best].choice, collective, bucket)) {
-                Some(Err(_)) if priced.len() > 1 => {
+            let choice = priced[best].choice.clone();
+            if self.registry.get(&choice.algorithm).is_ok_and(|g| g.searched()) {
+                if let Err(e) = self.schedule(&choice, collective, bucket) {
+                    if priced.len() == 1 {
+                        return Err(e);
+                    }
                     priced.remove(best);
+                    continue;
                 }
-                Some(Err(e)) => return Err(e),
-                _ => break priced.swap_remove(best),
             }
+            break priced.swap_remove(best);
         };
         if self.plugins.is_empty() {
             let key = self.decision_key(collective, bytes);

@@ -161,10 +161,10 @@ fn mark_fabric_sends(schedule: &mut Schedule, plan: &MultipathPlan, lanes: &[(us
 /// The trees Blink emits and their lanes, by (topology fingerprint, collective, fabric paths):
 /// the tuner prices one topology at several pipeline depths, and the packing does not depend
 /// on the depth.
-static RECENT_LANES: Recent<(u64, Collective, bool), Laid> = Recent::new(8);
+static RECENT_LANES: Recent<(u64, Collective, bool), LaidTrees> = Recent::new(8);
 
 /// A collective's trees ([`emitted_plans`]) laid out as lanes, before any chunk is placed.
-struct Laid {
+struct LaidTrees {
     trees: Vec<PackedTree>,
     /// Each lane's tree (an index into `trees`) and its share of the data.
     lanes_of: Vec<(usize, f64)>,
@@ -172,8 +172,8 @@ struct Laid {
     two_paths: Option<MultipathPlan>,
 }
 
-impl Laid {
-    fn new(topo: &Topology, coll: Collective, follow_paths: bool) -> Result<Laid> {
+impl LaidTrees {
+    fn new(topo: &Topology, coll: Collective, follow_paths: bool) -> Result<LaidTrees> {
         let (tree_plan, two_paths) = emitted_plans(topo, coll, follow_paths)?;
         let trees: Vec<PackedTree> = match &two_paths {
             Some(m) => m.trees.iter().map(|t| t.tree.clone()).collect(),
@@ -196,7 +196,7 @@ impl Laid {
         if lanes_of.is_empty() {
             lanes_of.extend(trees.iter().enumerate().map(|(i, t)| (i, t.rate)));
         }
-        Ok(Laid { trees, lanes_of, two_paths })
+        Ok(LaidTrees { trees, lanes_of, two_paths })
     }
 }
 
@@ -219,9 +219,9 @@ impl ScheduleGenerator for Blink {
     fn generate(&self, req: &Request) -> Result<Schedule> {
         let coll = req.collective;
         let laid = RECENT_LANES.get_or_try((req.topology.fingerprint(), coll, req.follow_paths), || {
-            Laid::new(req.topology, coll, req.follow_paths)
+            LaidTrees::new(req.topology, coll, req.follow_paths)
         })?;
-        let Laid { trees, lanes_of, two_paths } = &*laid;
+        let LaidTrees { trees, lanes_of, two_paths } = &*laid;
         let rates: Vec<f64> = lanes_of.iter().map(|l| l.1).collect();
         let per_tree = if req.pipeline <= 1 { DEFAULT_PIPELINE } else { req.pipeline };
         let split = split_chunks(&rates, per_tree * lanes_of.len() as u32);
