@@ -34,13 +34,25 @@ macro_rules! int_arith {
 }
 int_arith!(i8, u8, i32, u32, i64, u64);
 
+// Float min/max are IEEE 754-2019 minimumNumber/maximumNumber, exactly as the CUDA kernels
+// (kernels/topoccl.cu) compute them: a NaN operand yields the other operand (NaN only when both
+// are), and -0 < +0. Rust's `f32::min` leaves the sign of a zero result unspecified, so the
+// rule is written out, as selects (no branches) that still vectorise.
 macro_rules! float_arith {
     ($($t:ty),*) => {$(
         impl Arith for $t {
             #[inline(always)] fn sum(self, o: Self) -> Self { self + o }
             #[inline(always)] fn prod(self, o: Self) -> Self { self * o }
-            #[inline(always)] fn min(self, o: Self) -> Self { <$t>::min(self, o) }
-            #[inline(always)] fn max(self, o: Self) -> Self { <$t>::max(self, o) }
+            #[inline(always)]
+            fn min(self, o: Self) -> Self {
+                let take_self = o.is_nan() | (self < o) | ((self == o) & self.is_sign_negative());
+                if take_self { self } else { o }
+            }
+            #[inline(always)]
+            fn max(self, o: Self) -> Self {
+                let take_self = o.is_nan() | (self > o) | ((self == o) & o.is_sign_negative());
+                if take_self { self } else { o }
+            }
             #[inline(always)] fn div(self, n: u32) -> Self { self / n as $t }
         }
     )*};
@@ -314,6 +326,30 @@ mod tests {
         let mut v = vec![Fp8::E5m2.from_f32(12.0)];
         divide(Dtype::Float8e5m2, &mut v, 4);
         assert_eq!(Fp8::E5m2.to_f32(v[0]), 3.0);
+    }
+
+    #[test]
+    fn float_min_max_are_minimum_and_maximum_number() {
+        let (nan, snan) = (f32::NAN, f32::from_bits(0x7f80_0001));
+        let a = [nan, 1.0, nan, -0.0, 0.0, -0.0, snan, 2.0, -nan];
+        let b = [1.0, nan, nan, 0.0, -0.0, -0.0, -3.0, snan, 5.0];
+        let run = |op| {
+            let mut acc = bytes(&a);
+            reduce_in_place(Dtype::Float32, op, &mut acc, &bytes(&b));
+            bytemuck::cast_slice::<u8, f32>(&acc)
+                .iter()
+                .map(|v| if v.is_nan() { "NaN".into() } else { format!("{v:?}") })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(run(ReduceOp::Min), ["1.0", "1.0", "NaN", "-0.0", "-0.0", "-0.0", "-3.0", "2.0", "5.0"]);
+        assert_eq!(run(ReduceOp::Max), ["1.0", "1.0", "NaN", "0.0", "0.0", "-0.0", "-3.0", "2.0", "5.0"]);
+        // Through the widened paths too: bf16 and f64.
+        let mut acc = bytes(&[bf16::from_bits(0x7f81), bf16::from_f32(-0.0)]);
+        reduce_in_place(Dtype::Bfloat16, ReduceOp::Max, &mut acc, &bytes(&[bf16::from_f32(4.0), bf16::from_f32(0.0)]));
+        assert_eq!(bytemuck::cast_slice::<u8, u16>(&acc), [bf16::from_f32(4.0).to_bits(), 0]);
+        let mut acc = bytes(&[0.0f64, f64::NAN]);
+        reduce_in_place(Dtype::Float64, ReduceOp::Min, &mut acc, &bytes(&[-0.0f64, -1.0]));
+        assert_eq!(bytemuck::cast_slice::<u8, u64>(&acc), [(-0.0f64).to_bits(), (-1.0f64).to_bits()]);
     }
 
     #[test]
