@@ -50,7 +50,7 @@ static_assert(sizeof(topoccl_args) == 48, "topoccl_args is a fixed 48-byte ABI")
 
 template <class S, class Op>
 struct ReduceF {
-  static constexpr bool reads_b = true;
+  enum { reads_b = 1 };  // an enum, not a variable: nothing is emitted for it on the device
   __device__ __forceinline__ explicit ReduceF(const topoccl_args&) {}
   __device__ __forceinline__ bool runs() const { return true; }
   __device__ __forceinline__ S operator()(S a, S b) const {
@@ -71,7 +71,7 @@ TOPOCCL_FN S scalar_as(u64 bits) {
 
 template <class S>
 struct ScaleF {
-  static constexpr bool reads_b = false;
+  enum { reads_b = 0 };
   typename Elem<S>::W s;
   __device__ __forceinline__ explicit ScaleF(const topoccl_args& args) : s(Elem<S>::widen(scalar_as<S>(args.scalar))) {}
   __device__ __forceinline__ bool runs() const { return true; }
@@ -80,7 +80,7 @@ struct ScaleF {
 
 template <class S>
 struct DivideF {
-  static constexpr bool reads_b = false;
+  enum { reads_b = 0 };
   u32 n;
   __device__ __forceinline__ explicit DivideF(const topoccl_args& args) : n((u32)args.scalar) {}
   __device__ __forceinline__ bool runs() const { return n != 0; }
@@ -88,7 +88,7 @@ struct DivideF {
 };
 
 struct CopyF {
-  static constexpr bool reads_b = false;
+  enum { reads_b = 0 };
   __device__ __forceinline__ explicit CopyF(const topoccl_args&) {}
   __device__ __forceinline__ bool runs() const { return true; }
   __device__ __forceinline__ u8 operator()(u8 a, u8) const { return a; }
@@ -120,7 +120,7 @@ TOPOCCL_FN void elementwise(const topoccl_args& args) {
   S* dst = (S*)args.dst;
   S* dst2 = (S*)args.dst2;
   const S* a = (const S*)args.a;
-  const S* b = F::reads_b ? (const S*)args.b : a;
+  const S* b = F::reads_b != 0 ? (const S*)args.b : a;
   const u64 n = args.count, rank = thread_rank(), threads = thread_count();
   const u64 per_pack = 16 / sizeof(S);
   u64 done = 0;
@@ -130,7 +130,7 @@ TOPOCCL_FN void elementwise(const topoccl_args& args) {
     for (u64 v = rank; v < packs; v += threads) {
       const Pack<S> pa = ((const Pack<S>*)a)[v];
       Pack<S> pb;
-      if constexpr (F::reads_b) pb = ((const Pack<S>*)b)[v];
+      if constexpr (F::reads_b != 0) pb = ((const Pack<S>*)b)[v];
       else pb = pa;
       Pack<S> r;
       for (u64 j = 0; j < per_pack; ++j) r.e[j] = f(pa.e[j], pb.e[j]);
