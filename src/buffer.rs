@@ -18,9 +18,16 @@ impl Buffer {
     /// of a reduce).
     pub const NULL: Buffer = Buffer { space: MemSpace::Host, addr: 0 };
 
-    /// Host memory at `ptr`.
+    /// Host memory at `ptr` (a Rust slice's: CPU memory by construction).
     pub fn host<T>(ptr: *const T) -> Buffer {
         Buffer { space: MemSpace::Host, addr: ptr as usize }
+    }
+
+    /// The buffer at `ptr`, in the memory space the CUDA driver says it lies in (host memory
+    /// when there is no driver, or the pointer is not CUDA's): what a C caller's pointer is.
+    pub fn at<T>(ptr: *const T) -> Buffer {
+        let addr = ptr as usize;
+        Buffer { space: crate::cuda::space_of(addr), addr }
     }
 
     pub fn is_null(&self) -> bool {

@@ -36,6 +36,9 @@ pub enum Error {
     /// An earlier call failed; the communicator cannot be used any more.
     #[error("the communicator is unusable after an earlier error: {0}")]
     Broken(String),
+    /// The CUDA driver is missing, lacks something, or failed a call (named in the message).
+    #[error("CUDA: {0}")]
+    Cuda(String),
     /// A broken invariant inside topoccl (a bug): reported, never a panic.
     #[error("internal error: {0}")]
     Internal(String),
@@ -71,6 +74,7 @@ impl Error {
             }
             Error::Aborted => Error::Aborted,
             Error::Broken(m) => Error::Broken(m.clone()),
+            Error::Cuda(m) => Error::Cuda(m.clone()),
             Error::Internal(m) => Error::Internal(m.clone()),
         }
     }

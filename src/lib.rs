@@ -9,6 +9,7 @@
 
 pub mod buffer;
 pub mod comm;
+pub mod cuda;
 mod diag;
 pub mod env;
 pub mod error;
@@ -23,7 +24,7 @@ pub mod types;
 
 pub use buffer::{Buffer, MemSpace, Region};
 pub use comm::{
-    AbortHandle, CollectiveCall, Communicator, Config, Group, Lane, Pending, TransportPolicy, UniqueId, Work,
+    AbortHandle, CollectiveCall, Communicator, Config, Group, Health, Lane, Pending, TransportPolicy, UniqueId, Work,
 };
 pub use diag::Verdict;
 pub use error::{Error, Result};

@@ -2,22 +2,28 @@
 //! point-to-point transfers (a group's, or a lone call's). The core checks everything about a
 //! call (counts, roots, NULL buffers where they are used, in-place and overlapping buffers);
 //! this layer only carries the caller's pointers to it.
+//!
+//! A call given a stream, or device buffers, is NCCL's kind: queued and ordered by the stream
+//! (the legacy default stream for NULL), returning at once. A call on host buffers with a NULL
+//! stream has completed when it returns (or when its group ends).
 
-use topoccl::{Buffer, CollectiveCall, Dtype};
+use topoccl::cuda::StreamRef;
+use topoccl::{Buffer, CollectiveCall, Dtype, MemSpace};
 
 use crate::error::{Error, Result};
 use crate::handle::Handle;
 use crate::log::{self, Subsys};
 
-/// One collective call and the caller's buffers.
+/// One collective call, the caller's buffers and its stream.
 #[derive(Clone, Copy)]
 pub struct Collective {
     pub call: CollectiveCall,
     pub send: Buffer,
     pub recv: Buffer,
+    pub stream: StreamRef,
 }
 
-/// One send (`send`) or receive.
+/// One send (`send`) or receive, and its stream.
 #[derive(Clone, Copy)]
 pub struct Transfer {
     pub send: bool,
@@ -25,9 +31,27 @@ pub struct Transfer {
     pub dtype: Dtype,
     pub count: usize,
     pub peer: u32,
+    pub stream: StreamRef,
 }
 
-/// Runs a collective to completion.
+/// Whether a call is ordered by its stream (see the module documentation).
+fn on_stream(stream: StreamRef, buffers: &[Buffer]) -> bool {
+    stream != StreamRef::LEGACY || buffers.iter().any(|b| !b.is_null() && b.space != MemSpace::Host)
+}
+
+impl Collective {
+    pub fn on_stream(&self) -> bool {
+        on_stream(self.stream, &[self.send, self.recv])
+    }
+}
+
+impl Transfer {
+    pub fn on_stream(&self) -> bool {
+        on_stream(self.stream, &[self.buf])
+    }
+}
+
+/// Runs a collective: to completion, or queued on its stream.
 pub fn run_collective(h: &Handle, c: &Collective) -> Result<()> {
     h.with_comm(|comm| {
         if log::info_enabled(Subsys::Tuning) && c.call.count > 0 {
@@ -40,8 +64,13 @@ pub fn run_collective(h: &Handle, c: &Collective) -> Result<()> {
                 );
             }
         }
+        if c.on_stream() {
+            // SAFETY: the buffers are the caller's, valid as the call implies until the stream
+            // has passed it (NCCL's contract); the stream is the caller's.
+            return unsafe { comm.submit_on(&c.call, c.send, c.recv, c.stream) }.map(drop).map_err(Into::into);
+        }
         // SAFETY: the buffers are the caller's, valid as the call implies until it returns
-        // (NCCL's contract for every collective).
+        // (NCCL's contract for a call on host memory without a stream).
         unsafe { comm.collective_raw(&c.call, c.send, c.recv) }.map_err(Into::into)
     })
 }
@@ -55,10 +84,21 @@ pub fn run_transfers(h: &Handle, transfers: &[Transfer]) -> Result<()> {
 }
 
 /// Queues a communicator's share of a group: its sends and receives as one batch, then its
-/// collectives in call order. The works to wait for ([`finish`]).
+/// collectives in call order. The works to wait for ([`finish`]): those not ordered by a
+/// stream.
 pub fn submit_all(h: &Handle, transfers: &[Transfer], collectives: &[Collective]) -> Result<Vec<topoccl::Work>> {
     h.with_comm(|comm| {
         let mut works = Vec::with_capacity(collectives.len() + 1);
+        let mut streams = transfers.iter().filter(|t| t.on_stream()).map(|t| t.stream);
+        let stream = streams.next();
+        if let Some(s) = stream {
+            if streams.any(|o| o != s) {
+                return Err(crate::error::usage(
+                    "the sends and receives of one communicator in a group use several streams; topoccl runs them as \
+                     one batch on one stream",
+                ));
+            }
+        }
         if !transfers.is_empty() {
             let mut group = comm.group();
             for t in transfers {
@@ -72,12 +112,21 @@ pub fn submit_all(h: &Handle, transfers: &[Transfer], collectives: &[Collective]
                     }
                 }
             }
-            // SAFETY: as above.
-            works.push(unsafe { group.submit()? });
+            match stream {
+                // SAFETY: as above, until the stream has passed the transfers.
+                Some(s) => drop(unsafe { group.submit_on(s)? }),
+                // SAFETY: as above.
+                None => works.push(unsafe { group.submit()? }),
+            }
         }
         for c in collectives {
-            // SAFETY: as above.
-            works.push(unsafe { comm.submit(&c.call, c.send, c.recv)? });
+            if c.on_stream() {
+                // SAFETY: as above, until the stream has passed the call.
+                drop(unsafe { comm.submit_on(&c.call, c.send, c.recv, c.stream)? });
+            } else {
+                // SAFETY: as above.
+                works.push(unsafe { comm.submit(&c.call, c.send, c.recv)? });
+            }
         }
         Ok(works)
     })

@@ -54,6 +54,7 @@ impl Error {
             NCCL_SYSTEM_ERROR => Error::System(message),
             NCCL_INTERNAL_ERROR => Error::Panic(message),
             NCCL_TIMEOUT => Error::Timeout(message),
+            NCCL_UNHANDLED_CUDA_ERROR => Error::Core(topoccl::Error::Cuda(message)),
             _ => Error::InvalidUsage(message),
         }
     }
@@ -89,6 +90,7 @@ fn core_code(e: &topoccl::Error) -> ncclResult_t {
         E::Mismatch { .. } => NCCL_INVALID_USAGE,
         E::Aborted => NCCL_INVALID_USAGE,
         E::Broken(_) => NCCL_INVALID_USAGE,
+        E::Cuda(_) => NCCL_UNHANDLED_CUDA_ERROR,
         E::Internal(_) => NCCL_INTERNAL_ERROR,
     }
 }

@@ -10,7 +10,7 @@ use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 
-use topoccl::{AbortHandle, Communicator, Dtype, Scalar, UniqueId};
+use topoccl::{AbortHandle, Communicator, Dtype, Health, Scalar, UniqueId};
 
 use crate::abi::{ncclComm, ncclComm_t, ncclResult_t, NCCL_IN_PROGRESS, NCCL_SUCCESS};
 use crate::error::{invalid, usage, Error, Result};
@@ -41,6 +41,9 @@ pub struct Handle {
     phase: Mutex<Phase>,
     started: Condvar,
     abort: OnceLock<AbortHandle>,
+    /// Whether the communicator failed, readable while a call runs (calls queued on a stream
+    /// fail where nobody waits for them).
+    health: OnceLock<Health>,
     /// `ncclCommGetAsyncError`'s answer, readable without the lock a running call holds.
     async_error: AtomicI32,
     /// Operators made by `ncclRedOpCreatePreMulSum`: id = `ncclNumOps` + index.
@@ -73,6 +76,7 @@ impl Handle {
             phase: Mutex::new(Phase::Starting),
             started: Condvar::new(),
             abort: OnceLock::new(),
+            health: OnceLock::new(),
             async_error: AtomicI32::new(NCCL_IN_PROGRESS),
             ops: Mutex::new(Vec::new()),
             registrations: Mutex::new(Vec::new()),
@@ -90,6 +94,7 @@ impl Handle {
         match result {
             Ok(comm) => {
                 let _ = self.abort.set(comm.abort_handle());
+                let _ = self.health.set(comm.health());
                 self.rank.store(comm.rank(), Ordering::Release);
                 self.nranks.store(comm.nranks(), Ordering::Release);
                 *phase = Phase::Ready(Box::new(comm));
@@ -174,16 +179,25 @@ impl Handle {
 
     /// `ncclCommGetAsyncError`: never waits on a running call.
     pub fn async_error(&self) -> ncclResult_t {
-        self.async_error.load(Ordering::Acquire)
+        let code = self.async_error.load(Ordering::Acquire);
+        if code != NCCL_SUCCESS {
+            return code;
+        }
+        match self.health.get().and_then(Health::failure) {
+            Some(e) => Error::from(e).code(),
+            None => code,
+        }
     }
 
-    /// Marks the communicator finalized (every call has completed already: calls block).
+    /// Marks the communicator finalized once every call queued on it has completed on the host
+    /// (calls on streams included).
     pub fn finalize(&self) -> Result<()> {
         let mut phase = self.settled();
         match &*phase {
-            Phase::Ready(_) => {
+            Phase::Ready(comm) => {
+                let flushed = comm.flush();
                 *phase = Phase::Finalized;
-                Ok(())
+                flushed.map_err(Error::from)
             }
             Phase::Finalized => Err(usage("ncclCommFinalize called twice")),
             Phase::Failed(code, why) => Err(failed_init(*code, why)),

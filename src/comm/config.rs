@@ -75,6 +75,9 @@ pub struct Config {
     /// Time a rank's executor spends on each message in the tuner's pricing, µs (messages of
     /// one rank are handled one after another by its CPU thread).
     pub tuner_message_us: f64,
+    /// The CUDA device whose primary context the communicator binds to at init (`None`: the
+    /// context of the first stream it is called with).
+    pub cuda_device: Option<u32>,
 }
 
 impl Default for Config {
@@ -91,6 +94,7 @@ impl Default for Config {
             max_backlog: 4 << 20,
             topology: None,
             tuner_message_us: 4.0,
+            cuda_device: None,
         }
     }
 }

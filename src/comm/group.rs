@@ -63,7 +63,12 @@ impl Communicator {
     }
 }
 
-impl<'b> Group<'_, 'b> {
+impl<'c, 'b> Group<'c, 'b> {
+    /// The communicator the group belongs to.
+    pub(super) fn comm(&self) -> &'c Communicator {
+        self.comm
+    }
+
     fn push(&mut self, send: bool, buf: Buffer, dtype: Dtype, count: usize, peer: u32) -> Result<()> {
         let n = self.comm.nranks;
         if peer >= n {
@@ -148,7 +153,7 @@ impl<'b> Group<'_, 'b> {
 
     /// Checks the group and numbers its transfers, under the front lock (`front`), which the
     /// caller holds until the job is admitted so the queue's order is the call order.
-    fn prepare(self, front: &mut Front) -> Result<Option<Job>> {
+    pub(super) fn prepare(self, front: &mut Front) -> Result<Option<Job>> {
         let Group { comm, ops, lane, .. } = self;
         comm.usable()?;
         if ops.is_empty() {
@@ -202,7 +207,7 @@ impl<'b> Group<'_, 'b> {
         // The buffers are the caller's, valid (and, to receive into, exclusive) until the
         // transfers complete: borrowed for `'b` by the safe methods, which wait; promised by
         // the callers of the raw ones and of `submit`.
-        Ok(Some(Job::Transfers(TransferJob { transfers })))
+        Ok(Some(Job::Transfers(TransferJob { transfers, sync: None })))
     }
 }
 

@@ -28,11 +28,14 @@ mod bytes;
 pub(crate) mod call;
 mod config;
 mod connect;
+#[cfg(feature = "cuda")]
+mod device;
 pub(crate) mod greet;
 mod group;
 mod netif;
 pub(crate) mod plan;
 mod resize;
+mod stream;
 mod submit;
 mod typed;
 pub(crate) mod work;
@@ -57,7 +60,6 @@ pub use work::Work;
 
 use crate::diag::{Board, Identity};
 use crate::error::{Error, Result};
-use crate::exec::ops::CpuOps;
 use crate::exec::wire::fnv1a;
 use crate::exec::{Executor, Settings};
 use crate::tuner::cache::DiskCache;
@@ -74,6 +76,23 @@ impl AbortHandle {
     /// communicator then closes its connections, so its peers fail too.
     pub fn abort(&self) {
         self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Whether a communicator has failed, readable from any thread ([`Communicator::health`]).
+#[derive(Clone)]
+pub struct Health(Arc<Shared>);
+
+impl std::fmt::Debug for Health {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Health").finish_non_exhaustive()
+    }
+}
+
+impl Health {
+    /// The error that broke the communicator, if one did.
+    pub fn failure(&self) -> Option<Error> {
+        self.0.failure()
     }
 }
 
@@ -109,6 +128,8 @@ struct Front {
     put_sent: Vec<u32>,
     put_received: Vec<u32>,
     splits: u32,
+    /// The CUDA context and completion word of calls on streams, once bound.
+    binding: Option<Arc<crate::cuda::Binding>>,
 }
 
 impl std::fmt::Debug for Communicator {
@@ -245,7 +266,7 @@ impl Communicator {
             timeout: config.timeout,
             oversubscribed: local > cores,
         };
-        let mut exec = Executor::new(rank, links, Box::new(CpuOps), settings, Arc::new(AtomicBool::new(false)));
+        let mut exec = Executor::new(rank, links, settings, Arc::new(AtomicBool::new(false)));
         let board = Board::new(Identity {
             rank,
             secret: auth.secret,
@@ -270,6 +291,10 @@ impl Communicator {
             put_sent: vec![0; nranks as usize],
             put_received: vec![0; nranks as usize],
             splits: 0,
+            binding: match config.cuda_device {
+                Some(d) => Some(crate::cuda::Binding::new(crate::cuda::Context::primary(d)?)?),
+                None => None,
+            },
         };
         Ok(Communicator {
             rank,
@@ -316,6 +341,22 @@ impl Communicator {
     /// The error that made the communicator unusable, if any (`ncclCommGetAsyncError`).
     pub fn error(&self) -> Option<String> {
         self.shared.broken()
+    }
+
+    /// A handle that reads whether the communicator has failed, from any thread, without
+    /// waiting for a running call (a failure of a call queued on a stream shows only there).
+    pub fn health(&self) -> Health {
+        Health(self.shared.clone())
+    }
+
+    /// Waits until every call queued so far has completed on the host (`ncclCommFinalize`);
+    /// the error that broke the communicator, if one did.
+    pub fn flush(&self) -> Result<()> {
+        self.shared.flush();
+        match self.shared.failure() {
+            Some(e) => Err(Error::Broken(e.to_string())),
+            None => Ok(()),
+        }
     }
 
     /// Splits into sub-communicators (`ncclCommSplit`): ranks passing the same `color` form

@@ -41,7 +41,13 @@ impl Communicator {
 
     /// Checks and plans `call` and numbers it, under the front lock (`front`); `None` for an
     /// empty call (it only counts).
-    fn prepare(&self, front: &mut Front, call: &CollectiveCall, send: Buffer, recv: Buffer) -> Result<Option<Job>> {
+    pub(super) fn prepare(
+        &self,
+        front: &mut Front,
+        call: &CollectiveCall,
+        send: Buffer,
+        recv: Buffer,
+    ) -> Result<Option<Job>> {
         let checked = call.check(self.rank, self.nranks, send, recv)?;
         let Front { planner, seq, .. } = front;
         if call.count == 0 {
@@ -60,7 +66,7 @@ impl Communicator {
             schedule: plan.hash,
         };
         *seq = seq.wrapping_add(1);
-        Ok(Some(Job::Collective(CollectiveJob { checked, plan, header })))
+        Ok(Some(Job::Collective(CollectiveJob { checked, plan, header, sync: None })))
     }
 
     /// Runs `call` from `send` to `recv`, as NCCL's C API does: the lengths follow from the

@@ -75,7 +75,7 @@ struct Queue {
     /// The communicator is going away: the progress thread ends once the queue is empty.
     closing: bool,
     /// Why the communicator cannot run anything any more.
-    broken: Option<String>,
+    broken: Option<Error>,
     /// Whether the progress thread sleeps on `work_ready`.
     progress_asleep: bool,
 }
@@ -170,7 +170,7 @@ impl Shared {
     pub(crate) fn unusable(&self) -> Option<Error> {
         if self.is_broken.load(Ordering::Acquire) {
             if let Some(why) = &lock(&self.queue).broken {
-                return Some(Error::Broken(why.clone()));
+                return Some(Error::Broken(why.to_string()));
             }
         }
         self.abort.load(Ordering::Relaxed).then_some(Error::Aborted)
@@ -270,12 +270,7 @@ impl Shared {
                 Job::Transfers(_) => None,
             });
         }
-        let r = unsafe {
-            match job {
-                Job::Collective(c) => exec.run_collective(c),
-                Job::Transfers(t) => exec.run_transfers(t),
-            }
-        };
+        let r = unsafe { exec.run(job) };
         let e = match r {
             Err(e) if !matches!(e, Error::InvalidArgument(_)) => e,
             r => {
@@ -296,7 +291,7 @@ impl Shared {
             None => e,
         };
         exec.close_links();
-        lock(&self.queue).broken.get_or_insert_with(|| e.to_string());
+        lock(&self.queue).broken.get_or_insert_with(|| e.duplicate());
         self.is_broken.store(true, Ordering::Release);
         Err(e)
     }
@@ -381,7 +376,15 @@ impl Shared {
 
     /// The error that broke the communicator, if one did.
     pub(crate) fn broken(&self) -> Option<String> {
-        lock(&self.queue).broken.clone()
+        lock(&self.queue).broken.as_ref().map(Error::to_string)
+    }
+
+    /// The error that broke the communicator, if one did.
+    pub(crate) fn failure(&self) -> Option<Error> {
+        if !self.is_broken.load(Ordering::Acquire) {
+            return None;
+        }
+        lock(&self.queue).broken.as_ref().map(Error::duplicate)
     }
 
     /// Fails every queued job with `why` (an abort), without running it.

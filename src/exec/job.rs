@@ -11,18 +11,22 @@
 //! the schedule is not proven correct in place, is copied first; a PreMulSum input is
 //! multiplied into a copy. Everything else runs straight on the caller's memory.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use topoccl_transports::{Meta, Region};
+use topoccl_transports::{MemSpace, Meta, Region};
 
 use super::engine::{self, Resources};
 use super::memory::{MemId, Memory, Span, INPUT, OUTPUT, SCRATCH};
-use super::ops::Workspace;
+use super::ops::{CpuOps, LocalOps, Workspace};
 use super::program::Program;
 use super::wire::CallHeader;
-use super::Executor;
+use super::{DeviceSide, Executor, Space, SpaceRef};
 use crate::comm::call::{Checked, Placement};
 use crate::comm::plan::Plan;
+use crate::comm::work::Job;
+use crate::cuda::{CudaOps, StreamSync};
 use crate::error::{Error, Result};
 use crate::types::{Dtype, ReduceOp, Reduction, Scalar};
 
@@ -31,6 +35,8 @@ pub(crate) struct CollectiveJob {
     pub checked: Checked,
     pub plan: Arc<Plan>,
     pub header: CallHeader,
+    /// Its ties to the caller's CUDA stream, if it was called on one.
+    pub sync: Option<StreamSync>,
 }
 
 /// One send or receive of a batch.
@@ -48,15 +54,138 @@ pub(crate) struct Transfer {
 /// Sends and receives that run together (a group's, or a lone call's).
 pub(crate) struct TransferJob {
     pub transfers: Vec<Transfer>,
+    /// Its ties to the caller's CUDA stream, if it was called on one.
+    pub sync: Option<StreamSync>,
 }
 
 impl Executor {
-    /// A workspace of at least `bytes`, kept between calls.
-    fn grow(ops: &mut dyn super::ops::LocalOps, w: &mut Option<Workspace>, bytes: usize) -> Result<Region> {
-        if w.as_ref().map_or(true, |w| w.region().len < bytes) {
-            *w = Some(ops.alloc(bytes)?);
+    /// Runs a queued job to completion on the memory space its buffers lie in: waits for the
+    /// work its caller's stream had before it, runs it, and marks it done for that stream.
+    ///
+    /// # Safety
+    /// The job's regions must be valid memory of the space they name, used by nothing else
+    /// until the job is done (for a job tied to a stream: until the stream has passed it).
+    pub(crate) unsafe fn run(&mut self, job: &Job) -> Result<()> {
+        let (space, sync) = match job {
+            Job::Collective(c) => (c.space()?, c.sync.as_ref()),
+            Job::Transfers(t) => (t.space()?, t.sync.as_ref()),
+        };
+        match space {
+            MemSpace::Host => {
+                if let Some(s) = sync {
+                    self.started_on_host(s)?;
+                }
+                // The space is taken out for the run (the engine borrows the executor's other
+                // parts beside it) and put back after.
+                let mut host = std::mem::take(&mut self.host);
+                // SAFETY: this fn's contract.
+                let r = unsafe { self.dispatch(job, host.as_dyn()) };
+                self.host = host;
+                if let Some(s) = sync {
+                    self.complete(s)?;
+                }
+                r
+            }
+            MemSpace::Device(d) => {
+                let sync = sync.ok_or_else(|| {
+                    Error::InvalidArgument(format!("buffers in {space} need a CUDA stream to order the call"))
+                })?;
+                let mut dev = self.device_for(sync, d)?;
+                let r = (|| {
+                    let _current = dev.binding.context().enter()?;
+                    dev.space.ops.stream().wait(&sync.start)?;
+                    // SAFETY: this fn's contract.
+                    unsafe { self.dispatch(job, dev.space.as_dyn()) }
+                })();
+                self.device = Some(dev);
+                let done = self.complete(sync);
+                r.and(done)
+            }
         }
-        Ok(w.as_ref().map_or(Region::EMPTY, |w| w.region()))
+    }
+
+    /// Runs `job` with the operations and workspaces of one memory space.
+    ///
+    /// # Safety
+    /// As for [`Executor::run`].
+    unsafe fn dispatch(&mut self, job: &Job, space: SpaceRef<'_>) -> Result<()> {
+        // SAFETY: this fn's contract.
+        unsafe {
+            match job {
+                Job::Collective(c) => self.run_collective(c, space),
+                Job::Transfers(t) => self.run_transfers(t, space),
+            }
+        }
+    }
+
+    /// The device side for a call on device `ordinal` tied to `sync` (made on first use),
+    /// taken out of the executor for the call; the caller puts it back.
+    fn device_for(&mut self, sync: &StreamSync, ordinal: u32) -> Result<DeviceSide> {
+        let ctx = sync.binding.context();
+        if ctx.ordinal() != ordinal {
+            return Err(Error::InvalidArgument(format!(
+                "a buffer lies in memory of CUDA device {ordinal}, the communicator uses device {}",
+                ctx.ordinal()
+            )));
+        }
+        match self.device.take() {
+            Some(d) if Arc::ptr_eq(&d.binding, &sync.binding) => Ok(d),
+            Some(d) => {
+                self.device = Some(d);
+                Err(Error::Internal("a call tied to another device binding".into()))
+            }
+            None => CudaOps::new(ctx).map(|ops| DeviceSide { binding: sync.binding.clone(), space: Space::new(ops) }),
+        }
+    }
+
+    /// Waits on the host until the work before a host-memory call on its caller's stream is
+    /// done (a host call cannot make the stream's work wait for it the device's way).
+    fn started_on_host(&self, sync: &StreamSync) -> Result<()> {
+        let begun = Instant::now();
+        let _current = sync.binding.context().enter()?;
+        let mut rounds = 0u32;
+        while !sync.start.done()? {
+            if self.abort.load(Ordering::Relaxed) {
+                return Err(Error::Aborted);
+            }
+            if begun.elapsed() >= self.settings.timeout {
+                return Err(Error::Timeout {
+                    rank: self.rank,
+                    secs: begun.elapsed().as_secs_f64(),
+                    call: "a call on host buffers".into(),
+                    waiting: "the work before it on its CUDA stream never finished".into(),
+                });
+            }
+            rounds += 1;
+            if rounds < 1000 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        }
+        Ok(())
+    }
+
+    /// Releases the caller's stream once the call's device work is done: written by the device
+    /// stream after that work when there is one (so no completion can overtake an earlier
+    /// one the device has yet to write), else by the host at once.
+    fn complete(&mut self, sync: &StreamSync) -> Result<()> {
+        match &self.device {
+            Some(d) => {
+                let _current = d.binding.context().enter()?;
+                // SAFETY: the executor's stream belongs to the binding's context.
+                let r = unsafe { sync.binding.complete_on(d.space.ops.stream(), sync.ticket) };
+                if r.is_err() {
+                    // The device failed (a sticky error): nothing it would write can come.
+                    sync.binding.complete_from_host(sync.ticket);
+                }
+                r
+            }
+            None => {
+                sync.binding.complete_from_host(sync.ticket);
+                Ok(())
+            }
+        }
     }
 
     /// Runs a collective to completion.
@@ -64,15 +193,16 @@ impl Executor {
     /// # Safety
     /// The job's regions must be valid memory the local operations reach, used by nothing
     /// else until this returns.
-    pub(crate) unsafe fn run_collective(&mut self, job: &CollectiveJob) -> Result<()> {
+    unsafe fn run_collective(&mut self, job: &CollectiveJob, sp: SpaceRef<'_>) -> Result<()> {
         let Checked { call, block_bytes, input, output, placement } = job.checked;
-        self.reach(&[input, output])?;
+        reach(&*sp.ops, &[input, output])?;
         let plan = &*job.plan;
         let nranks = self.nranks;
         let (in_blocks, out_blocks) = call.collective.blocks(nranks);
         let reduces = call.collective.reduces();
+        let ops = sp.ops;
         let scalar = match call.reduction {
-            Reduction::PreMulSum(s) if reduces && !input.is_empty() => Some(self.scalar(call.dtype, s)?),
+            Reduction::PreMulSum(s) if reduces && !input.is_empty() => Some(Executor::scalar(ops, call.dtype, s)?),
             _ => None,
         };
         let stride = if plan.padded { plan.layout.offset(plan.k) } else { block_bytes };
@@ -80,8 +210,7 @@ impl Executor {
             || scalar.is_some()
             || placement == Placement::Overlapping
             || (placement == Placement::InPlace && !plan.schedule.in_place);
-        let ops = &mut *self.ops;
-        let scratch = Executor::grow(ops, &mut self.scratch, plan.scratch_bytes)?.sub(0, plan.scratch_bytes);
+        let scratch = grow(ops, sp.scratch, plan.scratch_bytes)?.sub(0, plan.scratch_bytes);
         let mut mem = Memory::new();
         mem.writable(SCRATCH, scratch.unwrap_or(Region::EMPTY));
         let staged_in = if stage_in && !input.is_empty() {
@@ -94,7 +223,7 @@ impl Executor {
                     match &scalar {
                         Some(s) => ops.scale(call.dtype, to, from, s)?,
                         None => ops.copy(to, from)?,
-                    }
+                    };
                 }
             }
             mem.readable(INPUT, w.region());
@@ -120,9 +249,10 @@ impl Executor {
             Some(job.header),
             self.board.as_deref(),
         );
-        let res = Resources { mem: &mem, links: &mut self.links, ops, forward: &mut self.forward };
+        let res = Resources { mem: &mem, links: &mut self.links, ops, forward: sp.forward, staging: sp.staging };
         // SAFETY: the caller's regions are valid and ours for the call (this fn's contract);
-        // the rest are this executor's workspaces, alive until after the run.
+        // the rest are this executor's workspaces, alive until after the run (device ones until
+        // the device is past it: `CudaOps` frees in stream order).
         unsafe { engine::run(&plan.program, &metas, res, &cfg)? };
         drop(staged_in);
         if let Some(w) = staged_out {
@@ -130,30 +260,19 @@ impl Executor {
                 let (to, from) =
                     (sub(output, b * block_bytes, block_bytes)?, sub(w.region(), b * stride, block_bytes)?);
                 // SAFETY: as above.
-                unsafe { self.ops.copy(to, from)? };
+                unsafe { ops.copy(to, from)? };
             }
         }
         if reduces && call.reduction == Reduction::Op(ReduceOp::Avg) && !output.is_empty() {
             // SAFETY: the caller's output, ours for the call.
-            unsafe { self.ops.divide(call.dtype, output, nranks)? };
+            unsafe { ops.divide(call.dtype, output, nranks)? };
         }
         Ok(())
     }
 
-    /// Refuses buffers in memory the local operations cannot reach (before anything moves).
-    fn reach(&self, regions: &[Region]) -> Result<()> {
-        match regions.iter().find(|r| !r.is_empty() && !self.ops.reaches(r.space)) {
-            Some(r) => Err(Error::InvalidArgument(format!(
-                "a buffer lies in {}, which this communicator's executor ({}) cannot reach",
-                r.space,
-                self.ops.name()
-            ))),
-            None => Ok(()),
-        }
-    }
-
-    /// A PreMulSum scalar's bytes.
-    fn scalar(&mut self, dtype: Dtype, s: Scalar) -> Result<Vec<u8>> {
+    /// A PreMulSum scalar's bytes (read, for a scalar kept in memory, once the work before the
+    /// call is done).
+    fn scalar(ops: &mut dyn LocalOps, dtype: Dtype, s: Scalar) -> Result<Vec<u8>> {
         let n = dtype.size();
         match s {
             Scalar::Value(v) => Ok(v[..n].to_vec()),
@@ -162,10 +281,21 @@ impl Executor {
                     return Err(Error::InvalidArgument("the PreMulSum scalar's address is NULL".into()));
                 }
                 let mut out = vec![0u8; n];
+                let mut cpu = CpuOps;
+                let ops: &mut dyn LocalOps = match b.space {
+                    s if ops.reaches(s) => ops,
+                    MemSpace::Host => &mut cpu,
+                    s => {
+                        return Err(Error::InvalidArgument(format!(
+                            "the PreMulSum scalar lies in {s}, which the call's operations ({}) cannot read",
+                            ops.name()
+                        )))
+                    }
+                };
                 // SAFETY: the scalar's memory stays valid, holding one element, for as long as
                 // the operator is used (NCCL's contract for `ncclScalarDevice`, which the
                 // caller of the job's submission accepted).
-                unsafe { self.ops.read(&mut out, b.region(n))? };
+                unsafe { ops.read(&mut out, b.region(n))? };
                 Ok(out)
             }
         }
@@ -177,9 +307,9 @@ impl Executor {
     ///
     /// # Safety
     /// As for [`Executor::run_collective`].
-    pub(crate) unsafe fn run_transfers(&mut self, job: &TransferJob) -> Result<()> {
+    unsafe fn run_transfers(&mut self, job: &TransferJob, sp: SpaceRef<'_>) -> Result<()> {
         let regions: Vec<Region> = job.transfers.iter().map(|t| t.region).collect();
-        self.reach(&regions)?;
+        reach(&*sp.ops, &regions)?;
         let mut prog = Program::default();
         let mut mem = Memory::new();
         let mut metas = Vec::with_capacity(job.transfers.len());
@@ -209,9 +339,60 @@ impl Executor {
             prog.add_copy(dst, src);
         }
         let cfg = self.settings.run(self.rank, &self.abort, Dtype::Uint8, ReduceOp::Sum, None, self.board.as_deref());
-        let res = Resources { mem: &mem, links: &mut self.links, ops: &mut *self.ops, forward: &mut self.forward };
+        let res =
+            Resources { mem: &mem, links: &mut self.links, ops: sp.ops, forward: sp.forward, staging: sp.staging };
         // SAFETY: the transfers' regions are valid and ours for the call (this fn's contract).
         unsafe { engine::run(&prog, &metas, res, &cfg) }
+    }
+}
+
+/// A workspace of at least `bytes`, kept between calls.
+fn grow(ops: &mut dyn LocalOps, w: &mut Option<Workspace>, bytes: usize) -> Result<Region> {
+    if w.as_ref().map_or(true, |w| w.region().len < bytes) {
+        *w = Some(ops.alloc(bytes)?);
+    }
+    Ok(w.as_ref().map_or(Region::EMPTY, |w| w.region()))
+}
+
+/// Refuses buffers in memory the local operations cannot reach (before anything moves).
+fn reach(ops: &dyn LocalOps, regions: &[Region]) -> Result<()> {
+    match regions.iter().find(|r| !r.is_empty() && !ops.reaches(r.space)) {
+        Some(r) => Err(Error::InvalidArgument(format!(
+            "a buffer lies in {}, which this communicator's executor ({}) cannot reach",
+            r.space,
+            ops.name()
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// The one memory space of a job's buffers (host when it has none).
+fn one_space(regions: impl Iterator<Item = Region>) -> Result<MemSpace> {
+    let mut space = None;
+    for r in regions.filter(|r| !r.is_empty()) {
+        match space {
+            None => space = Some(r.space),
+            Some(s) if s != r.space => {
+                return Err(Error::InvalidArgument(format!(
+                    "one call's buffers lie in {s} and in {}: a call runs on one memory space",
+                    r.space
+                )))
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(space.unwrap_or(MemSpace::Host))
+}
+
+impl CollectiveJob {
+    fn space(&self) -> Result<MemSpace> {
+        one_space([self.checked.input, self.checked.output].into_iter())
+    }
+}
+
+impl TransferJob {
+    fn space(&self) -> Result<MemSpace> {
+        one_space(self.transfers.iter().map(|t| t.region))
     }
 }
 

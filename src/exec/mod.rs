@@ -19,8 +19,9 @@ use std::time::Duration;
 
 use topoccl_transports::Connection;
 
+use crate::cuda::{Binding, CudaOps};
 use crate::diag::Board;
-use ops::{LocalOps, Workspace};
+use ops::{CpuOps, LocalOps, Workspace};
 
 /// How the executor runs: the settings every run shares.
 #[derive(Debug, Clone, Copy)]
@@ -65,34 +66,76 @@ impl Settings {
     }
 }
 
-/// One rank's executor: its connections, its local operations and the workspaces it keeps
+/// The local operations of one memory space, and the memory the executor keeps in that space
 /// between calls.
+#[derive(Default)]
+pub(crate) struct Space<O> {
+    pub ops: O,
+    scratch: Option<Workspace>,
+    /// Slices receive-reduce-send steps reduce into and send on from.
+    forward: Vec<Workspace>,
+    /// Host slices payloads are staged into for connections that cannot reach this space.
+    staging: Vec<Workspace>,
+}
+
+impl<O: LocalOps> Space<O> {
+    pub(crate) fn new(ops: O) -> Space<O> {
+        Space { ops, scratch: None, forward: Vec::new(), staging: Vec::new() }
+    }
+
+    /// The space with its operations as a trait object: what a run works with.
+    fn as_dyn(&mut self) -> SpaceRef<'_> {
+        SpaceRef {
+            ops: &mut self.ops,
+            scratch: &mut self.scratch,
+            forward: &mut self.forward,
+            staging: &mut self.staging,
+        }
+    }
+}
+
+/// A [`Space`] borrowed for one run.
+pub(crate) struct SpaceRef<'s> {
+    ops: &'s mut dyn LocalOps,
+    scratch: &'s mut Option<Workspace>,
+    forward: &'s mut Vec<Workspace>,
+    staging: &'s mut Vec<Workspace>,
+}
+
+/// The device a communicator has run calls on: its binding (context and completion word) and
+/// the operations on its memory.
+pub(crate) struct DeviceSide {
+    /// Dropped first: its stream drains before the binding's completion word can go.
+    space: Space<CudaOps>,
+    binding: Arc<Binding>,
+}
+
+/// One rank's executor: its connections, the local operations of each memory space its calls
+/// use and the workspaces it keeps between calls.
 pub(crate) struct Executor {
     pub rank: u32,
     pub nranks: u32,
     /// A connection per rank (`None` for this rank).
     pub links: Vec<Option<Box<dyn Connection>>>,
-    pub ops: Box<dyn LocalOps>,
     pub settings: Settings,
     /// Set from any thread: the running call fails with `Aborted` within milliseconds.
     pub abort: Arc<AtomicBool>,
     /// Where this rank's progress is published for its peers (none in a bare executor).
     pub board: Option<Arc<Board>>,
-    scratch: Option<Workspace>,
-    /// Slices receive-reduce-send steps reduce into and send on from.
-    forward: Vec<Workspace>,
+    host: Space<CpuOps>,
+    /// Made by the first call on device memory.
+    device: Option<DeviceSide>,
 }
 
 impl Executor {
     pub(crate) fn new(
         rank: u32,
         links: Vec<Option<Box<dyn Connection>>>,
-        ops: Box<dyn LocalOps>,
         settings: Settings,
         abort: Arc<AtomicBool>,
     ) -> Executor {
         let nranks = links.len() as u32;
-        Executor { rank, nranks, links, ops, settings, abort, board: None, scratch: None, forward: Vec::new() }
+        Executor { rank, nranks, links, settings, abort, board: None, host: Space::default(), device: None }
     }
 
     /// Closes every connection: peers see this rank gone, and no connection reads the memory

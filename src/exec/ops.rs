@@ -1,13 +1,24 @@
-//! The executor's local work — copy, reduce, reduce-and-copy, PreMulSum's multiplication and
-//! the average's division — behind one small trait, [`LocalOps`], so that the one executor runs
-//! on any memory space: [`CpuOps`] for host memory here, CUDA kernels on a stream for device
-//! memory later (a second implementation, not a second executor). The executor never touches
-//! a byte of user memory itself; it only hands [`Region`]s to these operations and to the
-//! connections.
+//! The executor's local work — copy, reduce, PreMulSum's multiplication and the average's
+//! division — behind one small trait, [`LocalOps`], so that the one executor runs on any
+//! memory space: [`CpuOps`] for host memory, CUDA kernels on a stream for device memory
+//! (`crate::cuda`; a second implementation, not a second executor). The executor never
+//! touches a byte of user memory itself; it only hands [`Region`]s to these operations and to
+//! the connections.
 //!
-//! Every operation works on regions of equal length and returns when its result is in place.
-//! Regions may alias exactly (a destination that is also an operand: in place), never partly:
-//! a partial overlap is a bug in the caller, reported as an error.
+//! Operations are **submitted**: each returns a [`Fence`] at once, and runs in submission
+//! order (a later one never overtakes an earlier one), so the executor never waits for one
+//! operation before submitting the next that uses its result. [`LocalOps::done`] says whether
+//! a fence has been reached; only the host side ever needs to ask (before a connection reads
+//! bytes an operation wrote). [`CpuOps`] completes everything before returning
+//! ([`Fence::DONE`]).
+//!
+//! Host memory an implementation did not allocate itself is read before the call returns (the
+//! transports lend received messages only for the call, and CUDA stages pageable memory at
+//! call time); memory from [`LocalOps::alloc_host`] may be read or written until the fence.
+//!
+//! Every operation works on regions of equal length. Regions may alias exactly (a destination
+//! that is also an operand: in place), never partly: a partial overlap is a bug in the caller,
+//! reported as an error.
 
 use std::any::Any;
 
@@ -18,7 +29,18 @@ use crate::error::{Error, Result};
 use crate::types::{Dtype, ReduceOp};
 
 /// Version of the [`LocalOps`] interface; bumped on incompatible changes.
-pub const LOCAL_OPS_API_VERSION: u32 = 1;
+pub const LOCAL_OPS_API_VERSION: u32 = 2;
+
+/// Names the point an operation's submission reached, until it has completed
+/// ([`LocalOps::done`]). Operations complete in submission order, so a fence that is done
+/// means every operation submitted before it is done too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Fence(pub u64);
+
+impl Fence {
+    /// An operation that was complete when it returned.
+    pub const DONE: Fence = Fence(0);
+}
 
 /// Memory the executor keeps for a while (scratch chunks, staging copies, the slices a
 /// receive-reduce-send step forwards), in the space of the operations that made it.
@@ -56,33 +78,43 @@ pub trait LocalOps: Send {
     fn name(&self) -> &'static str;
     /// Whether these operations work on memory of `space`.
     fn reaches(&self, space: MemSpace) -> bool;
-    /// `dst = src`.
+    /// Submits `dst = src`.
     ///
     /// # Safety
-    /// See the trait documentation.
-    unsafe fn copy(&mut self, dst: Region, src: Region) -> Result<()>;
-    /// `dst = a ⊕ b` with `op` on elements of `dtype` (`dst` may be `a` or `b`).
+    /// See the trait documentation; the regions must stay valid until the fence is done.
+    unsafe fn copy(&mut self, dst: Region, src: Region) -> Result<Fence>;
+    /// Submits `dst = a ⊕ b` with `op` on elements of `dtype` (`dst` may be `a` or `b`).
     ///
     /// # Safety
-    /// See the trait documentation.
-    unsafe fn reduce(&mut self, dtype: Dtype, op: ReduceOp, dst: Region, a: Region, b: Region) -> Result<()>;
-    /// `dst = src × scalar` (PreMulSum's multiplication; `scalar` is one element's bytes).
+    /// As for [`LocalOps::copy`].
+    unsafe fn reduce(&mut self, dtype: Dtype, op: ReduceOp, dst: Region, a: Region, b: Region) -> Result<Fence>;
+    /// Submits `dst = src × scalar` (PreMulSum's multiplication; `scalar` is one element's
+    /// bytes).
     ///
     /// # Safety
-    /// See the trait documentation.
-    unsafe fn scale(&mut self, dtype: Dtype, dst: Region, src: Region, scalar: &[u8]) -> Result<()>;
-    /// Divides every element of `data` by `n` (the end of an average).
+    /// As for [`LocalOps::copy`].
+    unsafe fn scale(&mut self, dtype: Dtype, dst: Region, src: Region, scalar: &[u8]) -> Result<Fence>;
+    /// Submits the division of every element of `data` by `n` (the end of an average).
     ///
     /// # Safety
-    /// See the trait documentation.
-    unsafe fn divide(&mut self, dtype: Dtype, data: Region, n: u32) -> Result<()>;
-    /// Reads `out.len()` bytes at `src` into `out` (a PreMulSum scalar kept in memory).
+    /// As for [`LocalOps::copy`].
+    unsafe fn divide(&mut self, dtype: Dtype, data: Region, n: u32) -> Result<Fence>;
+    /// Reads `out.len()` bytes at `src` into `out` once every operation submitted before has
+    /// completed (a PreMulSum scalar kept in memory); returns with the bytes in `out`.
     ///
     /// # Safety
     /// See the trait documentation.
     unsafe fn read(&mut self, out: &mut [u8], src: Region) -> Result<()>;
+    /// Whether the operation `fence` names, and so every one submitted before it, has completed.
+    fn done(&mut self, fence: Fence) -> Result<bool>;
     /// Memory of at least `bytes` bytes in this space, aligned for every element type.
     fn alloc(&mut self, bytes: usize) -> Result<Workspace>;
+    /// Host memory of at least `bytes` bytes that these operations read and write
+    /// asynchronously (pinned memory for a device): where the executor stages bytes a
+    /// connection that cannot reach this space sends.
+    fn alloc_host(&mut self, bytes: usize) -> Result<Workspace> {
+        CpuOps.alloc(bytes)
+    }
 }
 
 /// The host's operations: the vectorised kernels of `exec::reduce`.
@@ -121,24 +153,24 @@ impl LocalOps for CpuOps {
         space == MemSpace::Host
     }
 
-    unsafe fn copy(&mut self, dst: Region, src: Region) -> Result<()> {
+    unsafe fn copy(&mut self, dst: Region, src: Region) -> Result<Fence> {
         same_len(&dst, &src)?;
         if dst.len == 0 || dst.addr == src.addr {
-            return Ok(());
+            return Ok(Fence::DONE);
         }
         host(&dst, "destination")?;
         host(&src, "source")?;
         // SAFETY: both are host memory valid for `len` bytes (this fn's contract); `copy` is
         // memmove, correct for overlapping ranges too, and makes no references.
         unsafe { std::ptr::copy(src.addr as *const u8, dst.addr as *mut u8, dst.len) };
-        Ok(())
+        Ok(Fence::DONE)
     }
 
-    unsafe fn reduce(&mut self, dtype: Dtype, op: ReduceOp, dst: Region, a: Region, b: Region) -> Result<()> {
+    unsafe fn reduce(&mut self, dtype: Dtype, op: ReduceOp, dst: Region, a: Region, b: Region) -> Result<Fence> {
         same_len(&dst, &a)?;
         same_len(&dst, &b)?;
         if dst.len == 0 {
-            return Ok(());
+            return Ok(Fence::DONE);
         }
         for (r, what) in [(&dst, "destination"), (&a, "operand"), (&b, "operand")] {
             host(r, what)?;
@@ -158,7 +190,7 @@ impl LocalOps for CpuOps {
                 // overlap `dst`, so the shared and the mutable view are disjoint.
                 let (acc, x) = unsafe { (dst.bytes_mut(), x.bytes()) };
                 reduce_in_place(dtype, op, acc, x);
-                Ok(())
+                Ok(Fence::DONE)
             }
             None if dst.overlaps(&a) => Err(partly(&dst, &a)),
             None if dst.overlaps(&b) => Err(partly(&dst, &b)),
@@ -167,12 +199,12 @@ impl LocalOps for CpuOps {
                 // other: both are only read).
                 let (d, x, y) = unsafe { (dst.bytes_mut(), a.bytes(), b.bytes()) };
                 reduce_into(dtype, op, d, x, y);
-                Ok(())
+                Ok(Fence::DONE)
             }
         }
     }
 
-    unsafe fn scale(&mut self, dtype: Dtype, dst: Region, src: Region, scalar: &[u8]) -> Result<()> {
+    unsafe fn scale(&mut self, dtype: Dtype, dst: Region, src: Region, scalar: &[u8]) -> Result<Fence> {
         let size = dtype.size();
         if scalar.len() != size || dst.len % size != 0 {
             return Err(Error::InvalidArgument(format!(
@@ -195,17 +227,17 @@ impl LocalOps for CpuOps {
             let n = part.len();
             reduce_in_place(dtype, ReduceOp::Prod, part, &tile[..n]);
         }
-        Ok(())
+        Ok(Fence::DONE)
     }
 
-    unsafe fn divide(&mut self, dtype: Dtype, data: Region, n: u32) -> Result<()> {
+    unsafe fn divide(&mut self, dtype: Dtype, data: Region, n: u32) -> Result<Fence> {
         if data.len == 0 {
-            return Ok(());
+            return Ok(Fence::DONE);
         }
         host(&data, "buffer")?;
         // SAFETY: host memory valid for `len` bytes, used by nothing else (this fn's contract).
         divide(dtype, unsafe { data.bytes_mut() }, n);
-        Ok(())
+        Ok(Fence::DONE)
     }
 
     unsafe fn read(&mut self, out: &mut [u8], src: Region) -> Result<()> {
@@ -219,6 +251,10 @@ impl LocalOps for CpuOps {
         // SAFETY: host memory valid for `len` bytes (this fn's contract).
         out.copy_from_slice(unsafe { src.bytes() });
         Ok(())
+    }
+
+    fn done(&mut self, _fence: Fence) -> Result<bool> {
+        Ok(true)
     }
 
     fn alloc(&mut self, bytes: usize) -> Result<Workspace> {

@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use topoccl::{Buffer, Collective as Kind, CollectiveCall, Dtype, ReduceOp, Reduction};
 
-use super::{dtype_of, export, guard, no_stream, rank_of};
+use topoccl::cuda::StreamRef;
+
+use super::{dtype_of, export, guard, rank_of};
 use crate::abi::*;
 use crate::call::{self, Collective, Transfer};
 use crate::error::{invalid, Result};
@@ -43,7 +45,6 @@ fn collective(
 ) -> ncclResult_t {
     guard(name, || {
         let h = handle::lookup(comm)?;
-        no_stream(stream)?;
         let dtype = dtype_of(datatype)?;
         let reduction = if kind.reduces() { op_of(&h, op, dtype)? } else { Reduction::Op(ReduceOp::Sum) };
         let (rank, n) = h.identity()?;
@@ -57,7 +58,8 @@ fn collective(
                 "{name}: opCount {seq:x} sendbuff {send:p} recvbuff {recv:p} count {count} datatype {datatype} op {op} root {root} comm {comm:p} [nranks={n}] stream {stream:p}"
             ),
         );
-        let call = Collective { call, send: Buffer::host(send), recv: Buffer::host(recv) };
+        let call =
+            Collective { call, send: Buffer::at(send), recv: Buffer::at(recv), stream: StreamRef::from_raw(stream) };
         if group::active() {
             group::push(Work::Collective { handle: h, call });
         } else {
@@ -80,7 +82,6 @@ fn transfer(
 ) -> ncclResult_t {
     guard(name, || {
         let h = handle::lookup(comm)?;
-        no_stream(stream)?;
         let dtype = dtype_of(datatype)?;
         let (rank, n) = h.identity()?;
         let peer = rank_of("peer", peer, n)?;
@@ -89,7 +90,8 @@ fn transfer(
             Some(rank),
             format_args!("{name}: buff {buf:p} count {count} datatype {datatype} peer {peer} comm {comm:p}"),
         );
-        submit_transfers(&h, vec![Transfer { send, buf: Buffer::host(buf), dtype, count, peer }])?;
+        let stream = StreamRef::from_raw(stream);
+        submit_transfers(&h, vec![Transfer { send, buf: Buffer::at(buf), dtype, count, peer, stream }])?;
         Ok(NCCL_SUCCESS)
     })
 }
@@ -120,10 +122,10 @@ fn rooted_transfers(
 ) -> ncclResult_t {
     guard(name, || {
         let h = handle::lookup(comm)?;
-        no_stream(stream)?;
         let dtype = dtype_of(datatype)?;
         let (rank, n) = h.identity()?;
         let root = rank_of("root", root, n)?;
+        let stream = StreamRef::from_raw(stream);
         log::info(
             Subsys::Coll,
             Some(rank),
@@ -136,9 +138,9 @@ fn rooted_transfers(
         // The root's side: one block per rank of the spread buffer (recv for gather, send for
         // scatter); everyone's: one block of the other.
         let (spread, single) = if gather { (recv as usize, send as usize) } else { (send as usize, recv as usize) };
-        let block_of = |r: u32| Buffer::host((spread + r as usize * block) as *const c_void);
+        let block_of = |r: u32| Buffer::at((spread + r as usize * block) as *const c_void);
         let mut list = Vec::new();
-        let t = |send: bool, buf: Buffer, peer: u32| Transfer { send, buf, dtype, count, peer };
+        let t = |send: bool, buf: Buffer, peer: u32| Transfer { send, buf, dtype, count, peer, stream };
         if count > 0 {
             if rank == root {
                 for r in 0..n {
@@ -147,7 +149,7 @@ fn rooted_transfers(
                         continue;
                     }
                     if r == root {
-                        let own = Buffer::host(single as *const c_void);
+                        let own = Buffer::at(single as *const c_void);
                         list.push(t(true, if gather { own } else { block_of(r) }, r));
                         list.push(t(false, if gather { block_of(r) } else { own }, r));
                     } else {
@@ -155,7 +157,7 @@ fn rooted_transfers(
                     }
                 }
             } else {
-                list.push(t(gather, Buffer::host(single as *const c_void), root));
+                list.push(t(gather, Buffer::at(single as *const c_void), root));
             }
         }
         submit_transfers(&h, list)?;

@@ -7,7 +7,7 @@ use topoccl::{Communicator, UniqueId};
 
 use super::{export, guard};
 use crate::abi::*;
-use crate::error::{invalid, usage, Error, Result};
+use crate::error::{invalid, Error, Result};
 use crate::group::{self, Work};
 use crate::handle::{self, Handle};
 use crate::log::{self, Subsys};
@@ -114,19 +114,26 @@ fn init_all(comms: *mut ncclComm_t, ndev: c_int, devlist: *const c_int) -> ncclR
         }
         if !devlist.is_null() {
             let devs = raw::ints(devlist, ndev as usize, "devlist")?;
-            for (i, d) in devs.iter().enumerate() {
-                if *d < 0 || devs[..i].contains(d) {
-                    return Err(invalid(format!("devlist[{i}] = {d}: devices must be distinct and >= 0")));
-                }
+            if let Some((i, d)) = devs.iter().enumerate().find(|(_, d)| **d < 0) {
+                return Err(invalid(format!("devlist[{i}] = {d}: devices are >= 0")));
             }
         }
         let config = settings::core_config()?;
         let id = UniqueId::new()?;
         let n = ndev as u32;
+        // With a driver, rank i works on device devlist[i] (or i), as NCCL's do; a device may
+        // repeat (several ranks on one GPU), which NCCL refuses and topoccl allows.
+        let devices: Vec<u32> = match devlist.is_null() {
+            true => (0..n).collect(),
+            false => raw::ints(devlist, ndev as usize, "devlist")?.iter().map(|d| *d as u32).collect(),
+        };
+        let cuda = topoccl::cuda::driver().is_ok();
         let made: Vec<topoccl::Result<Communicator>> = std::thread::scope(|s| {
             let running: Vec<_> = (0..n)
                 .map(|r| {
-                    let (id, config) = (&id, config.clone());
+                    let id = &id;
+                    let mut config = config.clone();
+                    config.cuda_device = cuda.then(|| devices[r as usize]);
                     s.spawn(move || Communicator::init_with(id, r, n, config))
                 })
                 .collect();
@@ -236,13 +243,13 @@ fn user_rank(comm: ncclComm_t, out: *mut c_int) -> ncclResult_t {
 
 fn cu_device(comm: ncclComm_t, out: *mut c_int) -> ncclResult_t {
     guard("ncclCommCuDevice", || -> Result<ncclResult_t> {
-        handle::lookup(comm)?;
+        let h = handle::lookup(comm)?;
         if out.is_null() {
             return Err(invalid("device is NULL"));
         }
-        Err(usage(
-            "this communicator has no CUDA device: topoccl was built without the `cuda` feature, so buffers are host memory",
-        ))
+        let device = h.with_comm(|c| Ok(c.cuda_device()?))?;
+        raw::put(out, device as c_int, "device")?;
+        Ok(NCCL_SUCCESS)
     })
 }
 

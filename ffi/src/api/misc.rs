@@ -33,12 +33,32 @@ fn last_error(comm: ncclComm_t) -> *const c_char {
     super::last_error()
 }
 
-/// Allocation granularity of `ncclMemAlloc` (a page, as NCCL's is at least).
+/// Allocation granularity of `ncclMemAlloc` on the host (a page, as NCCL's is at least).
 const ALIGN: usize = 4096;
 
-fn allocations() -> MutexGuard<'static, HashMap<usize, usize>> {
-    static ALLOCS: OnceLock<Mutex<HashMap<usize, usize>>> = OnceLock::new();
+/// What `ncclMemAlloc` handed out.
+enum Allocation {
+    /// Device memory (`cuMemAlloc`, never pool memory: it can be shared by IPC).
+    Device(topoccl::cuda::DeviceMemory),
+    /// Host memory of this many bytes (no CUDA driver).
+    Host(usize),
+}
+
+fn allocations() -> MutexGuard<'static, HashMap<usize, Allocation>> {
+    static ALLOCS: OnceLock<Mutex<HashMap<usize, Allocation>>> = OnceLock::new();
     ALLOCS.get_or_init(|| Mutex::new(HashMap::new())).lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Device memory in the context current on this thread, else device 0's primary context (the
+/// device a CUDA runtime program that never chose one uses).
+fn device_alloc(size: usize) -> topoccl::Result<topoccl::cuda::DeviceMemory> {
+    use topoccl::cuda::Context;
+    let ctx = match Context::current()? {
+        // SAFETY: the caller's current context outlives its allocations (CUDA's own rule).
+        Some(raw) => unsafe { Context::adopt(raw) }?,
+        None => Context::primary(0)?,
+    };
+    topoccl::cuda::DeviceMemory::new(&ctx, size)
 }
 
 fn mem_alloc(out: *mut *mut c_void, size: usize) -> ncclResult_t {
@@ -49,15 +69,27 @@ fn mem_alloc(out: *mut *mut c_void, size: usize) -> ncclResult_t {
         if size == 0 {
             return Err(invalid("size is 0"));
         }
+        if topoccl::cuda::driver().is_ok() {
+            let m = device_alloc(size)?;
+            let p = m.addr() as *mut c_void;
+            allocations().insert(m.addr(), Allocation::Device(m));
+            raw::put(out, p, "ptr")?;
+            log::info(Subsys::Alloc, None, format_args!("ncclMemAlloc: {size} bytes of device memory at {p:p}"));
+            return Ok(NCCL_SUCCESS);
+        }
         let layout = Layout::from_size_align(size, ALIGN).map_err(|e| invalid(format!("size {size}: {e}")))?;
         // SAFETY: the layout's size is non-zero (checked above).
         let p = unsafe { std::alloc::alloc_zeroed(layout) };
         if p.is_null() {
             return Err(Error::System(format!("out of memory allocating {size} bytes")));
         }
-        allocations().insert(p as usize, size);
+        allocations().insert(p as usize, Allocation::Host(size));
         raw::put(out, p.cast::<c_void>(), "ptr")?;
-        log::info(Subsys::Alloc, None, format_args!("ncclMemAlloc: {size} bytes of host memory at {p:p}"));
+        log::info(
+            Subsys::Alloc,
+            None,
+            format_args!("ncclMemAlloc: {size} bytes of host memory at {p:p} (no CUDA driver)"),
+        );
         Ok(NCCL_SUCCESS)
     })
 }
@@ -67,13 +99,24 @@ fn mem_free(ptr: *mut c_void) -> ncclResult_t {
         if ptr.is_null() {
             return Ok(NCCL_SUCCESS);
         }
-        let size = allocations()
+        let a = allocations()
             .remove(&(ptr as usize))
             .ok_or_else(|| invalid(format!("{ptr:p} was not allocated by ncclMemAlloc (or was freed already)")))?;
-        let layout = Layout::from_size_align(size, ALIGN).map_err(|e| invalid(e.to_string()))?;
-        // SAFETY: `ptr` was returned by `alloc_zeroed` with this layout (it was in the table,
-        // which holds exactly those) and is removed from the table, so freed once.
-        unsafe { std::alloc::dealloc(ptr.cast::<u8>(), layout) };
+        match a {
+            // Freed as it goes out of scope (the caller has finished its work on the memory,
+            // as NCCL requires of ncclMemFree).
+            Allocation::Device(m) => log::info(
+                Subsys::Alloc,
+                None,
+                format_args!("ncclMemFree: {} bytes of device memory at {ptr:p}", m.len()),
+            ),
+            Allocation::Host(size) => {
+                let layout = Layout::from_size_align(size, ALIGN).map_err(|e| invalid(e.to_string()))?;
+                // SAFETY: `ptr` was returned by `alloc_zeroed` with this layout (it was in the
+                // table, which holds exactly those) and is removed from the table, so freed once.
+                unsafe { std::alloc::dealloc(ptr.cast::<u8>(), layout) };
+            }
+        }
         Ok(NCCL_SUCCESS)
     })
 }
@@ -87,6 +130,7 @@ fn register(comm: ncclComm_t, buff: *mut c_void, size: usize, out: *mut *mut c_v
         if out.is_null() {
             return Err(invalid("handle is NULL"));
         }
+        let space = Buffer::at(buff.cast_const()).space;
         let mut regs = h.registrations.lock().unwrap_or_else(|p| p.into_inner());
         regs.push(Some((buff as usize, size)));
         // Handles are 1-based indices, so none is NULL.
@@ -95,7 +139,7 @@ fn register(comm: ncclComm_t, buff: *mut c_void, size: usize, out: *mut *mut c_v
             Subsys::Reg,
             Some(h.rank_hint()),
             format_args!(
-                "ncclCommRegister: {size} bytes at {buff:p}; host memory needs no registration, recorded only"
+                "ncclCommRegister: {size} bytes of {space} at {buff:p}, recorded (transfers over shared memory and TCP stage device data through pinned memory and need no registration)"
             ),
         );
         Ok(NCCL_SUCCESS)

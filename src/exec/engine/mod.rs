@@ -11,7 +11,10 @@
 //! a receiver that is itself waiting (receivers always drain).
 //!
 //! Because a queued send still reads its payload, a step that would write bytes such a send
-//! still reads waits until it is done ([`InFlight`]).
+//! still reads waits until it is done ([`InFlight`]). Local work is submitted, not waited for
+//! ([`LocalOps`] returns fences): a payload in memory its connection cannot reach (device
+//! memory over shared memory or TCP) is copied into a host staging slice and its send waits,
+//! staged, until that copy is done, while the loop goes on with everything else.
 //!
 //! Nothing here waits without a deadline: when no byte and no step moves for `timeout`, the
 //! call fails with what each channel is stuck on; a closed peer fails it at once; `abort`
@@ -29,7 +32,7 @@ use topoccl_transports::{wait, Connection, Meta, Region, WaitFd};
 
 use super::inflight::InFlight;
 use super::memory::Memory;
-use super::ops::{LocalOps, Workspace};
+use super::ops::{Fence, LocalOps, Workspace};
 use super::program::{Action, Program, XStep};
 use super::wire::CallHeader;
 use crate::diag::Board;
@@ -105,16 +108,19 @@ struct Run<'r> {
     state: &'r mut [ChannelState],
     /// Slices a receive-reduce-send step reduces into before sending them on.
     forward: &'r mut Vec<Workspace>,
+    /// Host slices payloads are staged into for connections that cannot reach their memory.
+    staging: &'r mut Vec<Workspace>,
     inflight: InFlight,
 }
 
 /// What one run works with besides its program: the buffers, the connections, the local
-/// operations and the forwarding slices kept between runs.
+/// operations and the forwarding and staging slices kept between runs.
 pub(crate) struct Resources<'r> {
     pub mem: &'r Memory,
     pub links: &'r mut Links,
     pub ops: &'r mut dyn LocalOps,
     pub forward: &'r mut Vec<Workspace>,
+    pub staging: &'r mut Vec<Workspace>,
 }
 
 fn link(links: &mut Links, peer: u32) -> Result<&mut Box<dyn Connection>> {
@@ -124,7 +130,7 @@ fn link(links: &mut Links, peer: u32) -> Result<&mut Box<dyn Connection>> {
         .ok_or_else(|| Error::Internal(format!("no connection to rank {peer}")))
 }
 
-fn transport_error(peer: u32) -> impl FnOnce(topoccl_transports::Error) -> Error {
+pub(super) fn transport_error(peer: u32) -> impl FnOnce(topoccl_transports::Error) -> Error {
     move |e| match e {
         topoccl_transports::Error::PeerClosed(reason) => Error::PeerFailed { peer, reason },
         other => Error::Transport { peer, source: other },
@@ -147,8 +153,8 @@ pub(crate) unsafe fn run(prog: &Program, metas: &[Meta], res: Resources<'_>, cfg
             &mut heap
         }
     };
-    let Resources { mem, links, ops, forward } = res;
-    let mut run = Run { prog, metas, mem, links, ops, cfg, state, forward, inflight: InFlight::default() };
+    let Resources { mem, links, ops, forward, staging } = res;
+    let mut run = Run { prog, metas, mem, links, ops, cfg, state, forward, staging, inflight: InFlight::default() };
     // A run that fails part-way leaves the ranks out of step, whatever the cause: never an
     // error a caller could take for a rejected argument (which leaves the communicator usable).
     run.run().map_err(|e| match e {
@@ -170,6 +176,9 @@ impl Run<'_> {
         let mut reported = false;
         loop {
             let mut moved = false;
+            if self.inflight.staging() {
+                moved |= self.inflight.post_ready(self.links, &mut *self.ops, self.metas)?;
+            }
             for &p in &self.prog.peers {
                 let l = link(self.links, p)?;
                 // A peer closing is news, not progress: it must not restart the deadline of a
@@ -237,7 +246,8 @@ impl Run<'_> {
     /// its data comes without a descriptor becoming ready); whether it slept in `poll(2)`.
     fn idle_wait(&mut self, rounds: u32, fds: &mut Vec<WaitFd>) -> Result<bool> {
         fds.clear();
-        let mut spin = false;
+        // Staged sends wait for local operations, which no descriptor announces.
+        let mut spin = self.inflight.staging();
         for &p in &self.prog.peers {
             let l = link(self.links, p)?;
             l.wait_fds(fds);
@@ -264,6 +274,9 @@ impl Run<'_> {
     }
 
     fn flushed(&mut self) -> Result<bool> {
+        if self.inflight.staging() {
+            return Ok(false);
+        }
         for &p in &self.prog.peers {
             let l = link(self.links, p)?;
             if l.backlog() > 0 {
@@ -354,12 +367,30 @@ impl Run<'_> {
             return Ok(false);
         }
         let tmp = if action == Action::RecvReduceSend {
-            match self.inflight.forward_slice(self.links, self.forward, &mut *self.ops, n, self.cfg.slice_bytes)? {
+            let ops = &mut *self.ops;
+            match self.inflight.free_slice(self.links, self.forward, &mut |b| ops.alloc(b), n, self.cfg.slice_bytes)? {
                 Some(t) => t,
                 None => return Ok(false),
             }
         } else {
             Region::EMPTY
+        };
+        // A payload the connection cannot reach goes through a host staging slice, taken now:
+        // once the message is received there is no waiting for one.
+        let stage = if action.sends() && !self.reaches(st.to, self.payload_space(st, off, n, tmp)?)? {
+            let ops = &mut *self.ops;
+            match self.inflight.free_slice(
+                self.links,
+                self.staging,
+                &mut |b| ops.alloc_host(b),
+                n,
+                self.cfg.slice_bytes,
+            )? {
+                Some(s) => Some(s),
+                None => return Ok(false),
+            }
+        } else {
+            None
         };
         let (src, dst) = if action.receives() {
             // The receiving half runs on the message where the transport holds it (in the
@@ -387,12 +418,13 @@ impl Run<'_> {
                 }
                 if !*offered && matches!(action, Action::Recv | Action::RecvCopySend) {
                     *offered = true;
-                    if l.one_sided() {
+                    let dst = spans(self.mem, st, off, n)?.1;
+                    if l.one_sided() && l.reaches(dst.space) {
                         // SAFETY: the destination is this step's slice of the run's buffers,
                         // valid for the run (`run`'s contract); no other step reads or writes it
                         // before this receive completes (the schedule orders them), and a run
                         // that ends early closes its connections, which revokes the offer.
-                        unsafe { l.offer(tag, spans(self.mem, st, off, n)?.1) }.map_err(transport_error(st.from))?;
+                        unsafe { l.offer(tag, dst) }.map_err(transport_error(st.from))?;
                     }
                 }
                 return Ok(false);
@@ -422,13 +454,35 @@ impl Run<'_> {
             Action::Recv | Action::RecvReduce => None,
         };
         if let Some(bytes) = payload {
-            // SAFETY: a span of this run's buffers or a forwarding slice, which stay valid and
-            // unchanged until the send is done: the run waits for every send before it ends,
-            // and no step writes bytes a send in flight still reads (`InFlight`).
-            let ticket = unsafe { link(self.links, st.to)?.send(tag, meta, bytes) }.map_err(transport_error(st.to))?;
-            self.inflight.push(bytes, st.to, ticket);
+            let (data, fence) = match stage {
+                // SAFETY: `bytes` is a span of this run's buffers or a forwarding slice, `s` a
+                // staging slice no send reads (taken above); both valid for the run.
+                Some(s) => (s, unsafe { self.ops.copy(s, bytes)? }),
+                None => (bytes, Fence::DONE),
+            };
+            // SAFETY: a span of this run's buffers or a forwarding or staging slice, which stay
+            // valid and unchanged until the send is done: the run waits for every send before
+            // it ends, and no step writes bytes a send, staged or in flight, still reads.
+            unsafe { self.inflight.send(self.links, st.to, tag, (st.meta, meta), data, fence) }?;
         }
         Ok(true)
+    }
+
+    /// Whether the connection to `peer` reaches memory of `space`.
+    fn reaches(&self, peer: u32, space: topoccl_transports::MemSpace) -> Result<bool> {
+        match self.links.get(peer as usize).and_then(Option::as_ref) {
+            Some(l) => Ok(l.reaches(space)),
+            None => Err(Error::Internal(format!("no connection to rank {peer}"))),
+        }
+    }
+
+    /// The memory space of what step `st` sends of bytes `[off, off + n)`.
+    fn payload_space(&self, st: &XStep, off: usize, n: usize, tmp: Region) -> Result<topoccl_transports::MemSpace> {
+        Ok(match st.action {
+            Action::RecvReduceSend => tmp.space,
+            Action::Send => self.mem.span(st.src.slice(off, n), false)?.space,
+            _ => self.mem.span(st.dst.slice(off, n), true)?.space,
+        })
     }
 }
 
@@ -457,17 +511,20 @@ fn receive(
     // SAFETY: `src` and `dst` are spans of the run's buffers (valid and ours for the run,
     // `run`'s contract), `tmp` its workspace, `data` the message the transport lends for this
     // call; lengths were checked against the step.
+    // The operations read `data` before they return (it is not theirs); what they write is
+    // ordered before anything submitted later, so the fences are not needed here.
     unsafe {
         match action {
-            Action::Recv | Action::RecvCopySend => ops.copy(dst, data),
-            Action::RecvReduce | Action::RecvReduceCopySend => ops.reduce(dtype, op, dst, src, data),
+            Action::Recv | Action::RecvCopySend => ops.copy(dst, data)?,
+            Action::RecvReduce | Action::RecvReduceCopySend => ops.reduce(dtype, op, dst, src, data)?,
             Action::RecvReduceSend => {
                 let out = tmp.sub(0, data.len).ok_or_else(|| Error::Internal("workspace too small".into()))?;
-                ops.reduce(dtype, op, out, src, data)
+                ops.reduce(dtype, op, out, src, data)?
             }
-            Action::Send | Action::Copy | Action::Reduce => Ok(()),
-        }
+            Action::Send | Action::Copy | Action::Reduce => Fence::DONE,
+        };
     }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -568,7 +625,13 @@ mod tests {
         let mut links: Vec<Option<Box<dyn Connection>>> = vec![None, Some(Box::new(drip))];
         let abort = AtomicBool::new(false);
         let cfg = config(&abort, slice, slice);
-        let res = Resources { mem: &mem, links: &mut links, ops: &mut CpuOps, forward: &mut Vec::new() };
+        let res = Resources {
+            mem: &mem,
+            links: &mut links,
+            ops: &mut CpuOps,
+            forward: &mut Vec::new(),
+            staging: &mut Vec::new(),
+        };
         // SAFETY: `data` outlives the run.
         unsafe { run(&prog, &[[0; 24]], res, &cfg) }.unwrap();
         let sent = sent.lock().unwrap().clone();
@@ -644,7 +707,13 @@ mod tests {
         let mut links: Vec<Option<Box<dyn Connection>>> = vec![None, Some(Box::new(slow))];
         let abort = AtomicBool::new(false);
         let cfg = config(&abort, 8, 64);
-        let res = Resources { mem: &mem, links: &mut links, ops: &mut CpuOps, forward: &mut Vec::new() };
+        let res = Resources {
+            mem: &mem,
+            links: &mut links,
+            ops: &mut CpuOps,
+            forward: &mut Vec::new(),
+            staging: &mut Vec::new(),
+        };
         // SAFETY: both arrays outlive the run and are used through it only.
         unsafe { run(&prog, &[[0; 24]], res, &cfg) }.unwrap();
         assert_eq!(*delivered.lock().unwrap(), [1u8; 8]);

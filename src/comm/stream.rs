@@ -1,0 +1,105 @@
+//! Calls ordered by a CUDA stream, as NCCL's are: `ncclAllReduce(..., stream)` enqueues and
+//! returns; the call starts after the work already on the stream, and the stream's later work
+//! waits for its end (how, without a kernel of ours on the caller's stream, is
+//! [`crate::cuda::Binding`]'s to tell). The buffers may be device memory (then the executor's
+//! device operations run the call) or host memory (then it waits on the host for the
+//! stream's earlier work).
+//!
+//! A communicator is bound to one CUDA context: the first call on a stream binds it to the
+//! stream's context (for the legacy default stream, the context current on the calling
+//! thread), or [`Config::cuda_device`](super::Config) binds it at init.
+
+use std::sync::Arc;
+
+use super::call::CollectiveCall;
+use super::group::Group;
+use super::work::{Job, Work};
+use super::{Communicator, Front};
+use crate::buffer::Buffer;
+use crate::cuda::{Binding, Context, StreamRef};
+use crate::error::{Error, Result};
+
+impl Communicator {
+    /// The communicator's device binding, checked against `stream` (made from the stream's
+    /// context by the first call).
+    fn binding_for(front: &mut Front, stream: StreamRef) -> Result<Arc<Binding>> {
+        if let Some(b) = &front.binding {
+            b.check_stream(stream)?;
+            return Ok(b.clone());
+        }
+        crate::cuda::driver()?;
+        let raw = match stream.context()? {
+            Some(c) => c,
+            None => Context::current()?.ok_or_else(|| {
+                Error::Cuda(
+                    "no CUDA context: the legacy default stream was given and none is current on this thread".into(),
+                )
+            })?,
+        };
+        // SAFETY: the caller's context outlives the communicator (NCCL's contract: a
+        // communicator is used with its device's context until destroyed).
+        let ctx = unsafe { Context::adopt(raw) }?;
+        let b = Binding::new(ctx)?;
+        front.binding = Some(b.clone());
+        Ok(b)
+    }
+
+    /// The CUDA device this communicator runs device calls on (`ncclCommCuDevice`): the one it
+    /// is bound to, else the device of the context current on this thread.
+    pub fn cuda_device(&self) -> Result<u32> {
+        if let Some(b) = &self.front().binding {
+            return Ok(b.context().ordinal());
+        }
+        let raw = Context::current()?.ok_or_else(|| {
+            Error::Cuda("no CUDA device: the communicator has run no call on a stream and no context is current".into())
+        })?;
+        // SAFETY: the context is current on this thread, so alive for this call.
+        Ok(unsafe { Context::borrowed(raw) }?.ordinal())
+    }
+
+    /// Queues `call` from `send` to `recv` ordered by `stream` (NCCL's collectives with a
+    /// stream) and returns at once. The [`Work`] ends when the host's part does; the buffers
+    /// are ready when the stream has passed the call.
+    ///
+    /// # Safety
+    /// As for [`Communicator::collective_raw`], until the stream has passed the call; `stream`
+    /// must be a live stream (or [`StreamRef::LEGACY`]) of the context this communicator uses.
+    pub unsafe fn submit_on(
+        &self,
+        call: &CollectiveCall,
+        send: Buffer,
+        recv: Buffer,
+        stream: StreamRef,
+    ) -> Result<Work> {
+        self.usable()?;
+        let mut front = self.front();
+        let binding = Communicator::binding_for(&mut front, stream)?;
+        stream.not_capturing()?;
+        let Some(mut job) = self.prepare(&mut front, call, send, recv)? else { return Ok(Work::done(&self.shared)) };
+        let sync = binding.attach(stream)?;
+        if let Job::Collective(c) = &mut job {
+            c.sync = Some(sync);
+        }
+        Ok(self.shared.submit(job))
+    }
+}
+
+impl Group<'_, '_> {
+    /// Queues every collected transfer ordered by `stream` (`ncclGroupEnd` after sends and
+    /// receives with a stream) and returns at once.
+    ///
+    /// # Safety
+    /// As for [`Group::submit`], until the stream has passed the transfers.
+    pub unsafe fn submit_on(self, stream: StreamRef) -> Result<Work> {
+        let comm = self.comm();
+        let mut front = comm.front();
+        let binding = Communicator::binding_for(&mut front, stream)?;
+        stream.not_capturing()?;
+        let Some(mut job) = self.prepare(&mut front)? else { return Ok(Work::done(&comm.shared)) };
+        let sync = binding.attach(stream)?;
+        if let Job::Transfers(t) = &mut job {
+            t.sync = Some(sync);
+        }
+        Ok(comm.shared.submit(job))
+    }
+}

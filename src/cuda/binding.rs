@@ -1,0 +1,155 @@
+//! A communicator's device, and how its calls keep NCCL's stream semantics although a host
+//! thread runs them.
+//!
+//! `ncclAllReduce(..., stream)` enqueues and returns: the collective must start after the work
+//! already on the caller's stream, and the caller's stream must wait for its end. The
+//! communicator does both with one word of pinned, device-mapped host memory that counts
+//! completed calls ([`Binding`]):
+//!
+//! - at the call, an event is recorded on the caller's stream (the work before the call), and a
+//!   stream memory operation makes the caller's stream wait until the word reaches the call's
+//!   ticket (`cuStreamWaitValue32`, GEQ, so the count may wrap);
+//! - the executor's own stream waits for that event before its first operation of the call;
+//! - when the call succeeds, the executor's stream writes the ticket into the word after its
+//!   last operation (`cuStreamWriteValue32`), so the GPU itself releases the caller's stream the
+//!   moment the work is done, without a round trip through the host;
+//! - when it fails (a peer died, a timeout, an abort), the host writes the ticket once the
+//!   executor's stream has drained, so the caller's stream never hangs; the error is the
+//!   communicator's (`ncclCommGetAsyncError`).
+//!
+//! Why not the alternatives: a host function (`cuLaunchHostFunc`) that blocks until the call
+//! ends ties up the driver's callback thread, which serialises every host function of the
+//! process, and may not call the driver; a kernel spinning on a flag holds a multiprocessor
+//! for the whole call and can starve the very kernels the call launches when several ranks
+//! share a GPU. Stream memory operations cost nothing while waiting, are ordered like any
+//! other stream work, and every GPU this library's kernels run on (sm_80 and newer, driver 11.7
+//! and newer) supports them.
+
+use std::mem::ManuallyDrop;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::context::Context;
+use super::memory::Pinned;
+use super::stream::{Event, StreamRef};
+use crate::error::{Error, Result};
+
+/// A communicator's device context and the word its calls' completions are counted in.
+#[derive(Debug)]
+pub struct Binding {
+    ctx: Arc<Context>,
+    /// The word (freed by `drop` only once no stream can still read it).
+    flag: ManuallyDrop<Pinned>,
+    /// The last ticket handed out (the front of the queue); tickets go out in call order.
+    issued: AtomicU32,
+    /// Per caller stream, an event recorded just after its latest wait on the word: the word
+    /// is freed only once every stream is past its waits.
+    passed: Mutex<Vec<(StreamRef, Event)>>,
+}
+
+impl Binding {
+    pub fn new(ctx: Arc<Context>) -> Result<Arc<Binding>> {
+        let flag = ManuallyDrop::new(Pinned::new(&ctx, 64)?);
+        Ok(Arc::new(Binding { ctx, flag, issued: AtomicU32::new(0), passed: Mutex::new(Vec::new()) }))
+    }
+
+    pub fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+
+    fn word(&self) -> &AtomicU32 {
+        // SAFETY: the pinned allocation is at least 64 bytes, page-aligned, lives as long as
+        // `self`, and is only ever accessed as this one atomic word (by the host) or by the
+        // device's 32-bit stream memory operations.
+        unsafe { &*(self.flag.addr() as *const AtomicU32) }
+    }
+
+    /// The count of completed calls (the last ticket written).
+    pub fn completed(&self) -> u32 {
+        self.word().load(Ordering::Acquire)
+    }
+
+    /// Ties a call to the caller's `stream`: the call starts after the stream's work so far,
+    /// and the stream's later work waits for the call's end. Must be called in call order.
+    pub fn attach(self: &Arc<Binding>, stream: StreamRef) -> Result<StreamSync> {
+        let _current = self.ctx.enter()?;
+        let start = Event::new(&self.ctx)?;
+        start.record(stream)?;
+        let ticket = self.issued.load(Ordering::Relaxed).wrapping_add(1);
+        // SAFETY: the word is device-mapped pinned memory that lives until every stream has
+        // passed its waits on it (`passed`, checked when the binding drops).
+        unsafe { stream.wait_value(self.flag.device_addr(), ticket)? };
+        self.issued.store(ticket, Ordering::Relaxed);
+        let mut passed = self.passed.lock().unwrap_or_else(|p| p.into_inner());
+        let i = match passed.iter().position(|(s, _)| *s == stream) {
+            Some(i) => i,
+            None => {
+                passed.push((stream, Event::new(&self.ctx)?));
+                passed.len() - 1
+            }
+        };
+        passed[i].1.record(stream)?;
+        drop(passed);
+        Ok(StreamSync { binding: self.clone(), start, ticket })
+    }
+
+    /// Marks a call done from the host (a failed call, or one on host memory).
+    pub fn complete_from_host(&self, ticket: u32) {
+        self.word().store(ticket, Ordering::Release);
+    }
+
+    /// Makes `stream` write the ticket once its work so far is done.
+    ///
+    /// # Safety
+    /// `stream` must belong to this binding's context.
+    pub unsafe fn complete_on(&self, stream: StreamRef, ticket: u32) -> Result<()> {
+        // SAFETY: as in `attach`; the stream is this context's (this fn's contract).
+        unsafe { stream.write_value(self.flag.device_addr(), ticket) }
+    }
+
+    /// Checks that a caller's stream belongs to this communicator's context.
+    pub fn check_stream(&self, stream: StreamRef) -> Result<()> {
+        let _current = self.ctx.enter()?;
+        match stream.context()? {
+            Some(c) if c != self.ctx.raw() => Err(Error::InvalidArgument(format!(
+                "the stream belongs to another CUDA context than this communicator's (device {})",
+                self.ctx.ordinal()
+            ))),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Drop for Binding {
+    fn drop(&mut self) {
+        // A caller's stream may reach its wait on the word after the last call was written
+        // (its own earlier work ran long): the word must outlive that read. A stream that does
+        // not get there within a minute (its own work hangs) keeps the word: leaked, not freed
+        // under the device.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let _current = self.ctx.enter();
+        let passed = self.passed.get_mut().unwrap_or_else(|p| p.into_inner());
+        let all_passed = passed.iter().all(|(_, ev)| loop {
+            match ev.done() {
+                Ok(true) | Err(_) => break true,
+                Ok(false) if Instant::now() >= deadline => break false,
+                Ok(false) => std::thread::sleep(Duration::from_micros(200)),
+            }
+        });
+        if all_passed {
+            // SAFETY: dropped once, here, and never used again (the binding is going away).
+            unsafe { ManuallyDrop::drop(&mut self.flag) };
+        }
+    }
+}
+
+/// One call's ties to its caller's stream (see the module documentation).
+#[derive(Debug)]
+pub struct StreamSync {
+    pub binding: Arc<Binding>,
+    /// Recorded on the caller's stream at the call.
+    pub start: Event,
+    /// Written into the binding's word when the call has ended.
+    pub ticket: u32,
+}

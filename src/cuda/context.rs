@@ -1,0 +1,174 @@
+//! CUDA contexts: the device a communicator's device work runs on, and making it current on
+//! whichever thread runs that work (the progress thread, or a caller running a job inline).
+//!
+//! A communicator uses the context the caller's memory and streams belong to: the device's
+//! primary context (what the CUDA runtime, and so PyTorch, uses) or a context the caller made
+//! with the driver API, which is borrowed and never destroyed here.
+
+use std::sync::Arc;
+
+use cudarc::driver::sys::{self, CUcontext, CUdevice, CUdevice_attribute};
+
+use super::driver::{check, driver};
+use crate::error::{Error, Result};
+
+/// A context and its device.
+#[derive(Debug)]
+pub struct Context {
+    raw: CUcontext,
+    ordinal: u32,
+    /// Compute capability (major, minor).
+    pub sm: (i32, i32),
+    /// Streaming multiprocessors (sizes kernel grids).
+    pub multiprocessors: u32,
+    /// The primary context's device, released on drop; `None` for a borrowed context.
+    primary: Option<CUdevice>,
+}
+
+// SAFETY: a CUcontext is a driver handle usable from any thread (each thread makes it current
+// before use, which `enter` does); the struct holds no thread-bound state.
+unsafe impl Send for Context {}
+// SAFETY: as above; every method only reads the handle.
+unsafe impl Sync for Context {}
+
+impl Context {
+    /// The primary context of device `ordinal`, retained until dropped.
+    pub fn primary(ordinal: u32) -> Result<Arc<Context>> {
+        driver()?;
+        let count = device_count()?;
+        if ordinal >= count {
+            return Err(Error::InvalidArgument(format!(
+                "CUDA device {ordinal} does not exist ({count} device{} visible)",
+                if count == 1 { "" } else { "s" }
+            )));
+        }
+        let mut dev: CUdevice = 0;
+        let mut raw: CUcontext = std::ptr::null_mut();
+        // SAFETY: the driver is initialised; both out-pointers are valid locals.
+        unsafe {
+            check(sys::cuDeviceGet(&mut dev, ordinal as i32), "cuDeviceGet")?;
+            check(sys::cuDevicePrimaryCtxRetain(&mut raw, dev), "cuDevicePrimaryCtxRetain")?;
+        }
+        let mut ctx = Context { raw, ordinal, sm: (0, 0), multiprocessors: 0, primary: Some(dev) };
+        ctx.describe(dev)?;
+        Ok(Arc::new(ctx))
+    }
+
+    /// The caller's context `raw`, borrowed: never destroyed here.
+    ///
+    /// # Safety
+    /// `raw` must be a live context that outlives every use of the returned value.
+    pub unsafe fn borrowed(raw: CUcontext) -> Result<Arc<Context>> {
+        driver()?;
+        if raw.is_null() {
+            return Err(Error::InvalidArgument("no CUDA context".into()));
+        }
+        let mut ctx = Context { raw, ordinal: 0, sm: (0, 0), multiprocessors: 0, primary: None };
+        let dev = {
+            let _current = ctx.enter()?;
+            let mut dev: CUdevice = 0;
+            // SAFETY: the context is current on this thread (entered above).
+            check(unsafe { sys::cuCtxGetDevice(&mut dev) }, "cuCtxGetDevice")?;
+            dev
+        };
+        ctx.ordinal = u32::try_from(dev).map_err(|_| Error::Cuda(format!("device handle {dev}")))?;
+        ctx.describe(dev)?;
+        Ok(Arc::new(ctx))
+    }
+
+    /// The context `raw` as a communicator keeps it: the device's primary context (retained)
+    /// when it is that, else borrowed.
+    ///
+    /// # Safety
+    /// As for [`Context::borrowed`].
+    pub unsafe fn adopt(raw: CUcontext) -> Result<Arc<Context>> {
+        // SAFETY: this fn's contract.
+        let borrowed = unsafe { Context::borrowed(raw) }?;
+        let primary = Context::primary(borrowed.ordinal)?;
+        Ok(if primary.raw == raw { primary } else { borrowed })
+    }
+
+    /// The context current on this thread, if any (without initialising anything: `None` when
+    /// the driver is missing or nobody made one current).
+    pub fn current() -> Result<Option<CUcontext>> {
+        driver()?;
+        let mut raw: CUcontext = std::ptr::null_mut();
+        // SAFETY: the driver is initialised; the out-pointer is a valid local.
+        check(unsafe { sys::cuCtxGetCurrent(&mut raw) }, "cuCtxGetCurrent")?;
+        Ok((!raw.is_null()).then_some(raw))
+    }
+
+    fn describe(&mut self, dev: CUdevice) -> Result<()> {
+        let attr = |a: CUdevice_attribute| -> Result<i32> {
+            let mut v = 0;
+            // SAFETY: `dev` is a device handle of the initialised driver.
+            check(unsafe { sys::cuDeviceGetAttribute(&mut v, a, dev) }, "cuDeviceGetAttribute")?;
+            Ok(v)
+        };
+        self.sm = (
+            attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        );
+        self.multiprocessors = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as u32;
+        Ok(())
+    }
+
+    /// The device's ordinal.
+    pub fn ordinal(&self) -> u32 {
+        self.ordinal
+    }
+
+    pub fn raw(&self) -> CUcontext {
+        self.raw
+    }
+
+    /// Makes this context current on the calling thread until the guard drops (then the one
+    /// current before is again); nothing changes if it already is.
+    pub fn enter(&self) -> Result<Entered> {
+        let mut cur: CUcontext = std::ptr::null_mut();
+        // SAFETY: a context exists, so the driver is initialised; the out-pointer is a local.
+        check(unsafe { sys::cuCtxGetCurrent(&mut cur) }, "cuCtxGetCurrent")?;
+        if cur == self.raw {
+            return Ok(Entered { pushed: false });
+        }
+        // SAFETY: `raw` is a live context (this value's invariant).
+        check(unsafe { sys::cuCtxPushCurrent_v2(self.raw) }, "cuCtxPushCurrent")?;
+        Ok(Entered { pushed: true })
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        if let Some(dev) = self.primary {
+            // SAFETY: the primary context was retained once by `primary`; released once here.
+            // A failure cannot be reported from a drop and leaves only the retain count high.
+            let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(dev) };
+        }
+    }
+}
+
+/// A context made current by [`Context::enter`]; restores the previous one when dropped.
+#[must_use = "the context is current only while the guard lives"]
+pub struct Entered {
+    pushed: bool,
+}
+
+impl Drop for Entered {
+    fn drop(&mut self) {
+        if self.pushed {
+            let mut popped: CUcontext = std::ptr::null_mut();
+            // SAFETY: this guard pushed a context on this thread's stack; popping it restores
+            // the previous one. Nothing can be reported from a drop.
+            let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
+        }
+    }
+}
+
+/// Devices the driver sees.
+pub fn device_count() -> Result<u32> {
+    driver()?;
+    let mut n = 0;
+    // SAFETY: the driver is initialised; the out-pointer is a valid local.
+    check(unsafe { sys::cuDeviceGetCount(&mut n) }, "cuDeviceGetCount")?;
+    Ok(n.max(0) as u32)
+}

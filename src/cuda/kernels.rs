@@ -1,0 +1,209 @@
+//! The device kernels: `kernels/topoccl.cu` as NVRTC built it (cubins for sm_80 and sm_90, PTX
+//! for newer devices, shipped in the library so that only the driver is needed, as NCCL's are),
+//! loaded into a context, and launched.
+//!
+//! Every kernel takes one argument block ([`KernelArgs`], `topoccl_args` in the source) and
+//! runs a grid-stride loop, so any grid covers any count.
+
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::sync::Arc;
+
+use cudarc::driver::sys::{self, CUfunction, CUmodule};
+
+use super::context::Context;
+use super::driver::check;
+use super::stream::StreamRef;
+use crate::error::{Error, Result};
+use crate::types::{Dtype, ReduceOp};
+
+/// NVRTC's cubin for sm_80 (runs on every 8.x device).
+static SM_80: &[u8] = include_bytes!("../../kernels/images/sm_80.cubin");
+/// NVRTC's cubin for sm_90.
+static SM_90: &[u8] = include_bytes!("../../kernels/images/sm_90.cubin");
+/// PTX for compute_90, which the driver compiles for devices newer than any cubin.
+static PTX_90: &[u8] = include_bytes!("../../kernels/images/compute_90.ptx");
+
+/// The argument block every kernel takes (`topoccl_args`): 48 bytes.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KernelArgs {
+    /// Where the result goes.
+    pub dst: u64,
+    /// A second copy of the result, or 0.
+    pub dst2: u64,
+    /// The first operand (a copy's source; scale's and divide's input).
+    pub a: u64,
+    /// The second operand of a reduction, else 0.
+    pub b: u64,
+    /// Elements (a copy: bytes).
+    pub count: u64,
+    /// Scale: the scalar's bits; divide: the divisor.
+    pub scalar: u64,
+}
+
+/// What a kernel does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    Reduce(Dtype, ReduceOp),
+    Scale(Dtype),
+    Divide(Dtype),
+}
+
+/// The kernel source's short name of a datatype.
+fn type_name(d: Dtype) -> &'static str {
+    match d {
+        Dtype::Int8 => "i8",
+        Dtype::Uint8 => "u8",
+        Dtype::Int32 => "i32",
+        Dtype::Uint32 => "u32",
+        Dtype::Int64 => "i64",
+        Dtype::Uint64 => "u64",
+        Dtype::Float16 => "f16",
+        Dtype::Float32 => "f32",
+        Dtype::Float64 => "f64",
+        Dtype::Bfloat16 => "bf16",
+        Dtype::Float8e4m3 => "f8e4m3",
+        Dtype::Float8e5m2 => "f8e5m2",
+    }
+}
+
+impl Kernel {
+    /// The kernel's name in the images. An average reduces as a sum (the division comes last).
+    pub fn name(self) -> String {
+        match self {
+            Kernel::Reduce(d, op) => {
+                let op = match op {
+                    ReduceOp::Sum | ReduceOp::Avg => "sum",
+                    ReduceOp::Prod => "prod",
+                    ReduceOp::Min => "min",
+                    ReduceOp::Max => "max",
+                };
+                format!("topoccl_reduce_{op}_{}", type_name(d))
+            }
+            Kernel::Scale(d) => format!("topoccl_scale_{}", type_name(d)),
+            Kernel::Divide(d) => format!("topoccl_divide_{}", type_name(d)),
+        }
+    }
+}
+
+/// The image for a device of compute capability `sm`.
+fn image_for(sm: (i32, i32)) -> Result<(&'static [u8], &'static str)> {
+    match sm.0 {
+        8 => Ok((SM_80, "sm_80 cubin")),
+        9 => Ok((SM_90, "sm_90 cubin")),
+        m if m > 9 => Ok((PTX_90, "compute_90 PTX")),
+        _ => Err(Error::Cuda(format!(
+            "the device's compute capability {}.{} is older than the kernels' oldest (8.0)",
+            sm.0, sm.1
+        ))),
+    }
+}
+
+/// The kernels loaded into one context, their functions looked up on first use.
+#[derive(Debug)]
+pub struct Kernels {
+    module: CUmodule,
+    functions: HashMap<Kernel, CUfunction>,
+    /// Blocks a launch may use at most (a few per multiprocessor).
+    max_blocks: u32,
+    ctx: Arc<Context>,
+}
+
+// SAFETY: module and function handles are driver handles usable from any thread of their
+// context; `Kernels` is used by one thread at a time (the executor's runner).
+unsafe impl Send for Kernels {}
+
+/// Threads per block of every launch.
+const BLOCK: u32 = 256;
+/// Elements each thread handles before the grid is made larger.
+const PER_THREAD: u64 = 8;
+
+impl Kernels {
+    /// Loads the image that suits the context's device.
+    pub fn load(ctx: &Arc<Context>) -> Result<Kernels> {
+        let (image, what) = image_for(ctx.sm)?;
+        if image.is_empty() {
+            return Err(Error::Cuda(format!("the {what} of the kernels is missing from this build")));
+        }
+        // The driver wants PTX NUL-terminated; a cubin is read by its own headers.
+        let owned;
+        let image = if image.starts_with(b"\x7fELF") {
+            image
+        } else {
+            owned = [image, &[0]].concat();
+            &owned[..]
+        };
+        let _current = ctx.enter()?;
+        let mut module: CUmodule = std::ptr::null_mut();
+        // SAFETY: the context is current; `image` is a complete image that outlives the call.
+        check(unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr().cast()) }, "cuModuleLoadData")
+            .map_err(|e| Error::Cuda(format!("loading the kernels' {what}: {e}")))?;
+        Ok(Kernels { module, functions: HashMap::new(), max_blocks: ctx.multiprocessors * 4, ctx: ctx.clone() })
+    }
+
+    fn function(&mut self, k: Kernel) -> Result<CUfunction> {
+        if let Some(f) = self.functions.get(&k) {
+            return Ok(*f);
+        }
+        let name = CString::new(k.name()).map_err(|e| Error::Internal(e.to_string()))?;
+        let mut f: CUfunction = std::ptr::null_mut();
+        // SAFETY: a live module of the current context (the caller entered it); the name is
+        // NUL-terminated.
+        check(unsafe { sys::cuModuleGetFunction(&mut f, self.module, name.as_ptr()) }, "cuModuleGetFunction")
+            .map_err(|e| Error::Cuda(format!("kernel {}: {e}", k.name())))?;
+        self.functions.insert(k, f);
+        Ok(f)
+    }
+
+    /// Launches `k` over `args.count` elements on `stream`.
+    ///
+    /// # Safety
+    /// The context must be current; the pointers in `args` must be memory the device reaches,
+    /// valid for the elements the kernel reads and writes until it has run.
+    pub unsafe fn launch(&mut self, k: Kernel, args: KernelArgs, stream: StreamRef) -> Result<()> {
+        if args.count == 0 {
+            return Ok(());
+        }
+        let f = self.function(k)?;
+        let per_block = u64::from(BLOCK) * PER_THREAD;
+        let grid = args.count.div_ceil(per_block).clamp(1, u64::from(self.max_blocks)) as u32;
+        let mut block_args = args;
+        let mut params = [(&mut block_args as *mut KernelArgs).cast::<std::ffi::c_void>()];
+        // SAFETY: the kernel takes exactly one `topoccl_args`, whose bytes the driver copies at
+        // the call; the rest is this fn's contract.
+        check(
+            unsafe {
+                sys::cuLaunchKernel(f, grid, 1, 1, BLOCK, 1, 1, 0, stream.0, params.as_mut_ptr(), std::ptr::null_mut())
+            },
+            "cuLaunchKernel",
+        )
+        .map_err(|e| Error::Cuda(format!("kernel {}: {e}", k.name())))
+    }
+}
+
+impl Drop for Kernels {
+    fn drop(&mut self) {
+        let _current = self.ctx.enter();
+        // SAFETY: loaded by `load`, unloaded once; no launch of ours is pending on a stream
+        // the module's owner still uses (the executor drops its stream work first).
+        let _ = unsafe { sys::cuModuleUnload(self.module) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_the_kernel_source() {
+        assert_eq!(Kernel::Reduce(Dtype::Bfloat16, ReduceOp::Avg).name(), "topoccl_reduce_sum_bf16");
+        assert_eq!(Kernel::Reduce(Dtype::Float8e5m2, ReduceOp::Max).name(), "topoccl_reduce_max_f8e5m2");
+        assert_eq!(Kernel::Scale(Dtype::Uint64).name(), "topoccl_scale_u64");
+        assert_eq!(Kernel::Divide(Dtype::Int8).name(), "topoccl_divide_i8");
+        assert_eq!(std::mem::size_of::<KernelArgs>(), 48);
+        assert!(image_for((7, 5)).is_err());
+        assert_eq!(image_for((8, 9)).unwrap().1, "sm_80 cubin");
+        assert_eq!(image_for((12, 0)).unwrap().1, "compute_90 PTX");
+    }
+}

@@ -1,0 +1,46 @@
+//! The GPU door: the CUDA driver, loaded at run time (cudarc's `sys` bindings with dynamic
+//! loading: nothing of CUDA is needed to build, and a process without a driver runs host
+//! buffers as before), and what the executor needs of it — contexts, streams and events, device
+//! and pinned memory, the kernels, [`CudaOps`] (the local operations on device memory) and
+//! [`Binding`] (a communicator's device, and NCCL's stream semantics).
+//!
+//! Layers, as cudarc's own: `sys` (cudarc) → checked calls ([`driver::check`], here) → the safe
+//! types of the other modules. Every `unsafe` block is in this module tree, and nothing calls
+//! into `sys` before [`driver()`] has found the library and every symbol used (cudarc panics
+//! on a missing one). Built without the `cuda` feature, the same names exist and every one that
+//! needs the driver answers with [`crate::Error::Cuda`].
+
+#[cfg(feature = "cuda")]
+mod binding;
+#[cfg(feature = "cuda")]
+mod context;
+#[cfg(feature = "cuda")]
+mod driver;
+#[cfg(feature = "cuda")]
+mod kernels;
+#[cfg(feature = "cuda")]
+mod memory;
+#[cfg(feature = "cuda")]
+mod ops;
+#[cfg(feature = "cuda")]
+mod stream;
+
+#[cfg(feature = "cuda")]
+pub use binding::{Binding, StreamSync};
+#[cfg(feature = "cuda")]
+pub use context::{device_count, Context, Entered};
+#[cfg(feature = "cuda")]
+pub use driver::{driver, present, Driver};
+#[cfg(feature = "cuda")]
+pub use kernels::{Kernel, KernelArgs};
+#[cfg(feature = "cuda")]
+pub use memory::{space_of, DeviceMemory, Pinned};
+#[cfg(feature = "cuda")]
+pub use ops::CudaOps;
+#[cfg(feature = "cuda")]
+pub use stream::{Event, Stream, StreamRef};
+
+#[cfg(not(feature = "cuda"))]
+mod disabled;
+#[cfg(not(feature = "cuda"))]
+pub use disabled::*;
