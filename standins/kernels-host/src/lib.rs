@@ -41,7 +41,8 @@ impl HostKernel {
         if threads == 0 {
             return;
         }
-        for thread in 0..threads {
+        // Threads past `count` have nothing to do.
+        for thread in 0..threads.min(args.count) {
             let mut i = thread;
             while i < args.count {
                 // SAFETY: `i < count`, and the caller vouches for the pointers over `count`.
