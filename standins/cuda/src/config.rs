@@ -1,0 +1,128 @@
+//! `cuInit` and the environment knobs, read once per process when `cuInit` first runs.
+
+use std::sync::OnceLock;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::sys::{CUresult, CuResult};
+
+/// The stand-in's settings.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// `TOPOCCL_STANDIN_DEVICES` (default 1; 0 makes `cuInit` answer `CUDA_ERROR_NO_DEVICE`).
+    pub devices: i32,
+    /// `TOPOCCL_STANDIN_SM`: compute capability as major * 10 + minor (default 90).
+    pub sm: u32,
+    /// `TOPOCCL_STANDIN_DELAY_US`: each stream item first sleeps a random 0..this (default 200).
+    pub delay_us: u64,
+    /// `TOPOCCL_STANDIN_SEED`: seeds the delays (default: the clock).
+    pub seed: u64,
+    /// `TOPOCCL_STANDIN_DRIVER_VERSION`: what `cuDriverGetVersion` says, and so the newest PTX
+    /// ISA a module may use (default 12090).
+    pub driver_version: i32,
+    /// `TOPOCCL_STANDIN_POISON`: the byte new device and pinned allocations are filled with
+    /// (default 0xff, so a read before any write gives NaN / all-ones; `off` leaves zeros).
+    pub poison: Option<u8>,
+}
+
+static CONFIG: OnceLock<Config> = OnceLock::new();
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().map(|v| v.trim().to_string()).filter(|v| !v.is_empty())
+}
+
+/// Parses `90`, `9.0`, `sm_90`, `sm_90a` as 90.
+pub fn parse_sm(s: &str) -> Option<u32> {
+    let s = s.trim().trim_start_matches("sm_").trim_start_matches("compute_").trim_end_matches('a');
+    match s.split_once('.') {
+        Some((major, minor)) => Some(major.parse::<u32>().ok()? * 10 + minor.parse::<u32>().ok()?),
+        None => s.parse().ok().filter(|&v| v >= 10),
+    }
+}
+
+fn parse_poison(s: &str) -> Option<Option<u8>> {
+    match s {
+        "off" | "none" | "0" | "false" => Some(None),
+        _ => {
+            let hex = s.trim_start_matches("0x");
+            u8::from_str_radix(hex, 16).ok().map(Some)
+        }
+    }
+}
+
+impl Config {
+    fn from_env() -> Self {
+        let clock = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1);
+        Config {
+            devices: env("TOPOCCL_STANDIN_DEVICES").and_then(|v| v.parse().ok()).filter(|&n| n >= 0).unwrap_or(1),
+            sm: env("TOPOCCL_STANDIN_SM").and_then(|v| parse_sm(&v)).unwrap_or(90),
+            delay_us: env("TOPOCCL_STANDIN_DELAY_US").and_then(|v| v.parse().ok()).unwrap_or(200),
+            seed: env("TOPOCCL_STANDIN_SEED")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(clock ^ u64::from(std::process::id())),
+            driver_version: env("TOPOCCL_STANDIN_DRIVER_VERSION").and_then(|v| v.parse().ok()).unwrap_or(12090),
+            poison: env("TOPOCCL_STANDIN_POISON").and_then(|v| parse_poison(&v)).unwrap_or(Some(0xff)),
+        }
+    }
+
+    /// The newest PTX ISA version (major * 10 + minor) this driver version can JIT.
+    pub fn max_ptx_isa(&self) -> u32 {
+        // CUDA 12.0 → ISA 8.0 ... 12.5/12.6 → 8.5, 12.8 → 8.7, 12.9 → 8.8, 13.0 → 9.0.
+        let (major, minor) = (self.driver_version / 1000, (self.driver_version % 1000) / 10);
+        match (major, minor) {
+            (..=11, _) => 78,
+            (12, m) if m <= 5 => 80 + m as u32,
+            (12, 6) => 85,
+            (12, 7) => 86,
+            (12, 8) => 87,
+            (12, _) => 88,
+            (m, n) => 90 + (m as u32 - 13) * 10 + n as u32,
+        }
+    }
+}
+
+/// `cuInit`: reads the knobs once; fails with `CUDA_ERROR_NO_DEVICE` when there are none.
+pub fn init(flags: u32) -> CuResult<()> {
+    if flags != 0 {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    let config = CONFIG.get_or_init(Config::from_env);
+    if config.devices == 0 {
+        return Err(CUresult::NO_DEVICE);
+    }
+    Ok(())
+}
+
+/// `cuDriverGetVersion`: answers before `cuInit` too.
+pub fn driver_version() -> i32 {
+    CONFIG.get().map_or_else(|| Config::from_env().driver_version, |c| c.driver_version)
+}
+
+/// The settings, once `cuInit` succeeded; `CUDA_ERROR_NOT_INITIALIZED` before.
+pub fn get() -> CuResult<&'static Config> {
+    CONFIG.get().filter(|c| c.devices > 0).ok_or(CUresult::NOT_INITIALIZED)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sm_spellings() {
+        assert_eq!(parse_sm("90"), Some(90));
+        assert_eq!(parse_sm("8.6"), Some(86));
+        assert_eq!(parse_sm("sm_90a"), Some(90));
+        assert_eq!(parse_sm("120"), Some(120));
+        assert_eq!(parse_sm("x"), None);
+        assert_eq!(parse_poison("off"), Some(None));
+        assert_eq!(parse_poison("0xa5"), Some(Some(0xa5)));
+    }
+
+    #[test]
+    fn ptx_isa_follows_the_driver() {
+        let mut c = Config::from_env();
+        for (v, isa) in [(12000, 80), (12040, 84), (12060, 85), (12080, 87), (12090, 88), (13000, 90), (13020, 92)] {
+            c.driver_version = v;
+            assert_eq!(c.max_ptx_isa(), isa, "{v}");
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! Modules and functions: `cuModuleLoadData` refuses what the device could not run (a cubin
+//! of another SM major or a newer SM, PTX for a newer SM or of a newer ISA than the driver
+//! knows); `cuModuleGetFunction` finds only kernels that are both in the image and among the
+//! host-compiled kernels (`topoccl_kernels_host::find`).
+
+use std::ffi::CStr;
+use std::sync::Arc;
+
+use topoccl_kernels_host::HostKernel;
+
+use crate::config;
+use crate::context;
+use crate::handle::{fresh, Registry};
+use crate::image::{self, Image};
+use crate::sys::{CUresult, CuResult};
+
+pub struct Module {
+    pub handle: usize,
+    pub ctx: usize,
+    names: Vec<String>,
+}
+
+pub struct Function {
+    pub handle: usize,
+    pub module: usize,
+    pub ctx: usize,
+    pub kernel: &'static HostKernel,
+}
+
+static MODULES: Registry<Module> = Registry::new();
+static FUNCTIONS: Registry<Function> = Registry::new();
+
+/// Whether a device of compute capability `device_sm` can run `image`.
+pub fn check_target(image: &Image, device_sm: u32, max_isa: u32) -> CuResult<()> {
+    match *image {
+        Image::Cubin { sm, .. } if sm / 10 != device_sm / 10 || sm > device_sm => Err(CUresult::NO_BINARY_FOR_GPU),
+        Image::Ptx { isa, .. } if isa > max_isa => Err(CUresult::UNSUPPORTED_PTX_VERSION),
+        Image::Ptx { target, arch_specific, .. } if target > device_sm || (arch_specific && target != device_sm) => {
+            Err(CUresult::NO_BINARY_FOR_GPU)
+        }
+        _ => Ok(()),
+    }
+}
+
+/// `cuModuleLoadData`.
+///
+/// # Safety
+/// `image` must point at a complete cubin or NUL-terminated PTX.
+pub unsafe fn load_data(image: *const u8) -> CuResult<usize> {
+    let ctx = context::current()?;
+    // SAFETY: passed on from the caller.
+    let img = unsafe { image::read(image) }?;
+    let c = config::get()?;
+    check_target(&img, c.sm, c.max_ptx_isa())?;
+    let handle = fresh();
+    MODULES.insert(handle, Arc::new(Module { handle, ctx: ctx.handle(), names: img.names().to_vec() }));
+    Ok(handle)
+}
+
+/// `cuModuleGetFunction`: `CUDA_ERROR_NOT_FOUND` unless the name is in the image and has a
+/// host-compiled kernel.
+pub fn get_function(module: usize, name: &CStr) -> CuResult<usize> {
+    config::get()?;
+    let m = MODULES.get(module).ok_or(CUresult::INVALID_HANDLE)?;
+    let name = name.to_str().map_err(|_| CUresult::NOT_FOUND)?;
+    if !m.names.iter().any(|n| n == name) {
+        return Err(CUresult::NOT_FOUND);
+    }
+    let kernel = topoccl_kernels_host::find(name).ok_or(CUresult::NOT_FOUND)?;
+    let handle = fresh();
+    FUNCTIONS.insert(handle, Arc::new(Function { handle, module, ctx: m.ctx, kernel }));
+    Ok(handle)
+}
+
+/// `cuModuleUnload`: its functions go with it.
+pub fn unload(module: usize) -> CuResult<()> {
+    config::get()?;
+    MODULES.remove(module).ok_or(CUresult::INVALID_HANDLE)?;
+    FUNCTIONS.remove_where(|f| f.module == module);
+    Ok(())
+}
+
+pub fn function(handle: usize) -> CuResult<Arc<Function>> {
+    config::get()?;
+    FUNCTIONS.get(handle).ok_or(CUresult::INVALID_HANDLE)
+}
+
+/// Forgets the modules of a destroyed context.
+pub fn release_context(ctx: usize) {
+    MODULES.remove_where(|m| m.ctx == ctx);
+    FUNCTIONS.remove_where(|f| f.ctx == ctx);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cubin(sm: u32) -> Image {
+        Image::Cubin { sm, names: vec![] }
+    }
+
+    fn ptx(target: u32, arch_specific: bool, isa: u32) -> Image {
+        Image::Ptx { target, arch_specific, isa, names: vec![] }
+    }
+
+    #[test]
+    fn targets() {
+        assert_eq!(check_target(&cubin(90), 90, 88), Ok(()));
+        assert_eq!(check_target(&cubin(80), 90, 88), Err(CUresult::NO_BINARY_FOR_GPU));
+        assert_eq!(check_target(&cubin(86), 89, 88), Ok(()));
+        assert_eq!(check_target(&cubin(89), 86, 88), Err(CUresult::NO_BINARY_FOR_GPU));
+        assert_eq!(check_target(&cubin(90), 100, 88), Err(CUresult::NO_BINARY_FOR_GPU));
+        assert_eq!(check_target(&ptx(80, false, 88), 90, 88), Ok(()));
+        assert_eq!(check_target(&ptx(100, false, 88), 90, 88), Err(CUresult::NO_BINARY_FOR_GPU));
+        assert_eq!(check_target(&ptx(90, true, 88), 100, 88), Err(CUresult::NO_BINARY_FOR_GPU));
+        assert_eq!(check_target(&ptx(80, false, 95), 90, 88), Err(CUresult::UNSUPPORTED_PTX_VERSION));
+    }
+}

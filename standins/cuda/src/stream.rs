@@ -1,0 +1,262 @@
+//! Streams: one worker thread each, running its items in order, each item first sleeping a
+//! random delay, so work really runs after the call that enqueued it returned and a missing
+//! wait shows up as wrong data. Each context's legacy default stream (`NULL`,
+//! `CU_STREAM_LEGACY`) synchronises implicitly with the context's blocking streams, as CUDA
+//! defines it; `CU_STREAM_NON_BLOCKING` streams do not.
+
+use std::collections::VecDeque;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+
+use crate::config;
+use crate::context::{self, Context, CtxCore};
+use crate::event::Counters;
+use crate::handle::{fresh, lock, Registry};
+use crate::sync::{self, Delay};
+use crate::sys::{CUresult, CuResult, STREAM_LEGACY, STREAM_NON_BLOCKING, STREAM_PER_THREAD};
+
+/// How far a stream got: items submitted and items finished, both counted from 1.
+#[derive(Default)]
+pub struct Progress {
+    submitted: AtomicU64,
+    done: AtomicU64,
+}
+
+impl Progress {
+    pub fn submitted(&self) -> u64 {
+        self.submitted.load(Ordering::Acquire)
+    }
+
+    pub fn reached(&self, seq: u64) -> bool {
+        self.done.load(Ordering::Acquire) >= seq
+    }
+}
+
+/// What an item waits for before it runs.
+pub enum Dep {
+    /// Another stream's item `seq` (implicit legacy-stream synchronisation).
+    Stream(Arc<Progress>, u64),
+    /// An event's record number `gen` (`cuStreamWaitEvent`).
+    Event(Arc<Counters>, u64),
+}
+
+impl Dep {
+    fn met(&self) -> bool {
+        match self {
+            Dep::Stream(p, seq) => p.reached(*seq),
+            Dep::Event(c, generation) => c.completed() >= *generation,
+        }
+    }
+}
+
+/// An item's work: runs on the stream's worker; an `Err` becomes the context's sticky error.
+pub type Work = Box<dyn FnOnce() -> CuResult<()> + Send>;
+
+struct Item {
+    deps: Vec<Dep>,
+    work: Work,
+    /// Bookkeeping (event records, value writes) runs even after the context faulted, so that
+    /// nothing waiting on it hangs; data work is skipped, as a dead GPU context runs nothing.
+    always: bool,
+}
+
+#[derive(Default)]
+struct Queue {
+    items: VecDeque<Item>,
+    closed: bool,
+}
+
+pub struct Stream {
+    /// 0 for a legacy default stream.
+    pub handle: usize,
+    pub flags: u32,
+    pub legacy: bool,
+    pub core: Arc<CtxCore>,
+    ctx: Weak<Context>,
+    queue: Mutex<Queue>,
+    ready: Condvar,
+    pub progress: Arc<Progress>,
+}
+
+static STREAMS: Registry<Stream> = Registry::new();
+
+impl Stream {
+    /// A stream with its worker running.
+    pub fn spawn(core: Arc<CtxCore>, ctx: Weak<Context>, flags: u32, legacy: bool) -> Arc<Stream> {
+        let stream = Arc::new(Stream {
+            handle: if legacy { 0 } else { fresh() },
+            flags,
+            legacy,
+            core,
+            ctx,
+            queue: Mutex::new(Queue::default()),
+            ready: Condvar::new(),
+            progress: Arc::default(),
+        });
+        let (seed, max_us) = config::get().map_or((1, 0), |c| (c.seed, c.delay_us));
+        let delay = Delay::new(seed ^ (stream.core.handle as u64).rotate_left(17) ^ stream.handle as u64, max_us);
+        let worker = stream.clone();
+        std::thread::Builder::new()
+            .name(format!("cuda-standin-{:x}", stream.handle.max(stream.core.handle)))
+            .spawn(move || worker.run(delay))
+            .expect("the stand-in could not start a stream worker thread");
+        stream
+    }
+
+    fn run(&self, mut delay: Delay) {
+        loop {
+            let item = {
+                let mut q = lock(&self.queue);
+                loop {
+                    if let Some(item) = q.items.pop_front() {
+                        break item;
+                    }
+                    if q.closed {
+                        return;
+                    }
+                    q = self.ready.wait(q).unwrap_or_else(|e| e.into_inner());
+                }
+            };
+            delay.sleep();
+            for dep in &item.deps {
+                sync::wait_until(|| dep.met());
+            }
+            if item.always || self.core.sticky().is_ok() {
+                let work = item.work;
+                match catch_unwind(AssertUnwindSafe(work)) {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => self.core.fail(e),
+                    Err(_) => self.core.fail(CUresult::LAUNCH_FAILED),
+                }
+            }
+            self.progress.done.fetch_add(1, Ordering::AcqRel);
+            sync::notify();
+        }
+    }
+
+    /// Enqueues data work (copies, memsets, kernels): the item number.
+    pub fn submit(&self, deps: Vec<Dep>, work: Work) -> CuResult<u64> {
+        self.enqueue(deps, work, false)
+    }
+
+    /// Enqueues bookkeeping that must run even on a faulted context.
+    pub fn submit_always(&self, deps: Vec<Dep>, work: Work) -> CuResult<u64> {
+        self.enqueue(deps, work, true)
+    }
+
+    fn enqueue(&self, mut deps: Vec<Dep>, work: Work, always: bool) -> CuResult<u64> {
+        // Implicit synchronisation with the legacy default stream.
+        if let Some(ctx) = self.ctx.upgrade() {
+            if self.legacy {
+                for s in ctx.streams().iter().filter(|s| s.flags & STREAM_NON_BLOCKING == 0) {
+                    deps.push(Dep::Stream(s.progress.clone(), s.progress.submitted()));
+                }
+            } else if self.flags & STREAM_NON_BLOCKING == 0 {
+                deps.push(Dep::Stream(ctx.legacy.progress.clone(), ctx.legacy.progress.submitted()));
+            }
+        }
+        deps.retain(|d| !d.met());
+        let mut q = lock(&self.queue);
+        if q.closed {
+            return Err(CUresult::INVALID_HANDLE);
+        }
+        q.items.push_back(Item { deps, work, always });
+        let seq = self.progress.submitted.fetch_add(1, Ordering::AcqRel) + 1;
+        self.ready.notify_one();
+        Ok(seq)
+    }
+
+    /// Blocks until item `seq` has run.
+    pub fn wait_for(&self, seq: u64) {
+        sync::wait_until(|| self.progress.reached(seq));
+    }
+
+    /// Blocks until everything submitted so far has run.
+    pub fn wait_idle(&self) {
+        self.wait_for(self.progress.submitted());
+    }
+
+    /// `cuStreamSynchronize`.
+    pub fn synchronize(&self) -> CuResult<()> {
+        self.wait_idle();
+        self.core.check()
+    }
+
+    /// `cuStreamQuery`.
+    pub fn query(&self) -> CuResult<()> {
+        self.core.check()?;
+        if self.progress.reached(self.progress.submitted()) {
+            Ok(())
+        } else {
+            Err(CUresult::NOT_READY)
+        }
+    }
+
+    /// Lets the worker finish what is queued and exit.
+    pub fn close(&self) {
+        lock(&self.queue).closed = true;
+        self.ready.notify_all();
+    }
+
+    /// The owning context, while it lives.
+    pub fn context(&self) -> CuResult<Arc<Context>> {
+        self.ctx.upgrade().ok_or(CUresult::INVALID_CONTEXT)
+    }
+}
+
+/// The stream a handle names, without error checks on its context: `NULL` and
+/// `CU_STREAM_LEGACY` name the current context's legacy stream.
+pub fn lookup(handle: usize) -> CuResult<Arc<Stream>> {
+    match handle {
+        0 | STREAM_LEGACY => Ok(context::current_unchecked()?.ok_or(CUresult::INVALID_CONTEXT)?.legacy.clone()),
+        STREAM_PER_THREAD => Err(CUresult::NOT_SUPPORTED),
+        h => {
+            config::get()?;
+            STREAMS.get(h).ok_or(CUresult::INVALID_HANDLE)
+        }
+    }
+}
+
+/// The stream a handle names, for work: its context must be alive and without sticky error.
+pub fn resolve(handle: usize) -> CuResult<Arc<Stream>> {
+    let s = lookup(handle)?;
+    s.core.check()?;
+    Ok(s)
+}
+
+/// `cuStreamCreate`.
+pub fn create(flags: u32) -> CuResult<usize> {
+    let ctx = context::current()?;
+    if flags & !STREAM_NON_BLOCKING != 0 {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    let s = Stream::spawn(ctx.core.clone(), Arc::downgrade(&ctx), flags, false);
+    ctx.add_stream(&s);
+    STREAMS.insert(s.handle, s.clone());
+    Ok(s.handle)
+}
+
+/// `cuStreamDestroy_v2`: returns at once; queued work still runs, then the worker exits.
+pub fn destroy(handle: usize) -> CuResult<()> {
+    config::get()?;
+    if handle == 0 || handle == STREAM_LEGACY || handle == STREAM_PER_THREAD {
+        return Err(CUresult::INVALID_HANDLE);
+    }
+    let s = STREAMS.remove(handle).ok_or(CUresult::INVALID_HANDLE)?;
+    s.close();
+    Ok(())
+}
+
+/// Forgets the streams of a destroyed context.
+pub fn forget_context(ctx: usize) {
+    STREAMS.remove_where(|s| s.core.handle == ctx);
+}
+
+/// `cuStreamWaitEvent`: later items of `stream` wait for the event's latest record.
+pub fn wait_event(stream: usize, counters: &Arc<Counters>) -> CuResult<()> {
+    let s = resolve(stream)?;
+    let generation = counters.recorded();
+    s.submit_always(vec![Dep::Event(counters.clone(), generation)], Box::new(|| Ok(())))?;
+    Ok(())
+}
