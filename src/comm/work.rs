@@ -29,6 +29,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use crate::cuda::StreamSync;
 use crate::error::{Error, Result};
 use crate::exec::job::{CollectiveJob, TransferJob};
 use crate::exec::Executor;
@@ -37,6 +38,23 @@ use crate::exec::Executor;
 pub(crate) enum Job {
     Collective(CollectiveJob),
     Transfers(TransferJob),
+}
+
+impl Job {
+    /// Its ties to its caller's CUDA stream, if it was called on one.
+    pub(crate) fn sync(&self) -> Option<&StreamSync> {
+        match self {
+            Job::Collective(c) => c.sync.as_ref(),
+            Job::Transfers(t) => t.sync.as_ref(),
+        }
+    }
+
+    /// Lets its caller's stream go on (a job that will never run).
+    fn release(&self) {
+        if let Some(s) = self.sync() {
+            s.binding.complete_from_host(s.ticket);
+        }
+    }
 }
 
 /// A job and where its result goes.
@@ -259,6 +277,7 @@ impl Shared {
         // releases it only after this returns.
         let exec = unsafe { self.executor() };
         if let Some(e) = self.unusable() {
+            job.release();
             return Err(e);
         }
         // SAFETY: the job's regions are the submitter's buffers, valid until the job completes:
@@ -393,6 +412,7 @@ impl Shared {
         let jobs: Vec<Queued> = q.jobs.drain(..).collect();
         self.attention.fetch_sub(jobs.len() as u32, Ordering::SeqCst);
         for item in jobs {
+            item.job.release();
             item.state.finish(Err(why()));
         }
         self.wake(&q);

@@ -3,19 +3,22 @@
 //!
 //! `ncclAllReduce(..., stream)` enqueues and returns: the collective must start after the work
 //! already on the caller's stream, and the caller's stream must wait for its end. The
-//! communicator does both with one word of pinned, device-mapped host memory that counts
-//! completed calls ([`Binding`]):
+//! communicator does both with words of pinned, device-mapped host memory that say which
+//! calls have completed ([`Binding`]):
 //!
 //! - at the call, an event is recorded on the caller's stream (the work before the call), and a
-//!   stream memory operation makes the caller's stream wait until the word reaches the call's
-//!   ticket (`cuStreamWaitValue32`, GEQ, so the count may wrap);
+//!   stream memory operation makes the caller's stream wait until the call's word reaches the
+//!   call's ticket (`cuStreamWaitValue32`, GEQ, so tickets may wrap);
 //! - the executor's own stream waits for that event before its first operation of the call;
 //! - when the call succeeds, the executor's stream writes the ticket into the word after its
 //!   last operation (`cuStreamWriteValue32`), so the GPU itself releases the caller's stream the
 //!   moment the work is done, without a round trip through the host;
-//! - when it fails (a peer died, a timeout, an abort), the host writes the ticket once the
-//!   executor's stream has drained, so the caller's stream never hangs; the error is the
-//!   communicator's (`ncclCommGetAsyncError`).
+//! - when it fails (a peer died, a timeout, an abort) or never runs (the communicator broke
+//!   before it), the host writes the ticket at once, so the caller's stream never hangs; the
+//!   error is the communicator's (`ncclCommGetAsyncError`).
+//!
+//! Each call has its own word (ticket modulo [`SLOTS`]), so a host write can never be undone
+//! by the device's late write of an earlier call's ticket, whatever order they land in.
 //!
 //! Why not the alternatives: a host function (`cuLaunchHostFunc`) that blocks until the call
 //! ends ties up the driver's callback thread, which serialises every host function of the
@@ -35,11 +38,14 @@ use super::memory::Pinned;
 use super::stream::{Event, StreamRef};
 use crate::error::{Error, Result};
 
-/// A communicator's device context and the word its calls' completions are counted in.
+/// Completion words per communicator: calls more than this many apart share a word.
+pub const SLOTS: u32 = 4096;
+
+/// A communicator's device context and the words its calls' completions are written to.
 #[derive(Debug)]
 pub struct Binding {
     ctx: Arc<Context>,
-    /// The word (freed by `drop` only once no stream can still read it).
+    /// The words (freed by `drop` only once no stream can still read them).
     flag: ManuallyDrop<Pinned>,
     /// The last ticket handed out (the front of the queue); tickets go out in call order.
     issued: AtomicU32,
@@ -50,7 +56,7 @@ pub struct Binding {
 
 impl Binding {
     pub fn new(ctx: Arc<Context>) -> Result<Arc<Binding>> {
-        let flag = ManuallyDrop::new(Pinned::new(&ctx, 64)?);
+        let flag = ManuallyDrop::new(Pinned::new(&ctx, SLOTS as usize * 4)?);
         Ok(Arc::new(Binding { ctx, flag, issued: AtomicU32::new(0), passed: Mutex::new(Vec::new()) }))
     }
 
@@ -58,16 +64,19 @@ impl Binding {
         &self.ctx
     }
 
-    fn word(&self) -> &AtomicU32 {
-        // SAFETY: the pinned allocation is at least 64 bytes, page-aligned, lives as long as
-        // `self`, and is only ever accessed as this one atomic word (by the host) or by the
+    /// Ticket `ticket`'s word: on the host, and the address the device uses.
+    fn word(&self, ticket: u32) -> (&AtomicU32, u64) {
+        let at = (ticket % SLOTS) as usize * 4;
+        // SAFETY: the pinned allocation holds SLOTS 4-byte words, is page-aligned, lives as
+        // long as `self`, and is only ever accessed as atomic words (by the host) or by the
         // device's 32-bit stream memory operations.
-        unsafe { &*(self.flag.addr() as *const AtomicU32) }
+        let word = unsafe { &*((self.flag.addr() + at) as *const AtomicU32) };
+        (word, self.flag.device_addr() + at as u64)
     }
 
-    /// The count of completed calls (the last ticket written).
-    pub fn completed(&self) -> u32 {
-        self.word().load(Ordering::Acquire)
+    /// Whether call `ticket` has been marked done.
+    pub fn completed(&self, ticket: u32) -> bool {
+        (self.word(ticket).0.load(Ordering::Acquire).wrapping_sub(ticket) as i32) >= 0
     }
 
     /// Ties a call to the caller's `stream`: the call starts after the stream's work so far,
@@ -79,7 +88,7 @@ impl Binding {
         let ticket = self.issued.load(Ordering::Relaxed).wrapping_add(1);
         // SAFETY: the word is device-mapped pinned memory that lives until every stream has
         // passed its waits on it (`passed`, checked when the binding drops).
-        unsafe { stream.wait_value(self.flag.device_addr(), ticket)? };
+        unsafe { stream.wait_value(self.word(ticket).1, ticket)? };
         self.issued.store(ticket, Ordering::Relaxed);
         let mut passed = self.passed.lock().unwrap_or_else(|p| p.into_inner());
         let i = match passed.iter().position(|(s, _)| *s == stream) {
@@ -94,9 +103,9 @@ impl Binding {
         Ok(StreamSync { binding: self.clone(), start, ticket })
     }
 
-    /// Marks a call done from the host (a failed call, or one on host memory).
+    /// Marks a call done from the host (a failed call, one never run, or one on host memory).
     pub fn complete_from_host(&self, ticket: u32) {
-        self.word().store(ticket, Ordering::Release);
+        self.word(ticket).0.store(ticket, Ordering::Release);
     }
 
     /// Makes `stream` write the ticket once its work so far is done.
@@ -105,7 +114,7 @@ impl Binding {
     /// `stream` must belong to this binding's context.
     pub unsafe fn complete_on(&self, stream: StreamRef, ticket: u32) -> Result<()> {
         // SAFETY: as in `attach`; the stream is this context's (this fn's contract).
-        unsafe { stream.write_value(self.flag.device_addr(), ticket) }
+        unsafe { stream.write_value(self.word(ticket).1, ticket) }
     }
 
     /// Checks that a caller's stream belongs to this communicator's context.
@@ -123,7 +132,7 @@ impl Binding {
 
 impl Drop for Binding {
     fn drop(&mut self) {
-        // A caller's stream may reach its wait on the word after the last call was written
+        // A caller's stream may reach its wait on a word after the last call was written
         // (its own earlier work ran long): the word must outlive that read. A stream that does
         // not get there within a minute (its own work hangs) keeps the word: leaked, not freed
         // under the device.

@@ -25,21 +25,23 @@ use crate::types::{Dtype, ReduceOp};
 /// asked, so the two operands of one kernel never share a slot).
 const RING_BYTES: usize = 4 << 20;
 
-/// Memory given up while work on the stream may still use it: freed once the stream has
-/// passed the fence each entry is tagged with (`None`: not tagged yet).
-type Graveyard = Arc<Mutex<Vec<(Option<u64>, Box<dyn Any + Send>)>>>;
+/// Memory given up while the operations live: kept until they are dropped. Work submitted
+/// before may still use it, and freeing device or pinned memory synchronises the whole
+/// context — including callers' streams waiting for calls this executor has yet to run, which
+/// would never finish (a deadlock the stand-in driver showed). The executor keeps its
+/// workspaces and grows them rarely, so little lands here.
+type Graveyard = Arc<Mutex<Vec<Box<dyn Any + Send>>>>;
 
-/// What a workspace of [`CudaOps`] owns: its memory goes to the graveyard when dropped, not
-/// back to the driver, since kernels and copies submitted before may still use it.
-struct StreamOrdered {
+/// What a workspace of [`CudaOps`] owns: its memory goes to the graveyard when dropped.
+struct Retired {
     mem: Option<Box<dyn Any + Send>>,
     grave: Graveyard,
 }
 
-impl Drop for StreamOrdered {
+impl Drop for Retired {
     fn drop(&mut self) {
         if let Some(m) = self.mem.take() {
-            self.grave.lock().unwrap_or_else(|p| p.into_inner()).push((None, m));
+            self.grave.lock().unwrap_or_else(|p| p.into_inner()).push(m);
         }
     }
 }
@@ -84,20 +86,9 @@ impl CudaOps {
         })
     }
 
-    /// Memory whose last user has been dropped is freed once the stream is past everything
-    /// submitted before it was dropped.
-    fn reap(&mut self) {
-        let (submitted, completed) = (self.submitted, self.completed);
-        let mut grave = self.grave.lock().unwrap_or_else(|p| p.into_inner());
-        for (tag, _) in grave.iter_mut() {
-            tag.get_or_insert(submitted);
-        }
-        grave.retain(|(tag, _)| tag.map_or(true, |t| t > completed));
-    }
-
-    /// A workspace over `mem`, freed in stream order.
+    /// A workspace over `mem`, freed when these operations are.
     fn workspace(&self, region: Region, mem: Box<dyn Any + Send>) -> Workspace {
-        Workspace::new(region, Box::new(StreamOrdered { mem: Some(mem), grave: self.grave.clone() }))
+        Workspace::new(region, Box::new(Retired { mem: Some(mem), grave: self.grave.clone() }))
     }
 
     /// The stream every operation runs on, in submission order.
@@ -134,7 +125,7 @@ impl CudaOps {
         if self.ring.as_ref().map_or(true, |g| g.len() < 4 * need) {
             let bigger = DeviceMemory::new(&self.ctx, (4 * need).max(RING_BYTES))?;
             if let Some(old) = self.ring.replace(bigger) {
-                self.grave.lock().unwrap_or_else(|p| p.into_inner()).push((None, Box::new(old)));
+                self.grave.lock().unwrap_or_else(|p| p.into_inner()).push(Box::new(old));
             }
             self.ring_at = 0;
         }
@@ -303,19 +294,16 @@ impl LocalOps for CudaOps {
                 self.spare.push(ev);
             }
         }
-        self.reap();
         Ok(fence.0 <= self.completed)
     }
 
     fn alloc(&mut self, bytes: usize) -> Result<Workspace> {
-        self.reap();
         let m = DeviceMemory::new(&self.ctx, bytes)?;
         let region = Region::new(MemSpace::Device(self.ctx.ordinal()), m.addr(), bytes);
         Ok(self.workspace(region, Box::new(m)))
     }
 
     fn alloc_host(&mut self, bytes: usize) -> Result<Workspace> {
-        self.reap();
         let m = Pinned::new(&self.ctx, bytes)?;
         let region = Region::host(m.addr(), bytes);
         Ok(self.workspace(region, Box::new(m)))

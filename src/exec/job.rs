@@ -66,9 +66,28 @@ impl Executor {
     /// The job's regions must be valid memory of the space they name, used by nothing else
     /// until the job is done (for a job tied to a stream: until the stream has passed it).
     pub(crate) unsafe fn run(&mut self, job: &Job) -> Result<()> {
-        let (space, sync) = match job {
-            Job::Collective(c) => (c.space()?, c.sync.as_ref()),
-            Job::Transfers(t) => (t.space()?, t.sync.as_ref()),
+        let sync = job.sync();
+        // SAFETY: this fn's contract.
+        let r = unsafe { self.run_on_space(job, sync) };
+        match (sync, &r) {
+            (Some(s), Ok(())) => self.complete(s),
+            // A call that failed, or never started, releases its caller's stream at once.
+            (Some(s), Err(_)) => {
+                s.binding.complete_from_host(s.ticket);
+                r
+            }
+            (None, _) => r,
+        }
+    }
+
+    /// [`Executor::run`] without the completion.
+    ///
+    /// # Safety
+    /// As for [`Executor::run`].
+    unsafe fn run_on_space(&mut self, job: &Job, sync: Option<&StreamSync>) -> Result<()> {
+        let space = match job {
+            Job::Collective(c) => c.space()?,
+            Job::Transfers(t) => t.space()?,
         };
         match space {
             MemSpace::Host => {
@@ -81,9 +100,6 @@ impl Executor {
                 // SAFETY: this fn's contract.
                 let r = unsafe { self.dispatch(job, host.as_dyn()) };
                 self.host = host;
-                if let Some(s) = sync {
-                    self.complete(s)?;
-                }
                 r
             }
             MemSpace::Device(d) => {
@@ -98,8 +114,7 @@ impl Executor {
                     unsafe { self.dispatch(job, dev.space.as_dyn()) }
                 })();
                 self.device = Some(dev);
-                let done = self.complete(sync);
-                r.and(done)
+                r
             }
         }
     }
@@ -166,15 +181,17 @@ impl Executor {
         Ok(())
     }
 
-    /// Releases the caller's stream once the call's device work is done: written by the device
-    /// stream after that work when there is one (so no completion can overtake an earlier
-    /// one the device has yet to write), else by the host at once.
+    /// Releases the caller's stream once the call's work is done: written by the executor's
+    /// device stream after that work where there is one, else by the host at once.
     fn complete(&mut self, sync: &StreamSync) -> Result<()> {
         match &self.device {
             Some(d) => {
-                let _current = d.binding.context().enter()?;
                 // SAFETY: the executor's stream belongs to the binding's context.
-                let r = unsafe { sync.binding.complete_on(d.space.ops.stream(), sync.ticket) };
+                let r = d
+                    .binding
+                    .context()
+                    .enter()
+                    .and_then(|_current| unsafe { sync.binding.complete_on(d.space.ops.stream(), sync.ticket) });
                 if r.is_err() {
                     // The device failed (a sticky error): nothing it would write can come.
                     sync.binding.complete_from_host(sync.ticket);
@@ -213,10 +230,10 @@ impl Executor {
         let scratch = grow(ops, sp.scratch, plan.scratch_bytes)?.sub(0, plan.scratch_bytes);
         let mut mem = Memory::new();
         mem.writable(SCRATCH, scratch.unwrap_or(Region::EMPTY));
-        let staged_in = if stage_in && !input.is_empty() {
-            let w = ops.alloc(in_blocks * stride)?;
+        if stage_in && !input.is_empty() {
+            let w = grow(ops, sp.stage_in, in_blocks * stride)?;
             for b in 0..in_blocks {
-                let (to, from) = (sub(w.region(), b * stride, block_bytes)?, sub(input, b * block_bytes, block_bytes)?);
+                let (to, from) = (sub(w, b * stride, block_bytes)?, sub(input, b * block_bytes, block_bytes)?);
                 // SAFETY: `from` lies in the caller's input (this fn's contract), `to` in a
                 // fresh workspace.
                 unsafe {
@@ -226,15 +243,13 @@ impl Executor {
                     };
                 }
             }
-            mem.readable(INPUT, w.region());
-            Some(w)
+            mem.readable(INPUT, w);
         } else {
             mem.readable(INPUT, input);
-            None
-        };
+        }
         let staged_out = if plan.padded && !output.is_empty() {
-            let w = ops.alloc(out_blocks * stride)?;
-            mem.writable(OUTPUT, w.region());
+            let w = grow(ops, sp.stage_out, out_blocks * stride)?;
+            mem.writable(OUTPUT, w);
             Some(w)
         } else {
             mem.writable(OUTPUT, output);
@@ -254,11 +269,9 @@ impl Executor {
         // the rest are this executor's workspaces, alive until after the run (device ones until
         // the device is past it: `CudaOps` frees in stream order).
         unsafe { engine::run(&plan.program, &metas, res, &cfg)? };
-        drop(staged_in);
         if let Some(w) = staged_out {
             for b in 0..out_blocks {
-                let (to, from) =
-                    (sub(output, b * block_bytes, block_bytes)?, sub(w.region(), b * stride, block_bytes)?);
+                let (to, from) = (sub(output, b * block_bytes, block_bytes)?, sub(w, b * stride, block_bytes)?);
                 // SAFETY: as above.
                 unsafe { ops.copy(to, from)? };
             }

@@ -72,6 +72,11 @@ impl Settings {
 pub(crate) struct Space<O> {
     pub ops: O,
     scratch: Option<Workspace>,
+    /// Where an input is staged (padded, scaled, or apart from an overlapping output), and a
+    /// padded output: kept and grown, never made per call (freeing device memory synchronises
+    /// the whole context).
+    stage_in: Option<Workspace>,
+    stage_out: Option<Workspace>,
     /// Slices receive-reduce-send steps reduce into and send on from.
     forward: Vec<Workspace>,
     /// Host slices payloads are staged into for connections that cannot reach this space.
@@ -80,7 +85,7 @@ pub(crate) struct Space<O> {
 
 impl<O: LocalOps> Space<O> {
     pub(crate) fn new(ops: O) -> Space<O> {
-        Space { ops, scratch: None, forward: Vec::new(), staging: Vec::new() }
+        Space { ops, scratch: None, stage_in: None, stage_out: None, forward: Vec::new(), staging: Vec::new() }
     }
 
     /// The space with its operations as a trait object: what a run works with.
@@ -88,6 +93,8 @@ impl<O: LocalOps> Space<O> {
         SpaceRef {
             ops: &mut self.ops,
             scratch: &mut self.scratch,
+            stage_in: &mut self.stage_in,
+            stage_out: &mut self.stage_out,
             forward: &mut self.forward,
             staging: &mut self.staging,
         }
@@ -98,6 +105,8 @@ impl<O: LocalOps> Space<O> {
 pub(crate) struct SpaceRef<'s> {
     ops: &'s mut dyn LocalOps,
     scratch: &'s mut Option<Workspace>,
+    stage_in: &'s mut Option<Workspace>,
+    stage_out: &'s mut Option<Workspace>,
     forward: &'s mut Vec<Workspace>,
     staging: &'s mut Vec<Workspace>,
 }

@@ -1,0 +1,164 @@
+//! What the device tests share: inputs of every datatype, and one call run twice — on device
+//! buffers through a stream, and on host buffers through the host path — whose results must
+//! be equal byte for byte (the kernels equal `CpuOps` bit for bit, and both paths run the same
+//! schedule, so they reduce in the same order).
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use half::{bf16, f16};
+use topoccl::cuda::StreamRef;
+use topoccl::fp8::Fp8;
+use topoccl::{Buffer, Collective, CollectiveCall, Communicator, Dtype, ReduceOp, Reduction, Scalar};
+
+pub const DTYPES: [Dtype; 12] = [
+    Dtype::Int8,
+    Dtype::Uint8,
+    Dtype::Int32,
+    Dtype::Uint32,
+    Dtype::Int64,
+    Dtype::Uint64,
+    Dtype::Float16,
+    Dtype::Float32,
+    Dtype::Float64,
+    Dtype::Bfloat16,
+    Dtype::Float8e4m3,
+    Dtype::Float8e5m2,
+];
+
+/// `v` as one element of `dtype` (small integers and halves: exact in every type).
+pub fn encode(dtype: Dtype, v: f32) -> Vec<u8> {
+    match dtype {
+        Dtype::Int8 => (v as i8).to_ne_bytes().to_vec(),
+        Dtype::Uint8 => (v as u8).to_ne_bytes().to_vec(),
+        Dtype::Int32 => (v as i32).to_ne_bytes().to_vec(),
+        Dtype::Uint32 => (v as u32).to_ne_bytes().to_vec(),
+        Dtype::Int64 => (v as i64).to_ne_bytes().to_vec(),
+        Dtype::Uint64 => (v as u64).to_ne_bytes().to_vec(),
+        Dtype::Float16 => f16::from_f32(v).to_ne_bytes().to_vec(),
+        Dtype::Float32 => v.to_ne_bytes().to_vec(),
+        Dtype::Float64 => f64::from(v).to_ne_bytes().to_vec(),
+        Dtype::Bfloat16 => bf16::from_f32(v).to_ne_bytes().to_vec(),
+        Dtype::Float8e4m3 => vec![Fp8::E4m3.from_f32(v)],
+        Dtype::Float8e5m2 => vec![Fp8::E5m2.from_f32(v)],
+    }
+}
+
+/// Rank `rank`'s input of `bytes` bytes for a call of `dtype` (element `i` depends on the rank,
+/// the index and `seed`; products stay within every type's exact range).
+pub fn input(dtype: Dtype, bytes: usize, rank: u32, seed: usize, prod: bool) -> Vec<u8> {
+    let n = bytes / dtype.size();
+    let mut out = Vec::with_capacity(bytes);
+    for i in 0..n {
+        let x = (i * 7 + rank as usize * 3 + seed) % 5;
+        let v = if prod { 1.0 + (x == 0) as u32 as f32 } else { x as f32 };
+        out.extend_from_slice(&encode(dtype, v));
+    }
+    out
+}
+
+/// Where a call's buffers lie relative to each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    Apart,
+    InPlace,
+}
+
+/// The reductions a collective of `dtype` is checked with (PreMulSum by 2, a value scalar).
+pub fn reductions(dtype: Dtype) -> Vec<Reduction> {
+    let mut r: Vec<Reduction> = ReduceOp::ALL.iter().map(|&op| Reduction::Op(op)).collect();
+    let mut two = [0u8; 8];
+    let e = encode(dtype, 2.0);
+    two[..e.len()].copy_from_slice(&e);
+    r.push(Reduction::PreMulSum(Scalar::Value(two)));
+    r
+}
+
+/// A device pointer of a cudarc slice, as a `Buffer`.
+pub fn at(slice: &CudaSlice<u8>, stream: &CudaStream) -> Buffer {
+    let (p, _) = slice.device_ptr(stream);
+    Buffer::at(p as *const u8)
+}
+
+/// Runs `call` (with `seed`'s inputs) on the device through `stream`, then on the host, and
+/// returns the device's output and the host's; `Err` on a failed call.
+pub fn device_and_host(
+    comm: &Communicator,
+    stream: &Arc<CudaStream>,
+    call: &CollectiveCall,
+    placement: Placement,
+    seed: usize,
+) -> Result<(Vec<u8>, Vec<u8>), topoccl::Error> {
+    let n = comm.nranks();
+    let (block, in_bytes, out_bytes) = call.bytes(n)?;
+    let prod = call.reduction == Reduction::Op(ReduceOp::Prod);
+    let whole = in_bytes.max(out_bytes);
+    let inp = input(call.dtype, in_bytes, comm.rank(), seed, prod);
+    // In place, the buffer holds the input where NCCL puts it (all-gather: this rank's block).
+    let start = match (placement, call.collective) {
+        (Placement::InPlace, Collective::AllGather) => comm.rank() as usize * block,
+        _ => 0,
+    };
+    let mut buf = vec![0u8; whole];
+    buf[start..start + in_bytes].copy_from_slice(&inp);
+    let dev = match placement {
+        Placement::Apart => {
+            let send = stream.clone_htod(&inp).expect("htod");
+            let mut recv = stream.alloc_zeros::<u8>(out_bytes.max(1)).expect("alloc");
+            let (s, r) = (at(&send, stream), at(&recv, stream));
+            // SAFETY: both slices live until the stream has passed the call (the copy below).
+            unsafe { comm.submit_on(call, s, r, StreamRef(stream.cu_stream()))? };
+            let out = stream.clone_dtoh(&recv).expect("dtoh");
+            drop((send, &mut recv));
+            out[..out_bytes].to_vec()
+        }
+        Placement::InPlace => {
+            let d = stream.clone_htod(&buf).expect("htod");
+            let base = at(&d, stream);
+            let mine = base.offset(comm.rank() as usize * block).expect("offset");
+            let (s, r) = match call.collective {
+                Collective::AllGather => (mine, base),
+                Collective::ReduceScatter => (base, mine),
+                _ => (base, base),
+            };
+            // SAFETY: as above.
+            unsafe { comm.submit_on(call, s, r, StreamRef(stream.cu_stream()))? };
+            stream.clone_dtoh(&d).expect("dtoh")
+        }
+    };
+    let host = match placement {
+        Placement::Apart => {
+            let mut out = vec![0u8; out_bytes];
+            comm.collective_bytes(call, &inp, &mut out)?;
+            out
+        }
+        Placement::InPlace => {
+            comm.collective_bytes_in_place(call, &mut buf)?;
+            buf
+        }
+    };
+    Ok((dev, host))
+}
+
+/// Every collective call of the matrix: (call, placement), for `n` ranks.
+pub fn matrix(n: u32, counts: &[usize]) -> Vec<(CollectiveCall, Placement)> {
+    let mut calls = Vec::new();
+    for &count in counts {
+        for dtype in DTYPES {
+            for red in reductions(dtype) {
+                for coll in [Collective::AllReduce, Collective::ReduceScatter, Collective::Reduce { root: n - 1 }] {
+                    calls.push((CollectiveCall::new(coll, dtype, count).reduced_with(red), Placement::Apart));
+                }
+            }
+            for coll in [Collective::AllGather, Collective::Broadcast { root: 1 }, Collective::AllToAll] {
+                calls.push((CollectiveCall::new(coll, dtype, count), Placement::Apart));
+            }
+            let sum = Reduction::Op(ReduceOp::Sum);
+            for coll in [Collective::AllReduce, Collective::ReduceScatter, Collective::AllGather] {
+                calls.push((CollectiveCall::new(coll, dtype, count).reduced_with(sum), Placement::InPlace));
+            }
+        }
+    }
+    calls
+}
