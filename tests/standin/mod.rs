@@ -1,12 +1,20 @@
 //! Running a test's body under the stand-in CUDA driver (`standins/cuda`): the test runs again
 //! in a child process whose `LD_LIBRARY_PATH` finds the stand-in's `libcuda.so.1` (the dynamic
 //! loader reads the variable only at start-up, so the parent cannot switch itself).
+//!
+//! On a machine with a GPU, `TOPOCCL_TEST_DRIVER=real` runs the same bodies in the test's own
+//! process on the system's driver instead (`benches/gpu/run.sh` does).
 #![allow(dead_code)]
 
 use std::path::PathBuf;
 use std::process::Command;
 
 const CHILD: &str = "TOPOCCL_STANDIN_CHILD";
+
+/// Whether the tests run on the system's own CUDA driver (`TOPOCCL_TEST_DRIVER=real`).
+pub fn real_driver() -> bool {
+    std::env::var("TOPOCCL_TEST_DRIVER").is_ok_and(|v| v == "real")
+}
 
 /// The directory holding the stand-in's `libcuda.so.1`, built if cargo has not yet.
 pub fn dir() -> PathBuf {
@@ -28,7 +36,7 @@ pub fn dir() -> PathBuf {
 /// True in the child process (run the body there); in the parent, runs the test `name` in a
 /// child under the stand-in with `env`, requires it to pass, and returns false.
 pub fn child(name: &str, env: &[(&str, &str)]) -> bool {
-    if std::env::var_os(CHILD).is_some() {
+    if std::env::var_os(CHILD).is_some() || real_driver() {
         return true;
     }
     let exe = std::env::current_exe().expect("test executable");
@@ -43,5 +51,54 @@ pub fn child(name: &str, env: &[(&str, &str)]) -> bool {
     assert!(out.status.success(), "{name} under the stand-in driver failed ({}):\n{text}", out.status);
     assert!(text.contains("1 passed"), "{name} did not run in the child:\n{text}");
     print!("{text}");
+    false
+}
+
+/// True in a rank process (run the body there, joining with `Communicator::from_env`); in the
+/// parent, runs the test `name` as `n` rank processes under the stand-in (or the real driver)
+/// with `env`, requires every one to pass within `timeout_s`, and returns false.
+pub fn ranks(name: &str, n: u32, env: &[(&str, &str)], timeout_s: u64) -> bool {
+    if std::env::var_os("TOPOCCL_TEST_RANK").is_some() {
+        return true;
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("port").port();
+    let exe = std::env::current_exe().expect("test executable");
+    let mut children = Vec::new();
+    for r in 0..n {
+        let mut c = Command::new(&exe);
+        c.args([name, "--exact", "--nocapture", "--test-threads=1"])
+            .env("TOPOCCL_TEST_RANK", r.to_string())
+            .env("RANK", r.to_string())
+            .env("WORLD_SIZE", n.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", port.to_string())
+            .envs(env.iter().copied())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        if !real_driver() {
+            c.env("LD_LIBRARY_PATH", dir());
+        }
+        children.push(c.spawn().expect("rank process"));
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(timeout_s);
+    let mut failed = Vec::new();
+    let mut texts = Vec::new();
+    for (r, mut child) in children.into_iter().enumerate() {
+        while child.try_wait().ok().flatten().is_none() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        if child.try_wait().ok().flatten().is_none() {
+            let _ = child.kill();
+        }
+        let out = child.wait_with_output().expect("rank output");
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        if !out.status.success() || !text.contains("1 passed") {
+            failed.push(r);
+        }
+        texts.push(format!("--- rank {r} ({}):\n{text}", out.status));
+    }
+    let all = texts.join("\n");
+    assert!(failed.is_empty(), "{name}: ranks {failed:?} failed:\n{all}");
+    print!("{all}");
     false
 }
