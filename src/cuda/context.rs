@@ -129,11 +129,11 @@ impl Context {
         // SAFETY: a context exists, so the driver is initialised; the out-pointer is a local.
         check(unsafe { sys::cuCtxGetCurrent(&mut cur) }, "cuCtxGetCurrent")?;
         if cur == self.raw {
-            return Ok(Entered { pushed: false });
+            return Ok(Entered { pushed: false, _thread_bound: std::marker::PhantomData });
         }
         // SAFETY: `raw` is a live context (this value's invariant).
         check(unsafe { sys::cuCtxPushCurrent_v2(self.raw) }, "cuCtxPushCurrent")?;
-        Ok(Entered { pushed: true })
+        Ok(Entered { pushed: true, _thread_bound: std::marker::PhantomData })
     }
 }
 
@@ -147,10 +147,12 @@ impl Drop for Context {
     }
 }
 
-/// A context made current by [`Context::enter`]; restores the previous one when dropped.
+/// A context made current by [`Context::enter`]; restores the previous one when dropped (on
+/// the thread that entered it: the guard cannot move to another).
 #[must_use = "the context is current only while the guard lives"]
 pub struct Entered {
     pushed: bool,
+    _thread_bound: std::marker::PhantomData<*const ()>,
 }
 
 impl Drop for Entered {

@@ -69,10 +69,17 @@ pub fn present() -> bool {
 /// missing if there is none, it lacks an entry point this crate uses, or it fails to start.
 pub fn driver() -> Result<&'static Driver> {
     static DRIVER: OnceLock<std::result::Result<Driver, String>> = OnceLock::new();
-    DRIVER.get_or_init(load).as_ref().map_err(|why| Error::Cuda(why.clone()))
+    DRIVER.get_or_init(start).as_ref().map_err(|why| Error::Cuda(why.clone()))
 }
 
-fn load() -> std::result::Result<Driver, String> {
+/// Whether the driver library is loaded with every entry point this crate uses, without
+/// initialising it (what may be called before `cuInit`: `cuPointerGetAttributes`).
+pub fn loaded() -> std::result::Result<(), &'static str> {
+    static LOADED: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+    LOADED.get_or_init(load).as_ref().map(|_| ()).map_err(String::as_str)
+}
+
+fn load() -> std::result::Result<(), String> {
     if !present() {
         return Err("no CUDA driver: libcuda.so.1 was not found (device buffers and streams need one; host \
                     buffers work without)"
@@ -89,7 +96,12 @@ fn load() -> std::result::Result<Driver, String> {
     if !missing.is_empty() {
         return Err(format!("the CUDA driver is too old: it lacks {}", missing.join(", ")));
     }
-    // SAFETY: every symbol called below exists (checked above).
+    Ok(())
+}
+
+fn start() -> std::result::Result<Driver, String> {
+    loaded().map_err(str::to_string)?;
+    // SAFETY: every symbol called below exists (checked by `loaded`).
     unsafe {
         check(sys::cuInit(0), "cuInit").map_err(|e| e.to_string())?;
         let mut version = 0;

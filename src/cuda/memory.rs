@@ -7,7 +7,7 @@ use cudarc::driver::sys::{self, CUmemorytype, CUpointer_attribute, CUresult};
 use topoccl_transports::MemSpace;
 
 use super::context::Context;
-use super::driver::{check, present};
+use super::driver::{check, loaded};
 use super::stream::StreamRef;
 use crate::error::{Error, Result};
 
@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 /// device, or host memory (pinned or not). No driver, or a driver nobody initialised in this
 /// process, means host memory: device memory cannot exist without `cuInit`.
 pub fn space_of(addr: usize) -> MemSpace {
-    if addr == 0 || !present() {
+    if addr == 0 || loaded().is_err() {
         return MemSpace::Host;
     }
     let mut kind: u32 = 0;
@@ -28,7 +28,7 @@ pub fn space_of(addr: usize) -> MemSpace {
     ];
     let mut data: [*mut std::ffi::c_void; 3] =
         [(&mut kind as *mut u32).cast(), (&mut ordinal as *mut i32).cast(), (&mut managed as *mut u32).cast()];
-    // SAFETY: the library is present; the three out-pointers match the attributes' types (a
+    // SAFETY: the library is loaded with this entry point (`loaded`); the three out-pointers match the attributes' types (a
     // memory type and a flag are 32-bit, an ordinal an int). `cuPointerGetAttributes` leaves
     // defaults for a pointer it does not know, and fails before `cuInit`.
     let r =

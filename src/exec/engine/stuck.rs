@@ -45,6 +45,11 @@ impl Run<'_> {
             };
             out.push(format!("channel {c} step {}/{} waits for {what}", s.step + 1, ch.steps.len()));
         }
+        if out.is_empty() && self.inflight.staging() {
+            return "all steps are done; a send waits for the device to stage its data (the work before the call \
+                    on its CUDA stream has not finished)"
+                .to_string();
+        }
         if out.is_empty() {
             return "all steps are done; data to send is still queued (a peer stopped reading)".to_string();
         }
