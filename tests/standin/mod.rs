@@ -22,8 +22,10 @@ pub fn dir() -> PathBuf {
     let profile = exe.parent().and_then(|d| d.parent()).expect("target/<profile>").to_path_buf();
     let dir = profile.join("cuda-standin");
     if !profile.join("libcuda_standin.so").exists() {
+        let release = profile.file_name().is_some_and(|n| n == "release");
         let status = Command::new(env!("CARGO"))
             .args(["build", "-p", "topoccl-standin-cuda"])
+            .args(release.then_some("--release"))
             .current_dir(env!("CARGO_MANIFEST_DIR"))
             .status()
             .expect("cargo build of the stand-in");
@@ -63,8 +65,12 @@ pub fn ranks(name: &str, n: u32, env: &[(&str, &str)], timeout_s: u64) -> bool {
     }
     let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("port").port();
     let exe = std::env::current_exe().expect("test executable");
+    let logs = std::env::temp_dir().join(format!("topoccl-ranks-{}-{port}", std::process::id()));
+    std::fs::create_dir_all(&logs).expect("log directory");
     let mut children = Vec::new();
     for r in 0..n {
+        // Output goes to files, not pipes: a rank that prints much never blocks on a full pipe.
+        let log = std::fs::File::create(logs.join(format!("rank{r}"))).expect("rank log");
         let mut c = Command::new(&exe);
         c.args([name, "--exact", "--nocapture", "--test-threads=1"])
             .env("TOPOCCL_TEST_RANK", r.to_string())
@@ -73,8 +79,8 @@ pub fn ranks(name: &str, n: u32, env: &[(&str, &str)], timeout_s: u64) -> bool {
             .env("MASTER_ADDR", "127.0.0.1")
             .env("MASTER_PORT", port.to_string())
             .envs(env.iter().copied())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped());
+            .stdout(log.try_clone().expect("rank log"))
+            .stderr(log);
         if !real_driver() {
             c.env("LD_LIBRARY_PATH", dir());
         }
@@ -90,13 +96,14 @@ pub fn ranks(name: &str, n: u32, env: &[(&str, &str)], timeout_s: u64) -> bool {
         if child.try_wait().ok().flatten().is_none() {
             let _ = child.kill();
         }
-        let out = child.wait_with_output().expect("rank output");
-        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-        if !out.status.success() || !text.contains("1 passed") {
+        let status = child.wait().expect("rank status");
+        let text = std::fs::read_to_string(logs.join(format!("rank{r}"))).unwrap_or_default();
+        if !status.success() || !text.contains("1 passed") {
             failed.push(r);
         }
-        texts.push(format!("--- rank {r} ({}):\n{text}", out.status));
+        texts.push(format!("--- rank {r} ({status}):\n{text}"));
     }
+    let _ = std::fs::remove_dir_all(&logs);
     let all = texts.join("\n");
     assert!(failed.is_empty(), "{name}: ranks {failed:?} failed:\n{all}");
     print!("{all}");
