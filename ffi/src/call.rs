@@ -99,6 +99,14 @@ pub fn submit_all(h: &Handle, transfers: &[Transfer], collectives: &[Collective]
                 ));
             }
         }
+        // Everything that can refuse a call is asked before anything is queued: a bad call
+        // fails the group whole.
+        for s in stream.into_iter().chain(collectives.iter().filter(|c| c.on_stream()).map(|c| c.stream)) {
+            comm.check_stream(s)?;
+        }
+        for c in collectives {
+            comm.check_call(&c.call, c.send, c.recv)?;
+        }
         if !transfers.is_empty() {
             let mut group = comm.group();
             for t in transfers {

@@ -157,11 +157,8 @@ fn ours() -> Option<(PathBuf, PathBuf, PathBuf)> {
     program(&[repo().join("ffi/include")], "device")
 }
 
-// TODO(bug): PreMulSum with `ncclScalarDevice` and the scalar in device memory kills the rank
-// (ffi/src/api/misc.rs keeps the scalar as `Buffer::host`, and the executor reads the device
-// pointer on the host: SIGSEGV). The matrices below leave that operator out
-// (`no-device-scalar`) until `premulsum_with_a_device_scalar` passes; then drop the argument.
-const OPS: &str = "no-device-scalar";
+/// Every operator, PreMulSum with its scalar in device memory included.
+const OPS: &str = "all";
 
 #[test]
 fn every_collective_type_and_operator_on_two_ranks() {

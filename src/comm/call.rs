@@ -9,7 +9,7 @@
 //! the C API but no schedule is proven for it, so the executor stages the input first.
 
 use topoccl_synth::schedule::Collective;
-use topoccl_transports::Region;
+use topoccl_transports::{MemSpace, Region};
 
 use crate::buffer::Buffer;
 use crate::error::{Error, Result};
@@ -80,6 +80,7 @@ impl CollectiveCall {
                 input.space, output.space
             )));
         }
+        let space = if input.is_empty() { output.space } else { input.space };
         let mine = rank as usize * block_bytes;
         let in_place = match self.collective {
             Collective::AllGather => output.sub(mine, block_bytes) == Some(input),
@@ -93,7 +94,7 @@ impl CollectiveCall {
         } else {
             Placement::Apart
         };
-        Ok(Checked { call: *self, block_bytes, input, output, placement })
+        Ok(Checked { call: *self, block_bytes, input, output, placement, space })
     }
 }
 
@@ -128,6 +129,8 @@ pub(crate) struct Checked {
     pub input: Region,
     pub output: Region,
     pub placement: Placement,
+    /// The memory space the call runs on (host for a call with no bytes here).
+    pub space: MemSpace,
 }
 
 #[cfg(test)]

@@ -44,6 +44,14 @@ impl Communicator {
         Ok(b)
     }
 
+    /// Checks that calls on `stream` can run here (binding the communicator to the stream's
+    /// context if it is not bound yet), queuing nothing.
+    pub fn check_stream(&self, stream: StreamRef) -> Result<()> {
+        let mut front = self.front();
+        Communicator::binding_for(&mut front, stream)?;
+        stream.not_capturing()
+    }
+
     /// The CUDA device this communicator runs device calls on (`ncclCommCuDevice`): the one it
     /// is bound to, else the device of the context current on this thread.
     pub fn cuda_device(&self) -> Result<u32> {

@@ -69,6 +69,13 @@ impl Communicator {
         Ok(Some(Job::Collective(CollectiveJob { checked, plan, header, sync: None })))
     }
 
+    /// Checks `call` from `send` to `recv` as it would run, queuing nothing: a group checks every
+    /// call so before it queues any, so that a bad one fails the group whole (NCCL's rule).
+    pub fn check_call(&self, call: &CollectiveCall, send: Buffer, recv: Buffer) -> Result<()> {
+        self.usable()?;
+        call.check(self.rank, self.nranks, send, recv).map(drop)
+    }
+
     /// Runs `call` from `send` to `recv`, as NCCL's C API does: the lengths follow from the
     /// call, buffers only a root uses may be NULL elsewhere, and buffers may alias (NCCL's
     /// in-place layouts run in place; any other overlap is staged). Returns once the call is

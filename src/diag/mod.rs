@@ -16,11 +16,13 @@
 
 pub(crate) mod cause;
 pub(crate) mod dump;
+mod ledger;
 pub(crate) mod protocol;
 pub(crate) mod service;
 mod signal;
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -129,17 +131,8 @@ pub(crate) struct Status {
     pub verdict: Option<Verdict>,
 }
 
-/// Collectives a board remembers besides the running one.
-pub(crate) const RECENT_CALLS: usize = 32;
-
+/// What a board keeps under its lock: what a stalled or failed call found (written rarely).
 struct Progress {
-    calls: u64,
-    call: Option<CallInfo>,
-    header: Option<CallHeader>,
-    /// The collectives before `header`, oldest first.
-    recent: std::collections::VecDeque<CallHeader>,
-    running: bool,
-    since: Instant,
     stalled_since: Option<Instant>,
     waits: Vec<Wait>,
     error: Option<String>,
@@ -161,10 +154,13 @@ pub(crate) struct Identity {
 }
 
 /// A rank's progress, as its watch service reports it. Written by the thread that runs the
-/// rank's calls (a few stores per call; what a stalled call waits for only once it stalls),
-/// read by the watch service when asked.
+/// rank's calls (a few stores per call, without a lock: [`ledger`]; what a stalled call waits
+/// for only once it stalls), read by the watch service when asked.
 pub(crate) struct Board {
     pub id: Identity,
+    calls: ledger::Ledger,
+    /// Whether `progress` holds a stall to clear when the next call starts.
+    stalled: AtomicBool,
     progress: Mutex<Progress>,
 }
 
@@ -172,13 +168,9 @@ impl Board {
     pub(crate) fn new(id: Identity) -> Arc<Board> {
         Arc::new(Board {
             id,
+            calls: ledger::Ledger::new(coarse_ms()),
+            stalled: AtomicBool::new(false),
             progress: Mutex::new(Progress {
-                calls: 0,
-                call: None,
-                header: None,
-                recent: std::collections::VecDeque::with_capacity(RECENT_CALLS),
-                running: false,
-                since: Instant::now(),
                 stalled_since: None,
                 waits: Vec::new(),
                 error: None,
@@ -196,37 +188,27 @@ impl Board {
 
     /// A call starts (`None`: a send/recv group). The description is made when asked.
     pub(crate) fn begin(&self, header: Option<&CallHeader>) {
-        let mut p = self.lock();
-        p.calls += 1;
-        if let Some(h) = p.header.filter(|h| h.called != Called::SendRecv) {
-            if p.recent.len() == RECENT_CALLS {
-                p.recent.pop_front();
-            }
-            p.recent.push_back(h);
+        self.calls.begin(header, coarse_ms());
+        if self.stalled.load(Ordering::Relaxed) {
+            self.unstalled();
         }
-        p.header = header.copied();
-        p.call = None;
-        p.running = true;
-        p.since = Instant::now();
-        p.stalled_since = None;
-        p.waits.clear();
     }
 
-    /// The running call ended (well, or with `error`).
+    /// The running call ended (with `error` if it failed).
     pub(crate) fn end(&self, error: Option<&Error>) {
-        let mut p = self.lock();
-        p.running = false;
-        p.since = Instant::now();
-        p.stalled_since = None;
-        match error {
-            None => p.waits.clear(),
-            Some(e) => {
-                p.error.get_or_insert_with(|| e.to_string());
-                let (first, blames) = origin(e);
-                p.first = first;
-                p.blames = blames;
+        self.calls.end(coarse_ms());
+        let Some(e) = error else {
+            if self.stalled.load(Ordering::Relaxed) {
+                self.unstalled();
             }
-        }
+            return;
+        };
+        let mut p = self.lock();
+        p.stalled_since = None;
+        p.error.get_or_insert_with(|| e.to_string());
+        let (first, blames) = origin(e);
+        p.first = first;
+        p.blames = blames;
     }
 
     /// The running call has not moved since `since`; its channels wait for `waits`.
@@ -234,6 +216,7 @@ impl Board {
         let mut p = self.lock();
         p.stalled_since = Some(since);
         p.waits = waits;
+        self.stalled.store(true, Ordering::Relaxed);
     }
 
     /// The stalled call moves again.
@@ -241,6 +224,7 @@ impl Board {
         let mut p = self.lock();
         p.stalled_since = None;
         p.waits.clear();
+        self.stalled.store(false, Ordering::Relaxed);
     }
 
     /// Records the cause of this rank's failure (found here, or told by a peer); the first one
@@ -259,19 +243,17 @@ impl Board {
     }
 
     pub(crate) fn status(&self) -> Status {
-        let mut p = self.lock();
-        if p.call.is_none() && p.calls > 0 {
-            p.call = Some(CallInfo::of(p.header.as_ref()));
-        }
+        let c = self.calls.read();
+        let p = self.lock();
         let now = Instant::now();
         Status {
             rank: self.id.rank,
             pid: std::process::id(),
-            calls: p.calls,
-            call: p.call.clone(),
-            recent: p.recent.iter().map(|h| CallInfo::of(Some(h))).collect(),
-            running: p.running,
-            for_ms: now.duration_since(p.since).as_millis() as u64,
+            calls: c.calls,
+            call: (c.calls > 0).then(|| CallInfo::of(c.header.as_ref())),
+            recent: c.recent.iter().map(|h| CallInfo::of(Some(h))).collect(),
+            running: c.running,
+            for_ms: coarse_ms().saturating_sub(c.since_ms),
             stalled_ms: p.stalled_since.map(|t| now.duration_since(t).as_millis() as u64),
             waits: p.waits.clone(),
             error: p.error.clone(),
@@ -307,6 +289,17 @@ fn wait_for_told(board: &Board, patience: Duration) -> Option<Verdict> {
         }
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// Milliseconds on the system's coarse monotonic clock (a few milliseconds' resolution, read
+/// in a few nanoseconds): what a board stamps every call's start and end with, since peers ask
+/// how long a call has run only to the millisecond, and the stamp is on every call's path.
+fn coarse_ms() -> u64 {
+    let mut ts = nix::libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid out-pointer; CLOCK_MONOTONIC_COARSE exists on every Linux this
+    // library runs on (on failure `ts` stays zero, which only makes a reported age wrong).
+    unsafe { nix::libc::clock_gettime(nix::libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    (ts.tv_sec as u64).saturating_mul(1000) + ts.tv_nsec as u64 / 1_000_000
 }
 
 /// Ranks after it (in rank order) that a rank told a verdict passes it on to.

@@ -11,22 +11,23 @@
 //! the schedule is not proven correct in place, is copied first; a PreMulSum input is
 //! multiplied into a copy. Everything else runs straight on the caller's memory.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use topoccl_transports::{MemSpace, Meta, Region};
+use topoccl_transports::{Connection, MemSpace, Meta, Region};
 
 use super::engine::{self, Resources};
 use super::memory::{MemId, Memory, Span, INPUT, OUTPUT, SCRATCH};
 use super::ops::{CpuOps, LocalOps, Workspace};
 use super::program::Program;
 use super::wire::CallHeader;
-use super::{DeviceSide, Executor, Space, SpaceRef};
+use super::{DeviceSide, Executor, Settings, Space, SpaceRef};
 use crate::comm::call::{Checked, Placement};
 use crate::comm::plan::Plan;
 use crate::comm::work::Job;
 use crate::cuda::{CudaOps, StreamSync};
+use crate::diag::Board;
 use crate::error::{Error, Result};
 use crate::types::{Dtype, ReduceOp, Reduction, Scalar};
 
@@ -86,70 +87,29 @@ impl Executor {
     /// As for [`Executor::run`].
     unsafe fn run_on_space(&mut self, job: &Job, sync: Option<&StreamSync>) -> Result<()> {
         let space = match job {
-            Job::Collective(c) => c.space()?,
+            Job::Collective(c) => c.checked.space,
             Job::Transfers(t) => t.space()?,
         };
-        match space {
-            MemSpace::Host => {
-                if let Some(s) = sync {
-                    self.started_on_host(s)?;
-                }
-                // The space is taken out for the run (the engine borrows the executor's other
-                // parts beside it) and put back after.
-                let mut host = std::mem::take(&mut self.host);
-                // SAFETY: this fn's contract.
-                let r = unsafe { self.dispatch(job, host.as_dyn()) };
-                self.host = host;
-                r
+        if space == MemSpace::Host {
+            if let Some(s) = sync {
+                self.started_on_host(s)?;
             }
+        }
+        let Executor { rank, nranks, links, settings, abort, board, host, device } = self;
+        let parts = Parts { rank: *rank, nranks: *nranks, links, settings, abort, board: board.as_deref() };
+        match space {
+            // SAFETY: this fn's contract.
+            MemSpace::Host => unsafe { parts.dispatch(job, host.as_dyn()) },
             MemSpace::Device(d) => {
                 let sync = sync.ok_or_else(|| {
                     Error::InvalidArgument(format!("buffers in {space} need a CUDA stream to order the call"))
                 })?;
-                let mut dev = self.device_for(sync, d)?;
-                let r = (|| {
-                    let _current = dev.binding.context().enter()?;
-                    dev.space.ops.stream().wait(&sync.start)?;
-                    // SAFETY: this fn's contract.
-                    unsafe { self.dispatch(job, dev.space.as_dyn()) }
-                })();
-                self.device = Some(dev);
-                r
+                let dev = device_for(device, sync, d)?;
+                let _current = dev.binding.context().enter()?;
+                dev.space.ops.stream().wait(&sync.start)?;
+                // SAFETY: this fn's contract.
+                unsafe { parts.dispatch(job, dev.space.as_dyn()) }
             }
-        }
-    }
-
-    /// Runs `job` with the operations and workspaces of one memory space.
-    ///
-    /// # Safety
-    /// As for [`Executor::run`].
-    unsafe fn dispatch(&mut self, job: &Job, space: SpaceRef<'_>) -> Result<()> {
-        // SAFETY: this fn's contract.
-        unsafe {
-            match job {
-                Job::Collective(c) => self.run_collective(c, space),
-                Job::Transfers(t) => self.run_transfers(t, space),
-            }
-        }
-    }
-
-    /// The device side for a call on device `ordinal` tied to `sync` (made on first use),
-    /// taken out of the executor for the call; the caller puts it back.
-    fn device_for(&mut self, sync: &StreamSync, ordinal: u32) -> Result<DeviceSide> {
-        let ctx = sync.binding.context();
-        if ctx.ordinal() != ordinal {
-            return Err(Error::InvalidArgument(format!(
-                "a buffer lies in memory of CUDA device {ordinal}, the communicator uses device {}",
-                ctx.ordinal()
-            )));
-        }
-        match self.device.take() {
-            Some(d) if Arc::ptr_eq(&d.binding, &sync.binding) => Ok(d),
-            Some(d) => {
-                self.device = Some(d);
-                Err(Error::Internal("a call tied to another device binding".into()))
-            }
-            None => CudaOps::new(ctx).map(|ops| DeviceSide { binding: sync.binding.clone(), space: Space::new(ops) }),
         }
     }
 
@@ -204,14 +164,40 @@ impl Executor {
             }
         }
     }
+}
+
+/// What a run borrows of the executor besides one memory space's operations and workspaces.
+struct Parts<'e> {
+    rank: u32,
+    nranks: u32,
+    links: &'e mut Vec<Option<Box<dyn Connection>>>,
+    settings: &'e Settings,
+    abort: &'e AtomicBool,
+    board: Option<&'e Board>,
+}
+
+impl Parts<'_> {
+    /// Runs `job` with the operations and workspaces of one memory space.
+    ///
+    /// # Safety
+    /// As for [`Executor::run`].
+    unsafe fn dispatch(self, job: &Job, space: SpaceRef<'_>) -> Result<()> {
+        // SAFETY: this fn's contract.
+        unsafe {
+            match job {
+                Job::Collective(c) => self.run_collective(c, space),
+                Job::Transfers(t) => self.run_transfers(t, space),
+            }
+        }
+    }
 
     /// Runs a collective to completion.
     ///
     /// # Safety
     /// The job's regions must be valid memory the local operations reach, used by nothing
     /// else until this returns.
-    unsafe fn run_collective(&mut self, job: &CollectiveJob, sp: SpaceRef<'_>) -> Result<()> {
-        let Checked { call, block_bytes, input, output, placement } = job.checked;
+    unsafe fn run_collective(self, job: &CollectiveJob, sp: SpaceRef<'_>) -> Result<()> {
+        let Checked { call, block_bytes, input, output, placement, .. } = job.checked;
         reach(&*sp.ops, &[input, output])?;
         let plan = &*job.plan;
         let nranks = self.nranks;
@@ -219,7 +205,7 @@ impl Executor {
         let reduces = call.collective.reduces();
         let ops = sp.ops;
         let scalar = match call.reduction {
-            Reduction::PreMulSum(s) if reduces && !input.is_empty() => Some(Executor::scalar(ops, call.dtype, s)?),
+            Reduction::PreMulSum(s) if reduces && !input.is_empty() => Some(Parts::scalar(ops, call.dtype, s)?),
             _ => None,
         };
         let stride = if plan.padded { plan.layout.offset(plan.k) } else { block_bytes };
@@ -256,15 +242,9 @@ impl Executor {
             None
         };
         let metas = [job.header.encode()];
-        let cfg = self.settings.run(
-            self.rank,
-            &self.abort,
-            call.dtype,
-            call.reduction.op(),
-            Some(job.header),
-            self.board.as_deref(),
-        );
-        let res = Resources { mem: &mem, links: &mut self.links, ops, forward: sp.forward, staging: sp.staging };
+        let cfg =
+            self.settings.run(self.rank, self.abort, call.dtype, call.reduction.op(), Some(job.header), self.board);
+        let res = Resources { mem: &mem, links: self.links, ops, forward: sp.forward, staging: sp.staging };
         // SAFETY: the caller's regions are valid and ours for the call (this fn's contract);
         // the rest are this executor's workspaces, alive until after the run (device ones until
         // the device is past it: `CudaOps` frees in stream order).
@@ -319,8 +299,8 @@ impl Executor {
     /// receive from itself it pairs with (in order).
     ///
     /// # Safety
-    /// As for [`Executor::run_collective`].
-    unsafe fn run_transfers(&mut self, job: &TransferJob, sp: SpaceRef<'_>) -> Result<()> {
+    /// As for [`Parts::run_collective`].
+    unsafe fn run_transfers(self, job: &TransferJob, sp: SpaceRef<'_>) -> Result<()> {
         let regions: Vec<Region> = job.transfers.iter().map(|t| t.region).collect();
         reach(&*sp.ops, &regions)?;
         let mut prog = Program::default();
@@ -351,12 +331,30 @@ impl Executor {
         for (src, dst) in own_sends.into_iter().zip(own_recvs) {
             prog.add_copy(dst, src);
         }
-        let cfg = self.settings.run(self.rank, &self.abort, Dtype::Uint8, ReduceOp::Sum, None, self.board.as_deref());
-        let res =
-            Resources { mem: &mem, links: &mut self.links, ops: sp.ops, forward: sp.forward, staging: sp.staging };
+        let cfg = self.settings.run(self.rank, self.abort, Dtype::Uint8, ReduceOp::Sum, None, self.board);
+        let res = Resources { mem: &mem, links: self.links, ops: sp.ops, forward: sp.forward, staging: sp.staging };
         // SAFETY: the transfers' regions are valid and ours for the call (this fn's contract).
         unsafe { engine::run(&prog, &metas, res, &cfg) }
     }
+}
+
+/// The device side for a call on device `ordinal` tied to `sync`, made on first use.
+fn device_for<'d>(device: &'d mut Option<DeviceSide>, sync: &StreamSync, ordinal: u32) -> Result<&'d mut DeviceSide> {
+    let ctx = sync.binding.context();
+    if ctx.ordinal() != ordinal {
+        return Err(Error::InvalidArgument(format!(
+            "a buffer lies in memory of CUDA device {ordinal}, the communicator uses device {}",
+            ctx.ordinal()
+        )));
+    }
+    if let Some(d) = device {
+        if !Arc::ptr_eq(&d.binding, &sync.binding) {
+            return Err(Error::Internal("a call tied to another device binding".into()));
+        }
+    } else {
+        *device = Some(DeviceSide { binding: sync.binding.clone(), space: Space::new(CudaOps::new(ctx)?) });
+    }
+    device.as_mut().ok_or_else(|| Error::Internal("no device side".into()))
 }
 
 /// A workspace of at least `bytes`, kept between calls.
@@ -395,12 +393,6 @@ fn one_space(regions: impl Iterator<Item = Region>) -> Result<MemSpace> {
         }
     }
     Ok(space.unwrap_or(MemSpace::Host))
-}
-
-impl CollectiveJob {
-    fn space(&self) -> Result<MemSpace> {
-        one_space([self.checked.input, self.checked.output].into_iter())
-    }
 }
 
 impl TransferJob {

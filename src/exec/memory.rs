@@ -74,6 +74,7 @@ impl Memory {
         self.extra[i] = e;
     }
 
+    #[inline]
     fn get(&self, id: MemId) -> Option<Entry> {
         let i = usize::from(id);
         match self.inline.get(i) {
@@ -94,19 +95,21 @@ impl Memory {
     }
 
     /// The region of `s`, checked against its buffer's bounds (and writability, to write).
+    #[inline]
     pub(crate) fn span(&self, s: Span, write: bool) -> Result<Region> {
-        let e = self.get(s.mem).ok_or_else(|| bad(s, "no such buffer"))?;
-        let r = e
-            .region
-            .sub(s.off, s.len)
-            .ok_or_else(|| bad(s, &format!("out of bounds of a {}-byte buffer", e.region.len)))?;
-        if write && !e.writable {
-            return Err(bad(s, "the buffer is read-only"));
+        match self.get(s.mem) {
+            Some(e) if !write || e.writable => match e.region.sub(s.off, s.len) {
+                Some(r) => Ok(r),
+                None => Err(bad(s, &format!("out of bounds of a {}-byte buffer", e.region.len))),
+            },
+            Some(_) => Err(bad(s, "the buffer is read-only")),
+            None => Err(bad(s, "no such buffer")),
         }
-        Ok(r)
     }
 }
 
+#[cold]
+#[inline(never)]
 fn bad(s: Span, why: &str) -> Error {
     Error::Internal(format!("schedule step touches bytes {}..{} of buffer {}: {why}", s.off, s.off + s.len, s.mem))
 }

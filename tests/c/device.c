@@ -41,6 +41,7 @@ CUresult cuCtxDestroy_v2(CUcontext ctx);
 CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize);
 CUresult cuMemFree_v2(CUdeviceptr dptr);
 CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount);
+CUresult cuMemcpyDtoH_v2(void* dstHost, CUdeviceptr srcDevice, size_t ByteCount);
 CUresult cuMemcpyDtoHAsync_v2(void* dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream);
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount, CUstream hStream);
 CUresult cuStreamCreate(CUstream* phStream, unsigned int Flags);
@@ -557,6 +558,20 @@ static void other_context(struct rank_env* e) {
   ncclResult_t async = ncclSuccess;
   CHECK(ncclCommGetAsyncError(e->comm, &async));
   if (async != ncclSuccess) FAIL("the refused call broke the communicator: %d", (int)async);
+  /* In a group, the refused call fails the group whole: the good call before it does not run
+   * either (its output keeps what was there). */
+  fits(e, 16 * sizeof(float));
+  memset(e->host, 0x5a, 16 * sizeof(float));
+  put(e, e->recv, 16 * sizeof(float));
+  CHECK(ncclGroupStart());
+  CHECK(ncclAllReduce((const void*)e->send, (void*)e->recv, 16, ncclFloat32, ncclSum, e->comm, ST(e->s)));
+  CHECK(ncclAllReduce((const void*)e->send, (void*)e->send, 16, ncclFloat32, ncclSum, e->comm, ST(os)));
+  r = ncclGroupEnd();
+  if (r != ncclInvalidArgument) FAIL("a group with a stream of another context: %d, expected ncclInvalidArgument", (int)r);
+  CU(cuStreamSynchronize(e->s));
+  CU(cuMemcpyDtoH_v2(e->got, e->recv, 16 * sizeof(float)));
+  for (int i = 0; i < (int)(16 * sizeof(float)); i++)
+    if ((unsigned char)e->got[i] != 0x5a) FAIL("a group refused at its end still ran a call (byte %d)", i);
   CU(cuCtxSetCurrent(other));
   CU(cuStreamDestroy_v2(os));
   CU(cuCtxSetCurrent(e->ctx));

@@ -34,41 +34,49 @@ pub struct Region {
 impl Region {
     pub const EMPTY: Region = Region { space: MemSpace::Host, addr: 0, len: 0 };
 
+    #[inline]
     pub fn new(space: MemSpace, addr: usize, len: usize) -> Region {
         Region { space, addr, len }
     }
 
     /// Host memory at `addr`.
+    #[inline]
     pub fn host(addr: usize, len: usize) -> Region {
         Region { space: MemSpace::Host, addr, len }
     }
 
     /// The bytes of `s`, as a region (its lifetime is the caller's to respect).
+    #[inline]
     pub fn of(s: &[u8]) -> Region {
         Region::host(s.as_ptr() as usize, s.len())
     }
 
     /// As [`Region::of`], for memory that may be written through the region.
+    #[inline]
     pub fn of_mut(s: &mut [u8]) -> Region {
         Region::host(s.as_mut_ptr() as usize, s.len())
     }
 
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// One past the last byte (`None` when that overflows the address space).
+    #[inline]
     pub fn end(&self) -> Option<usize> {
         self.addr.checked_add(self.len)
     }
 
     /// Bytes `[at, at + len)` of this region, if they lie inside it.
+    #[inline]
     pub fn sub(&self, at: usize, len: usize) -> Option<Region> {
         let end = at.checked_add(len)?;
         (end <= self.len).then(|| Region { space: self.space, addr: self.addr + at, len })
     }
 
     /// Whether the two regions share a byte (empty regions share none).
+    #[inline]
     pub fn overlaps(&self, other: &Region) -> bool {
         self.space == other.space
             && self.len > 0

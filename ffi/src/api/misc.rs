@@ -178,7 +178,7 @@ fn create_premulsum(
                 v[..dtype.size()].copy_from_slice(&raw::read_bytes(scalar as usize, dtype.size())?);
                 Scalar::Value(v)
             }
-            SCALAR_DEVICE => Scalar::At(Buffer::host(scalar)),
+            SCALAR_DEVICE => Scalar::At(Buffer::at(scalar.cast_const())),
             other => return Err(invalid(format!("residence {other} is not an ncclScalarResidence_t"))),
         };
         let mut ops = h.ops.lock().unwrap_or_else(|p| p.into_inner());
