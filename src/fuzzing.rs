@@ -44,8 +44,7 @@ pub fn call_header(data: &[u8]) {
     let word = |at: usize| data.get(at..at + 4).map_or(0, |b| u32::from_le_bytes(b.try_into().expect("4 bytes")));
     let (got, want) = (word(2 * META_BYTES) as usize, word(2 * META_BYTES + 4) as usize);
     let abort = AtomicBool::new(false);
-    let settings =
-        Settings { slice_bytes: 1 << 20, max_backlog: 1 << 20, timeout: Duration::from_secs(1), oversubscribed: false };
+    let settings = Settings::new(1 << 20, 1 << 20, Duration::from_secs(1), false);
     let cfg = settings.run(0, &abort, Dtype::Float32, ReduceOp::Sum, call, None);
     let checked = engine::check(&cfg, 1, &ours, &theirs, got, want);
     assert_eq!(checked.is_ok(), ours == theirs && got == want, "the check let a different message through");

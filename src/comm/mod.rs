@@ -260,12 +260,7 @@ impl Communicator {
             cache: DiskCache::from_env(),
         };
         let tuner = Selector::new(topology.clone(), options)?;
-        let settings = Settings {
-            slice_bytes: config.slice_bytes,
-            max_backlog: config.max_backlog,
-            timeout: config.timeout,
-            oversubscribed: local > cores,
-        };
+        let settings = Settings::new(config.slice_bytes, config.max_backlog, config.timeout, local > cores);
         let mut exec = Executor::new(rank, links, settings, Arc::new(AtomicBool::new(false)));
         let board = Board::new(Identity {
             rank,

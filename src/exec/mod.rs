@@ -29,11 +29,19 @@ pub(crate) struct Settings {
     pub slice_bytes: usize,
     pub max_backlog: usize,
     pub timeout: Duration,
+    /// The timeout of a run with a board: early enough that finding out why (asking the
+    /// peers, up to two answer deadlines) still ends within `timeout` ([`Settings::new`]).
+    watched_timeout: Duration,
     /// More ranks share this host than it has cores: waiting ranks give their core away.
     pub oversubscribed: bool,
 }
 
 impl Settings {
+    pub(crate) fn new(slice_bytes: usize, max_backlog: usize, timeout: Duration, oversubscribed: bool) -> Settings {
+        let watched_timeout = timeout.saturating_sub(2 * crate::diag::answer_within(timeout)).max(timeout / 2);
+        Settings { slice_bytes, max_backlog, timeout, watched_timeout, oversubscribed }
+    }
+
     /// The configuration of one run of the engine.
     ///
     /// With a board, a stalled run gives up early enough that finding out why (asking the
@@ -48,7 +56,7 @@ impl Settings {
         board: Option<&'a Board>,
     ) -> engine::RunConfig<'a> {
         let timeout = match board {
-            Some(_) => self.timeout.saturating_sub(2 * crate::diag::answer_within(self.timeout)).max(self.timeout / 2),
+            Some(_) => self.watched_timeout,
             None => self.timeout,
         };
         engine::RunConfig {

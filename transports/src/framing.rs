@@ -33,9 +33,10 @@ const EAGER_FRAME_BYTES: usize = 16 << 20;
 /// Queued frames handed to the stream per system call.
 const WRITE_BATCH: usize = 64;
 
-/// Payloads at least this large are handed over where they arrived when the stream allows it
-/// (smaller ones are cheaper to batch through the staging buffer).
-const IN_PLACE_MIN_BYTES: usize = 4 << 10;
+/// Payloads at least this large are handed over where they arrived when the stream allows it:
+/// every non-empty one (a small message handed over in place skips two copies, a buffer from
+/// the pool and a queue, which on shared memory is most of its receive path).
+const IN_PLACE_MIN_BYTES: usize = 1;
 
 /// A non-blocking byte stream. `Ok(0)` means "nothing now"; a closed peer is
 /// `Err(Error::PeerClosed)`.
@@ -309,8 +310,10 @@ impl<S: ByteStream> Framed<S> {
                 match self.stream.write_vectored(&slices[..count]) {
                     Ok(n) => n,
                     Err(Error::PeerClosed(why)) => {
+                        // The peer closing is news the caller must see (as a read that finds
+                        // it closed is): report it as movement.
                         self.mark_closed(why);
-                        return Ok(moved);
+                        return Ok(true);
                     }
                     Err(e) => return Err(e),
                 }
@@ -428,7 +431,8 @@ impl<S: ByteStream> Framed<S> {
                     continue;
                 }
                 if self.leave_in_place() {
-                    return Ok(moved);
+                    // A message has come (left where it lies): that is progress.
+                    return Ok(true);
                 }
             }
             if !self.fill_staging()? {

@@ -174,31 +174,49 @@ impl Run<'_> {
         let mut fds: Vec<WaitFd> = Vec::new();
         let mut round = 0usize;
         let mut reported = false;
+        // Whether a channel may move: something changed since the channels last all waited.
+        // A channel waits only for its connections (a message, room, a send done), for other
+        // channels, or for a staged send's copy; when none of those moved, advancing the
+        // channels again finds them all still waiting, so an idle round only polls the
+        // connections (which shortens the time from a message's arrival to its use).
+        let mut dirty = true;
         loop {
             let mut moved = false;
-            if self.inflight.staging() {
-                moved |= self.inflight.post_ready(self.links, &mut *self.ops, self.metas)?;
+            // The channels go first: a run's first sends leave before it looks at anything
+            // that arrived (on a peer's critical path, not this rank's).
+            if dirty {
+                dirty = false;
+                // Channels take turns at going first: room freed on a connection goes to the
+                // first channel that asks, and a fixed order let low channels (one tree's
+                // lanes) keep a shared connection's backlog to themselves while later ones
+                // (another tree's, whose data the next hop is waiting for) starved.
+                let nch = self.prog.channels.len();
+                let first = if nch == 0 { 0 } else { round % nch };
+                round = round.wrapping_add(1);
+                let mut done = true;
+                for c in (first..nch).chain(0..first) {
+                    if self.advance(c)? {
+                        moved = true;
+                        dirty = true;
+                    }
+                    done &= self.state[c].step == self.prog.channels[c].steps.len();
+                }
+                if done && self.flushed()? {
+                    return Ok(());
+                }
+            }
+            if self.inflight.staging() && self.inflight.post_ready(self.links, &mut *self.ops, self.metas)? {
+                moved = true;
+                dirty = true;
             }
             for &p in &self.prog.peers {
                 let l = link(self.links, p)?;
-                // A peer closing is news, not progress: it must not restart the deadline of a
-                // run that waits on another peer.
-                moved |= l.progress().map_err(transport_error(p))? && l.closed().is_none();
-            }
-            // Channels take turns at going first: room freed on a connection goes to the
-            // first channel that asks, and a fixed order let low channels (one tree's lanes)
-            // keep a shared connection's backlog to themselves while later ones (another
-            // tree's, whose data the next hop is waiting for) starved.
-            let nch = self.prog.channels.len();
-            let first = if nch == 0 { 0 } else { round % nch };
-            round = round.wrapping_add(1);
-            let mut done = true;
-            for c in (first..nch).chain(0..first) {
-                moved |= self.advance(c)?;
-                done &= self.state[c].step == self.prog.channels[c].steps.len();
-            }
-            if done && self.flushed()? {
-                return Ok(());
+                if l.progress().map_err(transport_error(p))? {
+                    dirty = true;
+                    // A peer closing is news, not progress: it must not restart the deadline
+                    // of a run that waits on another peer.
+                    moved |= l.closed().is_none();
+                }
             }
             if moved {
                 idle_rounds = 0;
@@ -214,6 +232,9 @@ impl Run<'_> {
             }
             idle_rounds += 1;
             if slept || idle_rounds % CHECK_EVERY == 0 {
+                // Now and then the channels look again whatever the connections said (a change
+                // one of them did not report is never missed for long).
+                dirty = true;
                 if self.cfg.abort.load(Ordering::Relaxed) {
                     return Err(Error::Aborted);
                 }
@@ -245,32 +266,31 @@ impl Run<'_> {
     /// Spin briefly, then yield, then sleep in `poll(2)` (shared memory: short naps, since
     /// its data comes without a descriptor becoming ready); whether it slept in `poll(2)`.
     fn idle_wait(&mut self, rounds: u32, fds: &mut Vec<WaitFd>) -> Result<bool> {
-        fds.clear();
         // Staged sends wait for local operations, which no descriptor announces.
         let mut spin = self.inflight.staging();
         for &p in &self.prog.peers {
-            let l = link(self.links, p)?;
-            l.wait_fds(fds);
-            spin |= l.needs_spin();
+            spin |= link(self.links, p)?.needs_spin();
         }
-        if spin {
-            if rounds < SPIN_ROUNDS && !self.cfg.oversubscribed {
+        let nap = match (spin, rounds) {
+            (true, r) if r < SPIN_ROUNDS && !self.cfg.oversubscribed => {
                 std::hint::spin_loop();
-            } else if rounds < YIELD_ROUNDS {
-                std::thread::yield_now();
-            } else {
-                wait::wait(fds, Duration::from_micros(500))
-                    .map_err(|e| Error::Transport { peer: self.cfg.rank, source: e })?;
-                return Ok(true);
+                return Ok(false);
             }
-        } else if rounds < 8 {
+            (true, r) if r < YIELD_ROUNDS => None,
+            (true, _) => Some(Duration::from_micros(500)),
+            (false, r) if r < 8 => None,
+            (false, _) => Some(Duration::from_millis(20)),
+        };
+        let Some(nap) = nap else {
             std::thread::yield_now();
-        } else {
-            wait::wait(fds, Duration::from_millis(20))
-                .map_err(|e| Error::Transport { peer: self.cfg.rank, source: e })?;
-            return Ok(true);
+            return Ok(false);
+        };
+        fds.clear();
+        for &p in &self.prog.peers {
+            link(self.links, p)?.wait_fds(fds);
         }
-        Ok(false)
+        wait::wait(fds, nap).map_err(|e| Error::Transport { peer: self.cfg.rank, source: e })?;
+        Ok(true)
     }
 
     fn flushed(&mut self) -> Result<bool> {
