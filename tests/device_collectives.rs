@@ -8,24 +8,11 @@ mod common;
 mod device_support;
 mod standin;
 
-use std::sync::Arc;
 use std::time::Instant;
 
-use cudarc::driver::{CudaContext, CudaStream};
-use device_support::{device_and_host, matrix};
+use device_support::{device_and_host, matrix, stream};
 use topoccl::cuda::StreamRef;
 use topoccl::{Communicator, ReduceOp, TransportPolicy};
-
-/// A stream of the device's primary context. cudarc synchronises the whole context when a
-/// context object makes its first stream while it tracks events — with several ranks in one
-/// process that waits for the other ranks' streams, which wait for this rank's calls: a
-/// deadlock. The ranks here order their own work, so tracking is off.
-fn stream() -> Arc<CudaStream> {
-    let ctx = CudaContext::new(0).expect("stand-in context");
-    // SAFETY: each slice of these tests is used on one stream only.
-    unsafe { ctx.disable_event_tracking() };
-    ctx.new_stream().expect("stream")
-}
 
 #[test]
 fn all_reduce_of_device_buffers_on_two_threads() {

@@ -5,21 +5,15 @@
 #![cfg(feature = "cuda")]
 
 mod common;
+mod device_support;
 mod standin;
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use cudarc::driver::{CudaContext, CudaStream, DevicePtr};
+use cudarc::driver::DevicePtr;
+use device_support::stream;
 use topoccl::cuda::{Context, Pinned, StreamRef};
 use topoccl::{Buffer, Collective, CollectiveCall, Dtype, ReduceOp, TransportPolicy};
-
-fn stream() -> Arc<CudaStream> {
-    let ctx = CudaContext::new(0).expect("stand-in context");
-    // SAFETY: every slice here is used on one stream only.
-    unsafe { ctx.disable_event_tracking() };
-    ctx.new_stream().expect("stream")
-}
 
 #[test]
 fn a_call_waits_for_the_work_before_it_on_its_stream() {
