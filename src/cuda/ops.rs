@@ -314,6 +314,7 @@ impl Drop for CudaOps {
     fn drop(&mut self) {
         // Everything submitted finishes before the memory it uses goes back to the driver (a
         // device that never finishes keeps the memory: nothing else is safe).
+        let _current = self.ctx.enter();
         while matches!(self.stream.idle(), Ok(false)) {
             std::thread::yield_now();
         }
