@@ -1,10 +1,12 @@
 //! The C ABI's GPU data path from C, under the stand-in CUDA driver (`standins/cuda`):
 //! `tests/c/device.c` calls the CUDA driver API itself (declaring what it uses, no `cuda.h`),
-//! forks ranks that each make a context and a stream after the fork, and runs every collective
-//! × datatype × operator on device buffers queued on the stream, checking every element read
-//! back on that stream; also groups, `ncclCommInitAll` on one device, `ncclCommCuDevice`,
-//! `ncclMemAlloc` and a stream of another context. The program links the stand-in's
-//! `libcuda.so.1` and runs with `LD_LIBRARY_PATH=<stand-in>:<libnccl>`.
+//! starts ranks — forked processes that each make a context and a stream after the fork, or
+//! threads of one process after one `cuInit`, each making its context current and its own
+//! stream and `ncclCommInitRank` communicator — and runs every collective × datatype × operator
+//! on device buffers queued on the stream, checking every element read back on that stream;
+//! also groups, `ncclCommInitAll` on one device, `ncclCommCuDevice`, `ncclMemAlloc` and a
+//! stream of another context. The program links the stand-in's `libcuda.so.1` and runs with
+//! `LD_LIBRARY_PATH=<stand-in>:<libnccl>`.
 #![cfg(feature = "cuda")]
 
 use std::collections::HashMap;
@@ -194,6 +196,37 @@ fn device_calls_with_the_default_stream_delays() {
 fn premulsum_with_a_device_scalar() {
     let Some(prog) = ours() else { return };
     run(&prog, &["2", "primary", "own", "full", "device-scalar"], Some(20));
+}
+
+/// Runs `device` with `args` and its ranks as threads of one process (with a stream delay of
+/// 20 µs), requiring the summary to say so.
+fn run_threads(prog: &(PathBuf, PathBuf, PathBuf), args: &[&str]) -> Vec<String> {
+    let args: Vec<&str> = args.iter().copied().chain(["threads"]).collect();
+    let summaries = run(prog, &args, Some(20));
+    assert!(summaries[0].contains(" ranks as threads, "), "not run as threads: {summaries:?}");
+    summaries
+}
+
+/// The ranks as threads of one process — one `cuInit` before they start; each thread makes the
+/// primary context current, creates its stream and joins the communicator with
+/// `ncclCommInitRank` (the unique id handed over in memory) — on 2 and 4 ranks: every
+/// collective × datatype × operator, and the rest of the program, as with processes.
+#[test]
+fn every_collective_type_and_operator_on_threads_of_one_process() {
+    let Some(prog) = ours() else { return };
+    run_threads(&prog, &["2", "primary", "own", "full", OPS]);
+    run_threads(&prog, &["4", "primary", "own", "full", OPS]);
+}
+
+/// Threads with a `cuCtxCreate_v2` context each, on its legacy stream and on a stream of their
+/// own. (Threads on the primary context cannot use its legacy stream: they would share it, and
+/// each rank's call would wait behind the others', as with NVIDIA's NCCL; the program refuses.)
+#[test]
+fn threads_with_created_contexts_and_the_legacy_stream() {
+    let Some(prog) = ours() else { return };
+    run_threads(&prog, &["2", "created", "legacy", "full", OPS]);
+    run_threads(&prog, &["4", "created", "legacy", "full", OPS]);
+    run_threads(&prog, &["4", "created", "own", "small", OPS]);
 }
 
 /// NVIDIA's own `nccl.h` 2.30.7, where `ffi/tests/fetch-nvidia-nccl.sh` put it (CI runs it).

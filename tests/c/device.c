@@ -1,24 +1,41 @@
 /* NCCL's GPU data path through nccl.h, on the CUDA driver API directly (no cuda.h: the few
- * declarations it needs are below): ranks forked from this program, each with its own context
- * and stream, run every collective x datatype x operator (PreMulSum with a host-immediate and
- * a device-resident scalar) on device buffers, in place and out of place; inputs are filled
- * with cuMemcpyHtoD_v2, outputs poisoned on the stream right before the call, and read back
- * with cuMemcpyDtoHAsync_v2 on the same stream and cuStreamSynchronize, nothing else: the call
- * must start after the stream's earlier work and finish before its later work. Every element
- * is checked. Also: a group of calls on one stream, chains of queued calls read back once,
- * ncclCommInitAll with every rank on device 0 (one thread, one stream each, in a group),
- * ncclCommCuDevice, ncclMemAlloc's device memory, and a stream of another context refused.
+ * declarations it needs are below): ranks, processes forked from this program or threads of
+ * it, each with its own context (or the primary one) and stream, run every collective x
+ * datatype x operator (PreMulSum with a host-immediate and a device-resident scalar) on device
+ * buffers, in place and out of place; inputs are filled with cuMemcpyHtoD_v2 (on the rank's
+ * stream where ranks share a context: see put), outputs poisoned on the stream right before
+ * the call, and read back with cuMemcpyDtoHAsync_v2 on the same stream and cuStreamSynchronize,
+ * nothing else: the call must start after the stream's earlier work and finish before its
+ * later work. Every element is checked. Also: a group of calls on one stream, chains of queued
+ * calls read back once, ncclCommInitAll with every rank on device 0 (one thread, one stream
+ * each, in a group), ncclCommCuDevice, ncclMemAlloc's device memory, and a stream of another
+ * context refused.
  *
  * usage: device NRANKS [primary|created] [own|legacy] [full|small] [all|no-device-scalar|device-scalar]
+ *               [processes|threads]
  *   primary: the device's primary context made current; created: a cuCtxCreate_v2 context
  *   own: a cuStreamCreate stream; legacy: the NULL (legacy default) stream
  *   full: all 12 types; small: four of them (int8, int32, float32, fp8 e5m2)
  *   all: every operator; no-device-scalar: without PreMulSum's ncclScalarDevice; device-scalar:
  *   the reductions with that operator only (and nothing else)
- * Prints "device: N ranks ...: C calls, E elements checked, W wrong" (totals over the ranks)
- * and the same for ncclCommInitAll; exits 1 unless every rank succeeded with nothing wrong.
+ *   processes: each rank a process forked before cuInit; threads: each rank a thread of this
+ *   process, after one cuInit here, making its context current itself, its communicator from
+ *   ncclCommInitRank with a unique id made here (threads on the primary context cannot use its
+ *   one legacy stream: every rank's calls would queue behind the others', a deadlock)
+ * Prints "device: N ranks as processes|threads, ...: C calls, E elements checked, W wrong"
+ * (totals over the ranks) and the same for ncclCommInitAll; exits 1 unless every rank
+ * succeeded with nothing wrong; a failing rank's messages start with "rank R: ".
  * DEVICE_TEST_TIMEOUT (seconds, default 120) bounds each process; DEVICE_TEST_VERBOSE=1 prints
- * each call. */
+ * each call.
+ *
+ * Ranks sharing a context (threads on the primary one) must not synchronise the whole context
+ * while another rank's collective may wait for them: cuMemFree_v2 and cuCtxSynchronize wait for
+ * every stream of the context, and a synchronous copy goes through the legacy stream, which
+ * waits for the context's blocking streams. So every rank allocates all its memory before
+ * ncclCommInitRank (which no rank leaves before all joined it), frees it after
+ * ncclCommFinalize, and synchronises only its own stream. */
+static const char* who(void);
+#define TEST_WHO who()
 #include "ranks.h"
 
 #include <signal.h>
@@ -41,7 +58,6 @@ CUresult cuCtxDestroy_v2(CUcontext ctx);
 CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize);
 CUresult cuMemFree_v2(CUdeviceptr dptr);
 CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount);
-CUresult cuMemcpyDtoH_v2(void* dstHost, CUdeviceptr srcDevice, size_t ByteCount);
 CUresult cuMemcpyDtoHAsync_v2(void* dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream);
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount, CUstream hStream);
 CUresult cuStreamCreate(CUstream* phStream, unsigned int Flags);
@@ -62,27 +78,38 @@ CUresult cuGetErrorName(CUresult error, const char** pStr);
 /* nccl.h's cudaStream_t is the driver's CUstream (both `struct CUstream_st*`). */
 #define ST(s) ((cudaStream_t)(s))
 
-/* ---- What this run does (set in main, before the fork). ---- */
+/* ---- What this run does (set in main, before the ranks start). ---- */
 static int use_created_ctx; /* a cuCtxCreate_v2 context, else the primary one */
 static int use_legacy;      /* the NULL stream, else a cuStreamCreate one */
+static int use_threads;     /* ranks are threads of this process, else forked processes */
+static int shared_ctx;      /* the ranks share one context: threads on the primary context */
 static int small_matrix;
 static int ops_from, ops_to; /* the operators of the matrix: [from, to) of OP_NAME */
 static int only_reductions;
 static int verbose;
 static unsigned timeout_s = 120;
 
-/* Counts, one slot per rank (and one for ncclCommInitAll's process), in memory shared across
- * the fork. */
+/* Counts, one slot per rank (and one for ncclCommInitAll's), in memory shared across the fork;
+ * `me` is the calling rank's (per thread). */
 struct tally {
   long calls, checked, wrong, printed;
 };
 static struct tally* tallies;
-static struct tally* me;
-static int my_rank;
+static _Thread_local struct tally* me;
+static _Thread_local int my_rank = -1; /* -1: not a rank (main, ncclCommInitAll) */
+
+/* What every error message starts with: the failing rank. */
+static const char* who(void) {
+  static _Thread_local char name[24];
+  if (my_rank < 0) return "";
+  snprintf(name, sizeof name, "rank %d: ", my_rank);
+  return name;
+}
 
 #define COUNT 1027           /* elements per call of the matrix: odd, not a multiple of anything */
 #define LARGE 262147         /* float32 elements of the large calls (several slices per chunk) */
 #define POISON 0xA5          /* what outputs hold before the call writes them */
+#define GROUP_BUFFERS 5      /* calls of group() with buffers of their own */
 
 /* ---- One rank's setup. ---- */
 struct rank_env {
@@ -95,6 +122,8 @@ struct rank_env {
   size_t cap;        /* bytes of send, recv and the host buffers */
   char *host, *got, *poison;
   double* want;      /* expected values: cap of them (elements are a byte at least) */
+  CUdeviceptr group_in[GROUP_BUFFERS], group_out[GROUP_BUFFERS]; /* group's, a pair per call */
+  void *nccl_a, *nccl_b; /* ncclMemAlloc's, for mem_alloc */
 };
 
 /* The host buffers hold e->cap bytes: every use is checked. */
@@ -102,9 +131,19 @@ static void fits(struct rank_env* e, size_t bytes) {
   if (bytes > e->cap) FAIL("test bug: %zu bytes do not fit the %zu-byte host buffers", bytes, e->cap);
 }
 
+/* Copies `bytes` from src (pageable host memory) to dst, before the rank's next call: with the
+ * synchronous cuMemcpyHtoD_v2, on the legacy stream, which the rank's stream (blocking or the
+ * legacy one itself) waits for. Ranks sharing a context copy on their own stream instead: the
+ * legacy stream waits for every blocking stream of the context, other ranks' calls that wait
+ * for this rank among them. Either way the source is read at once (pageable memory is staged). */
+static void copy_in(struct rank_env* e, CUdeviceptr dst, const void* src, size_t bytes) {
+  if (shared_ctx) CU(cuMemcpyHtoDAsync_v2(dst, src, bytes, e->s));
+  else CU(cuMemcpyHtoD_v2(dst, src, bytes));
+}
+
 static void put(struct rank_env* e, CUdeviceptr dst, size_t bytes) {
   fits(e, bytes);
-  CU(cuMemcpyHtoD_v2(dst, e->host, bytes));
+  copy_in(e, dst, e->host, bytes);
 }
 
 /* Fills `bytes` at dst with POISON, on the stream (queued before the call that must write it). */
@@ -123,7 +162,7 @@ static void fetch(struct rank_env* e, CUdeviceptr src, size_t bytes) {
 
 static void call_done(const char* what) {
   me->calls++;
-  if (verbose) fprintf(stderr, "rank %d call %ld: %s\n", my_rank, me->calls, what);
+  if (verbose) fprintf(stderr, "%scall %ld: %s\n", who(), me->calls, what);
 }
 
 /* Compares count elements of type t at got with want; counts and reports what is wrong. */
@@ -133,8 +172,8 @@ static void expect(const char* what, ncclDataType_t t, const void* got, const do
     double g = load(t, got, i);
     if (g != want[i]) {
       if (wrong < 3 && me->printed < 40) {
-        fprintf(stderr, "WRONG %s (type %d): element %zu of %zu is %g, expected %g\n", what, (int)t, i, count, g,
-                want[i]);
+        fprintf(stderr, "%sWRONG %s (type %d): element %zu of %zu is %g, expected %g\n", who(), what, (int)t, i,
+                count, g, want[i]);
         me->printed++;
       }
       wrong++;
@@ -394,7 +433,7 @@ static void matrix(struct rank_env* e) {
     CHECK(ncclRedOpCreatePreMulSum(&ops.op[PMS_HOST], v, t, ncclScalarHostImmediate, e->comm));
     memset(v, 0x7f, sizeof v); /* copied at creation: no effect */
     store(t, v, 0, device_scalar(t, e->rank, 0));
-    CU(cuMemcpyHtoD_v2(e->scalar, v, type_size(t)));
+    copy_in(e, e->scalar, v, type_size(t));
     CHECK(ncclRedOpCreatePreMulSum(&ops.op[PMS_DEVICE], (void*)e->scalar, t, ncclScalarDevice, e->comm));
     for (int o = ops_from; o < ops_to; o++) {
       for (int inplace = 0; inplace < 2; inplace++) {
@@ -457,10 +496,9 @@ static void group(struct rank_env* e) {
   size_t count = COUNT, n = (size_t)e->n, es = 4;
   ncclDataType_t t = ncclFloat32;
   enum { AR, AG, BC, RS, P2P, NB };
-  CUdeviceptr in[NB], out[NB];
+  _Static_assert(NB == GROUP_BUFFERS, "a pair of buffers per call");
+  const CUdeviceptr *in = e->group_in, *out = e->group_out; /* count * n * es bytes each */
   for (int b = 0; b < NB; b++) {
-    CU(cuMemAlloc_v2(&in[b], count * n * es));
-    CU(cuMemAlloc_v2(&out[b], count * n * es));
     for (size_t i = 0; i < count * n; i++) store(t, e->host, i, b == AR || b == RS ? input(t, SUM, e->rank, e->n, i)
                                                                                   : moved(e->rank, i));
     put(e, in[b], count * n * es);
@@ -492,20 +530,14 @@ static void group(struct rank_env* e) {
                                   "grouped reduce-scatter", "grouped send/recv"};
     expect(names[b], t, e->got, e->want, m);
   }
-  for (int b = 0; b < NB; b++) {
-    CU(cuMemFree_v2(in[b]));
-    CU(cuMemFree_v2(out[b]));
-  }
 }
 
-/* ncclMemAlloc hands out device memory: not host memory (a child that reads it dies), a copy
- * target of the driver, a collective's buffer; ncclMemFree frees it, once. */
+/* ncclMemAlloc hands out device memory (allocated with the rank's buffers, freed with them by
+ * free_buffers, once): not host memory (a child that reads it dies), a copy target of the
+ * driver, a collective's buffer. */
 static void mem_alloc(struct rank_env* e) {
   size_t n = (size_t)e->n, es = 4, count = e->cap / es / n;
-  void *a = NULL, *b = NULL;
-  CHECK(ncclMemAlloc(&a, count * es));
-  CHECK(ncclMemAlloc(&b, count * n * es));
-  if (a == NULL || b == NULL) FAIL("ncclMemAlloc gave NULL");
+  void *a = e->nccl_a, *b = e->nccl_b; /* count * es and count * n * es bytes */
   pid_t child = fork();
   if (child == 0) {
     /* After cuInit the child must not use the driver; it only reads (no core dump). */
@@ -520,7 +552,7 @@ static void mem_alloc(struct rank_env* e) {
   if (!WIFSIGNALED(status) || (WTERMSIG(status) != SIGSEGV && WTERMSIG(status) != SIGBUS))
     FAIL("ncclMemAlloc's memory %p is readable by the host (status %d): not device memory", a, status);
   for (size_t i = 0; i < count; i++) store(ncclFloat32, e->host, i, input(ncclFloat32, SUM, e->rank, e->n, i));
-  CU(cuMemcpyHtoD_v2((CUdeviceptr)a, e->host, count * es));
+  put(e, (CUdeviceptr)a, count * es);
   fetch(e, (CUdeviceptr)a, count * es);
   for (size_t i = 0; i < count; i++) e->want[i] = input(ncclFloat32, SUM, e->rank, e->n, i);
   expect("ncclMemAlloc memory copied in and out", ncclFloat32, e->got, e->want, count);
@@ -531,9 +563,6 @@ static void mem_alloc(struct rank_env* e) {
   for (size_t i = 0; i < count * n; i++) e->want[i] = reduced(ncclFloat32, SUM, e->n, i % count, 0);
   fetch(e, (CUdeviceptr)b, count * n * es);
   expect("all-reduce then all-gather in ncclMemAlloc memory", ncclFloat32, e->got, e->want, count * n);
-  CHECK(ncclMemFree(a));
-  CHECK(ncclMemFree(b));
-  EXPECT(ncclInvalidArgument, ncclMemFree(a));
 }
 
 /* A stream of another context is refused, says why, and breaks nothing. */
@@ -561,17 +590,16 @@ static void other_context(struct rank_env* e) {
   /* In a group, the refused call fails the group whole: the good call before it does not run
    * either (its output keeps what was there). */
   fits(e, 16 * sizeof(float));
-  memset(e->host, 0x5a, 16 * sizeof(float));
+  memset(e->host, 0x3c, 16 * sizeof(float)); /* not fetch's 0x5a */
   put(e, e->recv, 16 * sizeof(float));
   CHECK(ncclGroupStart());
   CHECK(ncclAllReduce((const void*)e->send, (void*)e->recv, 16, ncclFloat32, ncclSum, e->comm, ST(e->s)));
   CHECK(ncclAllReduce((const void*)e->send, (void*)e->send, 16, ncclFloat32, ncclSum, e->comm, ST(os)));
   r = ncclGroupEnd();
   if (r != ncclInvalidArgument) FAIL("a group with a stream of another context: %d, expected ncclInvalidArgument", (int)r);
-  CU(cuStreamSynchronize(e->s));
-  CU(cuMemcpyDtoH_v2(e->got, e->recv, 16 * sizeof(float)));
+  fetch(e, e->recv, 16 * sizeof(float));
   for (int i = 0; i < (int)(16 * sizeof(float)); i++)
-    if ((unsigned char)e->got[i] != 0x5a) FAIL("a group refused at its end still ran a call (byte %d)", i);
+    if ((unsigned char)e->got[i] != 0x3c) FAIL("a group refused at its end still ran a call (byte %d)", i);
   CU(cuCtxSetCurrent(other));
   CU(cuStreamDestroy_v2(os));
   CU(cuCtxSetCurrent(e->ctx));
@@ -581,13 +609,55 @@ static void other_context(struct rank_env* e) {
   all_reduce(e, ncclFloat32, SUM, &ops, COUNT, 0);
 }
 
-static void body(int rank, int n, ncclUniqueId id) {
-  alarm(timeout_s);
+/* Every buffer of a rank, device and host, made before its first call (see the top). */
+static void alloc_buffers(struct rank_env* e) {
+  size_t n = (size_t)e->n;
+  e->cap = (size_t)LARGE * 4;
+  if ((size_t)COUNT * n * 8 > e->cap) e->cap = (size_t)COUNT * n * 8;
+  CU(cuMemAlloc_v2(&e->send, e->cap));
+  CU(cuMemAlloc_v2(&e->recv, e->cap));
+  CU(cuMemAlloc_v2(&e->scalar, 8));
+  for (int b = 0; b < GROUP_BUFFERS; b++) {
+    CU(cuMemAlloc_v2(&e->group_in[b], COUNT * n * 4));
+    CU(cuMemAlloc_v2(&e->group_out[b], COUNT * n * 4));
+  }
+  size_t count = e->cap / 4 / n; /* mem_alloc's float32 elements per rank */
+  CHECK(ncclMemAlloc(&e->nccl_a, count * 4));
+  CHECK(ncclMemAlloc(&e->nccl_b, count * n * 4));
+  if (e->nccl_a == NULL || e->nccl_b == NULL) FAIL("ncclMemAlloc gave NULL");
+  e->host = malloc(e->cap);
+  e->got = malloc(e->cap);
+  e->poison = malloc(e->cap);
+  e->want = malloc(e->cap * sizeof(double));
+  if (!e->host || !e->got || !e->poison || !e->want) FAIL("malloc");
+  memset(e->poison, POISON, e->cap);
+}
+
+/* ...and freed after its last (ncclMemFree once only). */
+static void free_buffers(struct rank_env* e) {
+  CU(cuMemFree_v2(e->send));
+  CU(cuMemFree_v2(e->recv));
+  CU(cuMemFree_v2(e->scalar));
+  for (int b = 0; b < GROUP_BUFFERS; b++) {
+    CU(cuMemFree_v2(e->group_in[b]));
+    CU(cuMemFree_v2(e->group_out[b]));
+  }
+  CHECK(ncclMemFree(e->nccl_a));
+  CHECK(ncclMemFree(e->nccl_b));
+  EXPECT(ncclInvalidArgument, ncclMemFree(e->nccl_a));
+  free(e->host);
+  free(e->got);
+  free(e->poison);
+  free(e->want);
+}
+
+/* One rank, a process or a thread, on a driver initialised in this process: its context made
+ * current on this thread, its stream, buffers and communicator, then every test. */
+static void rank_body(int rank, int n, ncclUniqueId id) {
   me = &tallies[rank];
   my_rank = rank;
   struct rank_env env = {.rank = rank, .n = n};
   struct rank_env* e = &env;
-  CU(cuInit(0));
   CU(cuDeviceGet(&e->dev, 0));
   if (use_created_ctx) {
     CU(cuCtxCreate_v2(&e->ctx, 0, e->dev));
@@ -597,60 +667,50 @@ static void body(int rank, int n, ncclUniqueId id) {
   CU(cuCtxSetCurrent(e->ctx));
   e->s = NULL;
   if (!use_legacy) CU(cuStreamCreate(&e->s, 0));
+  alloc_buffers(e);
 
   CHECK(ncclCommInitRank(&e->comm, n, id, rank));
   int dev = -1;
   CHECK(ncclCommCuDevice(e->comm, &dev)); /* before any call: the current context's device */
   if (dev != 0) FAIL("ncclCommCuDevice before any call: %d", dev);
 
-  e->cap = (size_t)LARGE * 4;
-  if ((size_t)COUNT * n * 8 > e->cap) e->cap = (size_t)COUNT * n * 8;
-  CU(cuMemAlloc_v2(&e->send, e->cap));
-  CU(cuMemAlloc_v2(&e->recv, e->cap));
-  CU(cuMemAlloc_v2(&e->scalar, 8));
-  e->host = malloc(e->cap);
-  e->got = malloc(e->cap);
-  e->poison = malloc(e->cap);
-  e->want = malloc(e->cap * sizeof(double));
-  if (!e->host || !e->got || !e->poison || !e->want) FAIL("malloc");
-  memset(e->poison, POISON, e->cap);
-
   matrix(e);
-  if (only_reductions) {
-    CHECK(ncclCommDestroy(e->comm));
-    return;
+  if (!only_reductions) {
+    CHECK(ncclCommCuDevice(e->comm, &dev));
+    if (dev != 0) FAIL("ncclCommCuDevice: %d", dev);
+    chain(e, ncclInt32);
+    chain(e, ncclFloat64);
+    group(e);
+    mem_alloc(e);
+    other_context(e);
   }
-  CHECK(ncclCommCuDevice(e->comm, &dev));
-  if (dev != 0) FAIL("ncclCommCuDevice: %d", dev);
-  chain(e, ncclInt32);
-  chain(e, ncclFloat64);
-  group(e);
-  mem_alloc(e);
-  other_context(e);
 
   ncclResult_t async = ncclSuccess;
   CHECK(ncclCommGetAsyncError(e->comm, &async));
   if (async != ncclSuccess) FAIL("asynchronous error %d", (int)async);
   CHECK(ncclCommFinalize(e->comm));
   CHECK(ncclCommDestroy(e->comm));
-  CU(cuMemFree_v2(e->send));
-  CU(cuMemFree_v2(e->recv));
-  CU(cuMemFree_v2(e->scalar));
+  free_buffers(e);
   if (e->s) CU(cuStreamDestroy_v2(e->s));
   if (use_created_ctx) CU(cuCtxDestroy_v2(e->ctx));
 }
 
-/* ncclCommInitAll with every rank on device 0, in this one process: one thread drives them all
- * in groups, each communicator on its own stream. */
-static void init_all(int n) {
+/* A forked rank: the driver starts after the fork. */
+static void process_rank(int rank, int n, ncclUniqueId id) {
   alarm(timeout_s);
+  CU(cuInit(0));
+  rank_body(rank, n, id);
+}
+
+/* ncclCommInitAll with every rank on device 0, in this one process (its driver initialised):
+ * one thread drives them all in groups, each communicator on its own stream. */
+static void init_all(int n) {
   me = &tallies[n];
   my_rank = -1;
   size_t count = COUNT, es = 4, nn = (size_t)n;
   ncclDataType_t t = ncclFloat32;
   CUdevice dev;
   CUcontext ctx;
-  CU(cuInit(0));
   CU(cuDeviceGet(&dev, 0));
   CU(cuDevicePrimaryCtxRetain(&ctx, dev));
   CU(cuCtxSetCurrent(ctx));
@@ -714,6 +774,29 @@ static void init_all(int n) {
   }
 }
 
+/* init_all in a process of its own, forked before cuInit, or with threads (the driver started
+ * here, so no child could use it) in this one. Returns whether it failed. */
+static int run_init_all(int n) {
+  if (use_threads) {
+    init_all(n); /* a failure exits */
+    return 0;
+  }
+  pid_t p = fork();
+  if (p < 0) FAIL("fork");
+  if (p == 0) {
+    alarm(timeout_s);
+    CU(cuInit(0));
+    init_all(n);
+    fflush(stdout);
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(p, &status, 0);
+  int failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+  if (failed) fprintf(stderr, "ncclCommInitAll's process failed (status %d)\n", status);
+  return failed;
+}
+
 static void summary(const char* what, struct tally* t, int nt, int failed) {
   struct tally sum = {0, 0, 0, 0};
   for (int i = 0; i < nt; i++) {
@@ -735,6 +818,10 @@ int main(int argc, char** argv) {
   ops_from = 0, ops_to = NUM_OPS;
   if (strcmp(ops, "no-device-scalar") == 0) ops_to = PMS_DEVICE;
   if (strcmp(ops, "device-scalar") == 0) ops_from = PMS_DEVICE, only_reductions = 1;
+  use_threads = argc > 6 && strcmp(argv[6], "threads") == 0;
+  shared_ctx = use_threads && !use_created_ctx;
+  if (shared_ctx && use_legacy)
+    FAIL("threads on the primary context share its legacy stream: each rank's calls would wait behind the others'");
   verbose = getenv("DEVICE_TEST_VERBOSE") != NULL && strcmp(getenv("DEVICE_TEST_VERBOSE"), "1") == 0;
   if (getenv("DEVICE_TEST_TIMEOUT")) timeout_s = (unsigned)atoi(getenv("DEVICE_TEST_TIMEOUT"));
   if (n < 1 || n > 63) FAIL("nranks %d", n);
@@ -743,27 +830,24 @@ int main(int argc, char** argv) {
   memset(tallies, 0, sizeof(struct tally) * 64);
   alarm(timeout_s + 10);
 
-  /* The parent never touches the driver: each process calls cuInit after the fork. */
-  int failed = run_ranks(n, body);
-  char what[160];
-  snprintf(what, sizeof what, "device: %d ranks, %s context, %s stream, %s matrix, %s operators", n,
-           use_created_ctx ? "created" : "primary", use_legacy ? "legacy" : "own", small_matrix ? "small" : "full",
-           ops);
+  int failed = 0;
+  if (use_threads) {
+    CU(cuInit(0)); /* once, for every rank */
+    run_rank_threads(n, rank_body); /* a failing rank exits */
+  } else {
+    /* The parent never touches the driver: each process calls cuInit after the fork. */
+    failed = run_ranks(n, process_rank);
+  }
+  char what[192];
+  snprintf(what, sizeof what, "device: %d ranks as %s, %s context, %s stream, %s matrix, %s operators", n,
+           use_threads ? "threads" : "processes", use_created_ctx ? "created" : "primary",
+           use_legacy ? "legacy" : "own", small_matrix ? "small" : "full", ops);
   summary(what, tallies, n, failed);
   int wrong = failed;
   for (int r = 0; r < n; r++) wrong += tallies[r].wrong != 0;
 
   if (only_reductions) return wrong == 0 ? 0 : 1;
-  pid_t p = fork();
-  if (p == 0) {
-    init_all(n);
-    fflush(stdout);
-    _exit(0);
-  }
-  int status = 0;
-  waitpid(p, &status, 0);
-  int init_failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
-  if (init_failed) fprintf(stderr, "ncclCommInitAll's process failed (status %d)\n", status);
+  int init_failed = run_init_all(n);
   snprintf(what, sizeof what, "device: ncclCommInitAll, %d ranks on device 0 in one process", n);
   summary(what, tallies + n, 1, init_failed);
   wrong += init_failed + (tallies[n].wrong != 0);

@@ -1,10 +1,15 @@
-/* Shared by the C ABI tests: start ranks as processes, pass the unique id through pipes,
- * check results, and convert test values to and from every NCCL datatype. Uses only
- * nccl.h's names, so these programs build against NVIDIA's header as well as topoccl's. */
+/* Shared by the C ABI tests: start ranks as processes (the unique id passed through pipes) or
+ * as threads of this process (passed in memory), check results, and convert test values to and
+ * from every NCCL datatype. Uses only nccl.h's names, so these programs build against NVIDIA's
+ * header as well as topoccl's.
+ *
+ * Every error message starts with TEST_WHO, a string expression a program may define before
+ * including this header (say, the failing thread's rank); by default nothing. */
 #ifndef TOPOCCL_TEST_RANKS_H
 #define TOPOCCL_TEST_RANKS_H
 
 #define _GNU_SOURCE
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,37 +19,42 @@
 
 #include "nccl.h"
 
-#define CHECK(call)                                                                     \
-  do {                                                                                  \
-    ncclResult_t r_ = (call);                                                           \
-    if (r_ != ncclSuccess) {                                                            \
-      fprintf(stderr, "%s:%d: %s -> %d (%s): %s\n", __FILE__, __LINE__, #call, (int)r_, \
-              ncclGetErrorString(r_), ncclGetLastError(NULL));                          \
-      exit(1);                                                                          \
-    }                                                                                   \
+#ifndef TEST_WHO
+#define TEST_WHO ""
+#endif
+
+#define CHECK(call)                                                                         \
+  do {                                                                                      \
+    ncclResult_t r_ = (call);                                                               \
+    if (r_ != ncclSuccess) {                                                                \
+      fprintf(stderr, "%s%s:%d: %s -> %d (%s): %s\n", TEST_WHO, __FILE__, __LINE__, #call,  \
+              (int)r_, ncclGetErrorString(r_), ncclGetLastError(NULL));                     \
+      exit(1);                                                                              \
+    }                                                                                       \
   } while (0)
 
 /* The call must fail with `want`, and say why. */
-#define EXPECT(want, call)                                                               \
-  do {                                                                                   \
-    ncclResult_t r_ = (call);                                                            \
-    if (r_ != (want)) {                                                                  \
-      fprintf(stderr, "%s:%d: %s -> %d, expected %d\n", __FILE__, __LINE__, #call, (int)r_, \
-              (int)(want));                                                              \
-      exit(1);                                                                           \
-    }                                                                                    \
-    if (strlen(ncclGetLastError(NULL)) == 0) {                                           \
-      fprintf(stderr, "%s:%d: %s failed without a message\n", __FILE__, __LINE__, #call); \
-      exit(1);                                                                           \
-    }                                                                                    \
+#define EXPECT(want, call)                                                                  \
+  do {                                                                                      \
+    ncclResult_t r_ = (call);                                                               \
+    if (r_ != (want)) {                                                                     \
+      fprintf(stderr, "%s%s:%d: %s -> %d, expected %d\n", TEST_WHO, __FILE__, __LINE__,     \
+              #call, (int)r_, (int)(want));                                                 \
+      exit(1);                                                                              \
+    }                                                                                       \
+    if (strlen(ncclGetLastError(NULL)) == 0) {                                              \
+      fprintf(stderr, "%s%s:%d: %s failed without a message\n", TEST_WHO, __FILE__,         \
+              __LINE__, #call);                                                             \
+      exit(1);                                                                              \
+    }                                                                                       \
   } while (0)
 
-#define FAIL(...)                                           \
-  do {                                                      \
-    fprintf(stderr, "%s:%d: ", __FILE__, __LINE__);         \
-    fprintf(stderr, __VA_ARGS__);                           \
-    fprintf(stderr, "\n");                                  \
-    exit(1);                                                \
+#define FAIL(...)                                                                           \
+  do {                                                                                      \
+    fprintf(stderr, "%s%s:%d: ", TEST_WHO, __FILE__, __LINE__);                             \
+    fprintf(stderr, __VA_ARGS__);                                                           \
+    fprintf(stderr, "\n");                                                                  \
+    exit(1);                                                                                \
   } while (0)
 
 /* Forks `nranks` processes running body(rank, nranks, id); rank 0 makes the unique id and
@@ -81,6 +91,36 @@ static inline int run_ranks(int nranks, void (*body)(int, int, ncclUniqueId)) {
     }
   }
   return failed;
+}
+
+/* Starts `nranks` threads of this process running body(rank, nranks, id), with one unique id
+ * made here and handed over in memory, and waits for them all. A failing rank exits the
+ * process (FAIL, CHECK): when this returns, every rank succeeded. */
+struct rank_thread {
+  int rank, nranks;
+  ncclUniqueId id;
+  void (*body)(int, int, ncclUniqueId);
+};
+
+static inline void* rank_thread_main(void* arg) {
+  struct rank_thread* t = (struct rank_thread*)arg;
+  t->body(t->rank, t->nranks, t->id);
+  fflush(stdout);
+  return NULL;
+}
+
+static inline void run_rank_threads(int nranks, void (*body)(int, int, ncclUniqueId)) {
+  struct rank_thread args[64];
+  pthread_t threads[64];
+  ncclUniqueId id;
+  if (nranks < 1 || nranks > 64) FAIL("%d ranks", nranks);
+  CHECK(ncclGetUniqueId(&id));
+  for (int r = 0; r < nranks; r++) {
+    args[r] = (struct rank_thread){.rank = r, .nranks = nranks, .id = id, .body = body};
+    if (pthread_create(&threads[r], NULL, rank_thread_main, &args[r]) != 0) FAIL("pthread_create (rank %d)", r);
+  }
+  for (int r = 0; r < nranks; r++)
+    if (pthread_join(threads[r], NULL) != 0) FAIL("pthread_join (rank %d)", r);
 }
 
 static const ncclDataType_t ALL_TYPES[] = {ncclInt8,    ncclUint8,    ncclInt32,       ncclUint32,
