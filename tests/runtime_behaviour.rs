@@ -200,7 +200,8 @@ fn a_rank_that_never_calls_times_out_naming_it() {
     });
     let (e, took, again) = got.into_iter().next().flatten().unwrap();
     assert!(matches!(e.seen(), Error::Timeout { .. }), "{e}");
-    assert!(e.to_string().contains("rank 1"), "{e}");
+    // The ranks share a process (and its watch service): rank 1 itself answers, idle.
+    assert!(e.to_string().contains("rank 1 has not started call #0"), "{e}");
     assert!(took < Duration::from_millis(2000), "{took:?}");
     assert!(matches!(again, Error::Broken(_)), "{again}");
 }

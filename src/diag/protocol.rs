@@ -1,7 +1,8 @@
 //! The watch service's wire format, and the asking side.
 //!
 //! A question is one fixed-size request: magic, the job's secret, the communicator's id, the
-//! asking rank, the kind, and the length of a body that follows (a verdict, in JSON). The
+//! asking rank, the kind, the length of a body that follows (a verdict, in JSON), and the rank
+//! asked (several ranks of one communicator may live in one process, behind one service). The
 //! answer is a code byte, then for a status query a length and the status in JSON. Every
 //! length read is bounded before anything is allocated for it.
 
@@ -12,7 +13,7 @@ use std::time::{Duration, Instant};
 use super::{Identity, Status, Verdict};
 
 pub(crate) const MAGIC: &[u8; 4] = b"TCWQ";
-pub(crate) const REQUEST_BYTES: usize = 4 + 16 + 16 + 4 + 1 + 4;
+pub(crate) const REQUEST_BYTES: usize = 4 + 16 + 16 + 4 + 1 + 4 + 4;
 /// The longest status or verdict accepted (a status lists at most a few waits).
 pub(crate) const MAX_BODY_BYTES: usize = 64 << 10;
 
@@ -39,6 +40,8 @@ pub(crate) struct Request {
     pub from: u32,
     pub kind: Kind,
     pub body: usize,
+    /// The rank asked.
+    pub to: u32,
 }
 
 impl Request {
@@ -50,6 +53,7 @@ impl Request {
         b[36..40].copy_from_slice(&self.from.to_le_bytes());
         b[40] = self.kind as u8;
         b[41..45].copy_from_slice(&(self.body as u32).to_le_bytes());
+        b[45..49].copy_from_slice(&self.to.to_le_bytes());
         b
     }
 
@@ -72,7 +76,7 @@ impl Request {
         secret.copy_from_slice(&b[4..20]);
         let mut comm_id = [0u8; 16];
         comm_id.copy_from_slice(&b[20..36]);
-        Ok(Request { secret, comm_id, from: word(36), kind, body })
+        Ok(Request { secret, comm_id, from: word(36), kind, body, to: word(45) })
     }
 }
 
@@ -150,7 +154,7 @@ pub(crate) fn ask(id: &Identity, peer: u32) -> Answer {
         return Answer::Unreachable(format!("no rank {peer}"));
     };
     let deadline = Instant::now() + id.answer_within;
-    let req = Request { secret: id.secret, comm_id: id.comm_id, from: id.rank, kind: Kind::Status, body: 0 };
+    let req = Request { secret: id.secret, comm_id: id.comm_id, from: id.rank, kind: Kind::Status, body: 0, to: peer };
     let read = || -> std::io::Result<Answer> {
         let (mut s, code) = exchange(addr, &req.encode(), &[], deadline)?;
         if code == UNKNOWN {
@@ -177,7 +181,14 @@ pub(crate) fn ask(id: &Identity, peer: u32) -> Answer {
 pub(crate) fn tell(id: &Identity, peer: u32, v: &Verdict) -> bool {
     let Some(&addr) = id.watch.get(peer as usize) else { return false };
     let Ok(body) = serde_json::to_vec(v) else { return false };
-    let req = Request { secret: id.secret, comm_id: id.comm_id, from: id.rank, kind: Kind::Verdict, body: body.len() };
+    let req = Request {
+        secret: id.secret,
+        comm_id: id.comm_id,
+        from: id.rank,
+        kind: Kind::Verdict,
+        body: body.len(),
+        to: peer,
+    };
     let deadline = Instant::now() + id.answer_within;
     matches!(exchange(addr, &req.encode(), &body, deadline), Ok((_, OK)))
 }
@@ -201,7 +212,7 @@ mod tests {
 
     #[test]
     fn requests_round_trip_and_bad_ones_are_refused() {
-        let r = Request { secret: [3; 16], comm_id: [4; 16], from: 7, kind: Kind::Verdict, body: 100 };
+        let r = Request { secret: [3; 16], comm_id: [4; 16], from: 7, kind: Kind::Verdict, body: 100, to: 2 };
         assert_eq!(Request::decode(&r.encode()), Ok(r));
         let mut b = r.encode();
         b[0] = b'X';

@@ -106,7 +106,10 @@ impl Service {
     }
 
     fn find(&self, r: &Request) -> Option<Arc<Board>> {
-        self.lock().iter().filter_map(Weak::upgrade).find(|b| b.id.comm_id == r.comm_id && b.id.secret == r.secret)
+        self.lock()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .find(|b| b.id.comm_id == r.comm_id && b.id.secret == r.secret && b.id.rank == r.to)
     }
 
     fn serve(&self, listener: TcpListener, wake: Option<OwnedFd>) {
@@ -154,7 +157,8 @@ impl Service {
         };
         let Some(board) = board else {
             let closed = self.closed.lock().unwrap_or_else(|p| p.into_inner());
-            let last = closed.iter().rev().find(|c| c.secret == r.secret && c.comm_id == r.comm_id);
+            let last =
+                closed.iter().rev().find(|c| c.secret == r.secret && c.comm_id == r.comm_id && c.status.rank == r.to);
             return match (r.kind, last) {
                 (Kind::Status, Some(c)) => s.write_all(&status_answer(&c.status)),
                 _ => s.write_all(&[protocol::UNKNOWN]),
