@@ -74,11 +74,6 @@ impl Binding {
         (word, self.flag.device_addr() + at as u64)
     }
 
-    /// Whether call `ticket` has been marked done.
-    pub fn completed(&self, ticket: u32) -> bool {
-        (self.word(ticket).0.load(Ordering::Acquire).wrapping_sub(ticket) as i32) >= 0
-    }
-
     /// Ties a call to the caller's `stream`: the call starts after the stream's work so far,
     /// and the stream's later work waits for the call's end. Must be called in call order.
     pub fn attach(self: &Arc<Binding>, stream: StreamRef) -> Result<StreamSync> {
