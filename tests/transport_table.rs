@@ -66,7 +66,7 @@ fn user_transports_come_first_and_declined_pairs_go_down_the_table() {
 #[test]
 fn a_pair_no_transport_connects_is_an_error_naming_it() {
     let table = TransportTable::new();
-    let (a, b) = (Locality { host: 1 }, Locality { host: 2 });
+    let (a, b) = (Locality::host(1), Locality::host(2));
     assert!(table.select(&a, &b).is_none());
     let setup = PeerSetup {
         streams: Vec::new(),

@@ -8,6 +8,8 @@ use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
+use topoccl_transports::ipc::DeviceId;
+
 use super::greet::{Greeter, HELLO_DEADLINE, MAX_UNGREETED};
 use crate::error::{Error, Result};
 
@@ -30,13 +32,18 @@ impl std::fmt::Debug for UniqueId {
     }
 }
 
-/// A rank's entry in the rendezvous table.
+/// A rank's entry in the rendezvous table (NCCL's peer info): where it listens, and what the
+/// transports judge a pair by — its host, process and GPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct PeerInfo {
     pub addr: SocketAddr,
     pub host: u64,
     /// The port of the process's watch service ([`crate::diag`]), on `addr`'s address.
     pub watch_port: u16,
+    pub pid: u32,
+    /// The GPU the rank drives, known at init (`Config::cuda_device`, or the context current
+    /// on the thread that joined).
+    pub device: Option<DeviceId>,
 }
 
 impl PeerInfo {
@@ -86,7 +93,11 @@ fn u64_at(b: &[u8], i: usize) -> u64 {
 pub(crate) const MAX_RANKS: u32 = 1 << 20;
 
 const ADDR_BYTES: usize = 18;
-const ENTRY_BYTES: usize = ADDR_BYTES + 8 + 2;
+/// The layout of an entry, its first byte: ranks of another layout are refused by name.
+const ENTRY_VERSION: u8 = 2;
+/// Version, address, host, watch port, pid, whether a device follows, its UUID, PCI bus id and
+/// ordinal.
+const ENTRY_BYTES: usize = 1 + ADDR_BYTES + 8 + 2 + 4 + 1 + 16 + 8 + 4;
 pub(crate) const HELLO_BYTES: usize = 4 + 16 + 4 + 4 + ENTRY_BYTES;
 
 impl UniqueId {
@@ -185,6 +196,12 @@ fn serve_rendezvous(listener: TcpListener, secret: [u8; 16], timeout: Duration) 
         entries.resize_with(expected as usize, || None);
         let mut entry = [0u8; ENTRY_BYTES];
         entry.copy_from_slice(&hello[28..28 + ENTRY_BYTES]);
+        if entry[0] != ENTRY_VERSION {
+            problem = Some(format!(
+                "rank {rank} sent a v{} bootstrap record, this rendezvous speaks v{ENTRY_VERSION} (mixed topoccl versions?)",
+                entry[0]
+            ));
+        }
         if let Some(slot) = entries.get_mut(rank as usize) {
             if slot.is_some() {
                 problem = Some(format!("two processes claim rank {rank}"));
@@ -282,17 +299,30 @@ pub(crate) fn rendezvous(
 }
 
 pub(crate) fn encode_peer(p: &PeerInfo, out: &mut Vec<u8>) {
+    out.push(ENTRY_VERSION);
     encode_addr(p.addr, out);
     out.extend_from_slice(&p.host.to_le_bytes());
     out.extend_from_slice(&p.watch_port.to_le_bytes());
+    out.extend_from_slice(&p.pid.to_le_bytes());
+    let d = p.device.unwrap_or(DeviceId { uuid: [0; 16], pci_bus: 0, ordinal: 0 });
+    out.push(u8::from(p.device.is_some()));
+    out.extend_from_slice(&d.uuid);
+    out.extend_from_slice(&d.pci_bus.to_le_bytes());
+    out.extend_from_slice(&d.ordinal.to_le_bytes());
 }
 
-/// The entry in `b` (at least [`PEER_BYTES`] long).
+/// The entry in `b` (at least [`PEER_BYTES`] long; its version checked by the rendezvous).
 pub(crate) fn decode_peer(b: &[u8]) -> PeerInfo {
+    let at = 1 + ADDR_BYTES;
+    let dev = at + 8 + 2 + 4;
+    let mut uuid = [0u8; 16];
+    uuid.copy_from_slice(&b[dev + 1..dev + 17]);
     PeerInfo {
-        addr: decode_addr(&b[..ADDR_BYTES]),
-        host: u64_at(b, ADDR_BYTES),
-        watch_port: u16::from_le_bytes([b[ADDR_BYTES + 8], b[ADDR_BYTES + 9]]),
+        addr: decode_addr(&b[1..at]),
+        host: u64_at(b, at),
+        watch_port: u16::from_le_bytes([b[at + 8], b[at + 9]]),
+        pid: u32_at(b, at + 10),
+        device: (b[dev] == 1).then(|| DeviceId { uuid, pci_bus: u64_at(b, dev + 17), ordinal: u32_at(b, dev + 25) }),
     }
 }
 
@@ -329,6 +359,8 @@ mod tests {
                             addr: SocketAddr::new("127.0.0.1".parse().unwrap(), 1000 + r as u16),
                             host: 9,
                             watch_port: 7,
+                            pid: r,
+                            device: None,
                         };
                         rendezvous(&id, r, 3, me, deadline).unwrap()
                     })
@@ -340,7 +372,7 @@ mod tests {
             assert_eq!(t.iter().map(|p| p.addr.port()).collect::<Vec<_>>(), [1000, 1001, 1002]);
         }
         let wrong = UniqueId::remote(id.root, [4; 16]);
-        let me = PeerInfo { addr: "127.0.0.1:1".parse().unwrap(), host: 0, watch_port: 0 };
+        let me = PeerInfo { addr: "127.0.0.1:1".parse().unwrap(), host: 0, watch_port: 0, pid: 0, device: None };
         assert!(rendezvous(&wrong, 0, 1, me, Instant::now() + Duration::from_millis(300)).is_err());
     }
 
@@ -361,6 +393,8 @@ mod tests {
                         addr: SocketAddr::new("127.0.0.1".parse().unwrap(), 2000 + r as u16),
                         host: 1,
                         watch_port: 3,
+                        pid: 0,
+                        device: None,
                     };
                     assert_eq!(rendezvous(&id, r, 2, me, deadline).unwrap().len(), 2);
                 });
@@ -373,7 +407,7 @@ mod tests {
     #[test]
     fn an_absurd_rank_count_is_refused_before_the_table_is_sized() {
         let id = UniqueId::serve("127.0.0.1:0".parse().unwrap(), [6; 16], Duration::from_secs(20)).unwrap();
-        let me = PeerInfo { addr: "127.0.0.1:1".parse().unwrap(), host: 0, watch_port: 0 };
+        let me = PeerInfo { addr: "127.0.0.1:1".parse().unwrap(), host: 0, watch_port: 0, pid: 0, device: None };
         let e = rendezvous(&id, 0, u32::MAX, me, Instant::now() + Duration::from_secs(10)).unwrap_err();
         assert!(e.to_string().contains("4294967295 ranks"), "{e}");
     }

@@ -3,7 +3,7 @@
 //! | variable | meaning | default |
 //! |---|---|---|
 //! | `TOPOCCL_TIMEOUT` | seconds a call may go without any progress before it fails | 300 |
-//! | `TOPOCCL_TRANSPORT` | `auto` (shared memory within a host, TCP across), `tcp`, `shm` | auto |
+//! | `TOPOCCL_TRANSPORT` | `auto` (CUDA IPC between GPUs of one host that reach each other, shared memory within a host, TCP across), `tcp`, `shm` | auto |
 //! | `TOPOCCL_ALGO` | force an algorithm (`ring`, `tree`, `rhd`, `rd`, `hier`, `pairwise`, `blink`, `tacos`) | the tuner's choice |
 //! | `TOPOCCL_TOPOLOGY` | the machine the ranks run on (a library name, family or file; see `topoccl_synth::topology::resolve`), rank i on its rank i | all-to-all links (`host:N` on one host, `full:N` across hosts) |
 //! | `TOPOCCL_TUNER_MESSAGE_US` | time a rank's executor spends on each message, as the tuner's simulator prices it, µs | 4 |
@@ -12,6 +12,7 @@
 //! | `TOPOCCL_SLICE_BYTES` | pipelining slice | 512 KiB |
 //! | `TOPOCCL_MAX_BACKLOG` | bytes queued to a peer before sends wait (at least one slice) | 4 MiB |
 //! | `TOPOCCL_SHM_BYTES` | shared-memory ring per direction | 4 MiB |
+//! | `TOPOCCL_IPC_BYTES` | CUDA IPC receive window per peer and direction (device memory; at least one slice) | 8 MiB |
 //! | `TOPOCCL_SHM_DIRECT` | `1`: shared memory puts large payloads straight into offered receive buffers where the processes may write each other's memory; `0`: always through the ring (faster on all-reduce here, see the README) | 0 |
 //! | `TOPOCCL_SOCKET_IFNAME` / `NCCL_SOCKET_IFNAME` | interfaces to use (prefixes; `^` excludes, `=` exact) | first non-loopback |
 
@@ -65,6 +66,8 @@ pub struct Config {
     pub sockets: usize,
     pub slice_bytes: usize,
     pub shm_ring_bytes: usize,
+    /// CUDA IPC receive window per peer and direction, device memory (at least one slice).
+    pub ipc_window_bytes: usize,
     /// Shared memory puts large payloads straight into offered receive buffers (one-sided)
     /// where the processes may write each other's memory.
     pub shm_direct: bool,
@@ -90,6 +93,7 @@ impl Default for Config {
             sockets: 2,
             slice_bytes: 512 << 10,
             shm_ring_bytes: topoccl_transports::shm::DEFAULT_RING_BYTES,
+            ipc_window_bytes: topoccl_transports::ipc::DEFAULT_WINDOW_BYTES,
             shm_direct: false,
             max_backlog: 4 << 20,
             topology: None,
@@ -126,6 +130,9 @@ impl Config {
         }
         if let Some(b) = number("TOPOCCL_SHM_BYTES", 4096.0, topoccl_transports::shm::MAX_RING_BYTES as f64)? {
             c.shm_ring_bytes = b as usize;
+        }
+        if let Some(b) = number("TOPOCCL_IPC_BYTES", 4096.0, topoccl_transports::ipc::MAX_WINDOW_BYTES as f64)? {
+            c.ipc_window_bytes = (b as usize).next_multiple_of(256);
         }
         if let Some(d) = number("TOPOCCL_SHM_DIRECT", 0.0, 1.0)? {
             c.shm_direct = d == 1.0;

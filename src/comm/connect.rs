@@ -15,6 +15,7 @@ use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use topoccl_transports::ipc::IpcTransport;
 use topoccl_transports::shm::ShmTransport;
 use topoccl_transports::tcp::TcpTransport;
 use topoccl_transports::{Connection, Locality, PeerSetup, TransportTable};
@@ -35,11 +36,23 @@ pub(crate) struct Auth {
 }
 
 /// The table a communicator connects with: the user's transports first, then the built-in
-/// ones `TOPOCCL_TRANSPORT` allows.
-pub(crate) fn table(cfg: &Config) -> Result<TransportTable> {
-    let shm = Arc::new(ShmTransport { ring_bytes: cfg.shm_ring_bytes, direct: cfg.shm_direct });
+/// ones `TOPOCCL_TRANSPORT` allows — CUDA IPC first where this rank drives a GPU (`me`).
+pub(crate) fn table(cfg: &Config, me: &PeerInfo) -> Result<TransportTable> {
+    let shm = ShmTransport { ring_bytes: cfg.shm_ring_bytes, direct: cfg.shm_direct };
     let tcp = Arc::new(TcpTransport { sockets: cfg.sockets.max(1) });
-    let table = TransportTable::new();
+    let mut table = TransportTable::new();
+    if let (TransportPolicy::Auto, Some(device)) = (cfg.transport, me.device) {
+        // A device this process cannot open for IPC leaves the pair to shared memory.
+        if let Ok(access) = crate::cuda::ipc_access(device) {
+            let ipc = IpcTransport {
+                access,
+                window_bytes: cfg.ipc_window_bytes.max(cfg.slice_bytes.next_multiple_of(256)),
+                shm: ShmTransport { direct: false, ..shm },
+            };
+            table = table.try_with(Arc::new(ipc)).map_err(|e| Error::Internal(format!("a built-in transport: {e}")))?;
+        }
+    }
+    let shm = Arc::new(shm);
     let builtin = match cfg.transport {
         TransportPolicy::Auto => table.try_with(shm).and_then(|t| t.try_with(tcp)),
         TransportPolicy::Tcp => table.try_with(tcp),
@@ -50,7 +63,7 @@ pub(crate) fn table(cfg: &Config) -> Result<TransportTable> {
 }
 
 fn locality(p: &PeerInfo) -> Locality {
-    Locality { host: p.host }
+    Locality { host: p.host, pid: p.pid, device: p.device }
 }
 
 /// Connections to every other rank (`None` at `rank`).
@@ -63,7 +76,7 @@ pub(crate) fn connect_all(
     deadline: Instant,
 ) -> Result<Vec<Option<Box<dyn Connection>>>> {
     let me = peers[rank as usize];
-    let table = table(cfg)?;
+    let table = table(cfg, &me)?;
     let mut sockets_to = Vec::with_capacity(peers.len());
     for (p, info) in peers.iter().enumerate() {
         match table.select(&locality(&me), &locality(info)) {

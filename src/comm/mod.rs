@@ -204,7 +204,13 @@ impl Communicator {
         }
         let deadline = Instant::now() + config.timeout;
         let (listener, addr) = data_listener(advertised_ip(id.root_addr())?)?;
-        let me = PeerInfo { addr, host: netif::host_id(), watch_port: crate::diag::service::port()? };
+        let me = PeerInfo {
+            addr,
+            host: netif::host_id(),
+            watch_port: crate::diag::service::port()?,
+            pid: std::process::id(),
+            device: crate::cuda::device_at_init(config.cuda_device),
+        };
         let peers = bootstrap::rendezvous(id, rank, nranks, me, deadline)?;
         let auth = Auth { secret: id.secret(), comm_id: comm_id(&[&id.to_bytes()]) };
         Communicator::connect(rank, peers, listener, auth, config, deadline)
@@ -463,7 +469,8 @@ impl Communicator {
     }
 }
 
-const SPLIT_RECORD: usize = 40;
+/// Color, key, the rank's entry.
+const SPLIT_RECORD: usize = 8 + bootstrap::PEER_BYTES;
 
 impl Drop for Communicator {
     /// Without [`Communicator::destroy`]: calls still queued or running are aborted (nothing

@@ -211,3 +211,16 @@ impl LocalOps for CudaOps {
         match *self {}
     }
 }
+
+/// Without CUDA no rank drives a device.
+pub fn device_at_init(_requested: Option<u32>) -> Option<topoccl_transports::ipc::DeviceId> {
+    None
+}
+
+pub fn device_id(_ordinal: u32) -> Result<topoccl_transports::ipc::DeviceId> {
+    Err(off())
+}
+
+pub fn ipc_access(_id: topoccl_transports::ipc::DeviceId) -> Result<Arc<dyn topoccl_transports::ipc::DeviceAccess>> {
+    Err(off())
+}

@@ -48,6 +48,17 @@ const SYMBOLS: &[&str] = &[
     "cuModuleUnload",
     "cuModuleGetFunction",
     "cuLaunchKernel",
+    // The CUDA IPC transport.
+    "cuDeviceGetUuid_v2",
+    "cuDeviceCanAccessPeer",
+    "cuCtxEnablePeerAccess",
+    "cuIpcGetMemHandle",
+    "cuIpcOpenMemHandle_v2",
+    "cuIpcCloseMemHandle",
+    "cuMemHostRegister_v2",
+    "cuMemHostUnregister",
+    "cuMemcpyDtoDAsync_v2",
+    "cuStreamSynchronize",
 ];
 
 /// The driver, once found and initialised.

@@ -17,6 +17,8 @@ mod context;
 #[cfg(feature = "cuda")]
 mod driver;
 #[cfg(feature = "cuda")]
+mod ipc;
+#[cfg(feature = "cuda")]
 mod kernels;
 #[cfg(feature = "cuda")]
 mod memory;
@@ -31,6 +33,8 @@ pub use binding::{Binding, StreamSync};
 pub use context::{device_count, Context, Entered};
 #[cfg(feature = "cuda")]
 pub use driver::{driver, present, Driver};
+#[cfg(feature = "cuda")]
+pub use ipc::{device_at_init, device_id, ipc_access};
 #[cfg(feature = "cuda")]
 pub use kernels::{Kernel, KernelArgs};
 #[cfg(feature = "cuda")]

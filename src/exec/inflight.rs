@@ -43,11 +43,14 @@ struct Staged {
     fence: Fence,
 }
 
-/// The sends of one run that are not done yet.
+/// The sends of one run that are not done yet, and the received messages it still reads.
 #[derive(Debug, Default)]
 pub(crate) struct InFlight {
     posted: Vec<Posted>,
     staged: VecDeque<Staged>,
+    /// Messages lent by their connection ([`Connection::lends`]) and the local operation that
+    /// reads them last: each goes back once that is done, in the order received.
+    lent: VecDeque<(u32, Fence)>,
 }
 
 fn link(links: &mut Links, peer: u32) -> Result<&mut Box<dyn Connection>> {
@@ -62,9 +65,37 @@ impl InFlight {
         self.posted.is_empty() && self.staged.is_empty()
     }
 
-    /// Whether sends wait for local operations (the run must poll them, not sleep).
+    /// Whether sends, or lent messages, wait for local operations (the run must poll them, not
+    /// sleep).
     pub(crate) fn staging(&self) -> bool {
-        !self.staged.is_empty()
+        !self.staged.is_empty() || !self.lent.is_empty()
+    }
+
+    /// Whether every send is done with its memory (a connection may read it after its backlog
+    /// is gone: CUDA IPC's copies run on the device). Done sends are forgotten.
+    pub(crate) fn all_sent(&mut self, links: &Links) -> bool {
+        self.posted.retain(|f| !links.get(f.peer as usize).and_then(Option::as_ref).map_or(true, |l| l.sent(f.ticket)));
+        self.posted.is_empty() && self.staged.is_empty()
+    }
+
+    /// Records a message received from `peer`'s lending connection, read by the local
+    /// operations up to `fence`.
+    pub(crate) fn lend(&mut self, peer: u32, fence: Fence) {
+        self.lent.push_back((peer, fence));
+    }
+
+    /// Gives back the lent messages no operation reads any more, in order; whether any went.
+    pub(crate) fn release_read(&mut self, links: &mut Links, ops: &mut dyn LocalOps) -> Result<bool> {
+        let mut moved = false;
+        while let Some(&(peer, fence)) = self.lent.front() {
+            if !ops.done(fence)? {
+                break;
+            }
+            link(links, peer)?.release();
+            self.lent.pop_front();
+            moved = true;
+        }
+        Ok(moved)
     }
 
     /// Sends `data` to `peer` now if nothing is staged before it, else queues it behind the

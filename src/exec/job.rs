@@ -19,7 +19,7 @@ use topoccl_transports::{Connection, MemSpace, Meta, Region};
 
 use super::engine::{self, Resources};
 use super::memory::{MemId, Memory, Span, INPUT, OUTPUT, SCRATCH};
-use super::ops::{CpuOps, LocalOps, Workspace};
+use super::ops::{CpuOps, Fence, LocalOps, Workspace};
 use super::program::Program;
 use super::wire::CallHeader;
 use super::{DeviceSide, Executor, Settings, Space, SpaceRef};
@@ -90,7 +90,11 @@ impl Executor {
             Job::Collective(c) => c.checked.space,
             Job::Transfers(t) => t.space()?,
         };
-        if space == MemSpace::Host {
+        // Host calls wait on the host for the caller's stream. So do device calls over a
+        // connection that reads device memory itself (CUDA IPC): its copies run on its own
+        // stream, which the caller's stream does not order.
+        let reached_directly = space != MemSpace::Host && self.links.iter().flatten().any(|l| l.reaches(space));
+        if space == MemSpace::Host || reached_directly {
             if let Some(s) = sync {
                 self.started_on_host(s)?;
             }
@@ -216,18 +220,21 @@ impl Parts<'_> {
         let scratch = grow(ops, sp.scratch, plan.scratch_bytes)?.sub(0, plan.scratch_bytes);
         let mut mem = Memory::new();
         mem.writable(SCRATCH, scratch.unwrap_or(Region::EMPTY));
+        // The last operation writing what the run reads (a connection that reads device
+        // memory itself waits for it).
+        let mut written = Fence::DONE;
         if stage_in && !input.is_empty() {
             let w = grow(ops, sp.stage_in, in_blocks * stride)?;
             for b in 0..in_blocks {
                 let (to, from) = (sub(w, b * stride, block_bytes)?, sub(input, b * block_bytes, block_bytes)?);
                 // SAFETY: `from` lies in the caller's input (this fn's contract), `to` in a
                 // fresh workspace.
-                unsafe {
+                written = unsafe {
                     match &scalar {
                         Some(s) => ops.scale(call.dtype, to, from, s)?,
                         None => ops.copy(to, from)?,
-                    };
-                }
+                    }
+                };
             }
             mem.readable(INPUT, w);
         } else {
@@ -244,7 +251,7 @@ impl Parts<'_> {
         let metas = [job.header.encode()];
         let cfg =
             self.settings.run(self.rank, self.abort, call.dtype, call.reduction.op(), Some(job.header), self.board);
-        let res = Resources { mem: &mem, links: self.links, ops, forward: sp.forward, staging: sp.staging };
+        let res = Resources { mem: &mem, links: self.links, ops, written, forward: sp.forward, staging: sp.staging };
         // SAFETY: the caller's regions are valid and ours for the call (this fn's contract);
         // the rest are this executor's workspaces, alive until after the run (device ones until
         // the device is past it: `CudaOps` frees in stream order).
@@ -332,7 +339,14 @@ impl Parts<'_> {
             prog.add_copy(dst, src);
         }
         let cfg = self.settings.run(self.rank, self.abort, Dtype::Uint8, ReduceOp::Sum, None, self.board);
-        let res = Resources { mem: &mem, links: self.links, ops: sp.ops, forward: sp.forward, staging: sp.staging };
+        let res = Resources {
+            mem: &mem,
+            links: self.links,
+            ops: sp.ops,
+            written: Fence::DONE,
+            forward: sp.forward,
+            staging: sp.staging,
+        };
         // SAFETY: the transfers' regions are valid and ours for the call (this fn's contract).
         unsafe { engine::run(&prog, &metas, res, &cfg) }
     }

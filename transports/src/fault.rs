@@ -111,6 +111,14 @@ impl Connection for Faulty {
         self.inner.one_sided()
     }
 
+    fn lends(&self) -> bool {
+        self.inner.lends()
+    }
+
+    fn release(&mut self) {
+        self.inner.release()
+    }
+
     fn backlog_limit(&self) -> Option<usize> {
         self.inner.backlog_limit()
     }

@@ -29,13 +29,16 @@
 //! [`Transport`] turns the TCP streams the bootstrap opened to a peer into a [`Connection`] when
 //! it [can connect](Transport::can_connect) the two; the [`TransportTable`] asks the registered
 //! ones in order (NCCL's `canConnect` table) and may wrap every connection ([`fault`] injects
-//! faults that way). Later backends (CUDA IPC, RDMA verbs) plug in there.
+//! faults that way). [`ipc`] (CUDA IPC, device buffers GPU to GPU within a host) plugs in there
+//! ahead of shared memory; RDMA verbs will too. Tags with bits 29 or 31 set are the backends'
+//! own (the executor's stay below).
 //! [`TRANSPORT_API_VERSION`] is bumped on incompatible changes, as NCCL versions its net
 //! plugins.
 
 pub mod error;
 pub mod fault;
 mod framing;
+pub mod ipc;
 // The fuzz harnesses (fuzz/): compiled only by cargo-fuzz, never into the library.
 #[cfg(fuzzing)]
 #[doc(hidden)]
@@ -56,7 +59,7 @@ pub use memory::{MemSpace, Region};
 pub use table::{ConnectionWrapper, TransportTable};
 
 /// Version of the [`Transport`] and [`Connection`] interfaces.
-pub const TRANSPORT_API_VERSION: u32 = 3;
+pub const TRANSPORT_API_VERSION: u32 = 4;
 
 /// Bytes of per-message metadata carried for the user of the connection.
 pub const META_BYTES: usize = 24;
@@ -133,6 +136,15 @@ pub trait Connection: Send {
     unsafe fn offer(&mut self, _tag: u32, _dst: Region) -> Result<()> {
         Ok(())
     }
+    /// Whether a message [`Connection::recv_with`] hands over stays lent after the callback
+    /// returns, until [`Connection::release`]: device memory the receiver's asynchronous
+    /// operations still read (CUDA IPC). Then every message received must be released, in the
+    /// order received, once nothing reads it any more.
+    fn lends(&self) -> bool {
+        false
+    }
+    /// Gives back the oldest message still lent (see [`Connection::lends`]).
+    fn release(&mut self) {}
     /// Whether [`Connection::offer`] can do anything on this connection (the executor skips
     /// the call otherwise).
     fn one_sided(&self) -> bool {
@@ -156,12 +168,23 @@ pub trait Connection: Send {
     fn close(&mut self);
 }
 
-/// Where a rank runs, as backends judge whether they can reach it (NCCL's peer info: the host
-/// now; GPUs and NICs join it with their backends).
+/// Where a rank runs, as backends judge whether they can reach it (NCCL's peer info: the host,
+/// the process, the GPU it drives).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Locality {
     /// The host's identity (equal on ranks of one host, across containers sharing its kernel).
     pub host: u64,
+    /// The rank's process id (on its host).
+    pub pid: u32,
+    /// The GPU the rank drives, if it drives one.
+    pub device: Option<ipc::DeviceId>,
+}
+
+impl Locality {
+    /// A rank on `host` that drives no GPU (in an unnamed process).
+    pub fn host(host: u64) -> Locality {
+        Locality { host, pid: 0, device: None }
+    }
 }
 
 /// What the bootstrap hands a [`Transport`] to build a connection to one peer.

@@ -28,7 +28,7 @@ pub(crate) use check::check;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use topoccl_transports::{wait, Connection, Meta, Region, WaitFd};
+use topoccl_transports::{wait, Connection, MemSpace, Meta, Region, WaitFd};
 
 use super::inflight::InFlight;
 use super::memory::Memory;
@@ -106,6 +106,9 @@ struct Run<'r> {
     ops: &'r mut dyn LocalOps,
     cfg: &'r RunConfig<'r>,
     state: &'r mut [ChannelState],
+    /// The last local operation submitted (operations complete in order: once it is done,
+    /// everything the run has written so far is).
+    last: Fence,
     /// Slices a receive-reduce-send step reduces into before sending them on.
     forward: &'r mut Vec<Workspace>,
     /// Host slices payloads are staged into for connections that cannot reach their memory.
@@ -119,6 +122,8 @@ pub(crate) struct Resources<'r> {
     pub mem: &'r Memory,
     pub links: &'r mut Links,
     pub ops: &'r mut dyn LocalOps,
+    /// The last operation submitted before the run that wrote what it reads.
+    pub written: Fence,
     pub forward: &'r mut Vec<Workspace>,
     pub staging: &'r mut Vec<Workspace>,
 }
@@ -153,8 +158,20 @@ pub(crate) unsafe fn run(prog: &Program, metas: &[Meta], res: Resources<'_>, cfg
             &mut heap
         }
     };
-    let Resources { mem, links, ops, forward, staging } = res;
-    let mut run = Run { prog, metas, mem, links, ops, cfg, state, forward, staging, inflight: InFlight::default() };
+    let Resources { mem, links, ops, written, forward, staging } = res;
+    let mut run = Run {
+        prog,
+        metas,
+        mem,
+        links,
+        ops,
+        cfg,
+        state,
+        last: written,
+        forward,
+        staging,
+        inflight: InFlight::default(),
+    };
     // A run that fails part-way leaves the ranks out of step, whatever the cause: never an
     // error a caller could take for a rejected argument (which leaves the communicator usable).
     run.run().map_err(|e| match e {
@@ -205,9 +222,12 @@ impl Run<'_> {
                     return Ok(());
                 }
             }
-            if self.inflight.staging() && self.inflight.post_ready(self.links, &mut *self.ops, self.metas)? {
-                moved = true;
-                dirty = true;
+            if self.inflight.staging() {
+                let posted = self.inflight.post_ready(self.links, &mut *self.ops, self.metas)?;
+                if self.inflight.release_read(self.links, &mut *self.ops)? || posted {
+                    moved = true;
+                    dirty = true;
+                }
             }
             for &p in &self.prog.peers {
                 let l = link(self.links, p)?;
@@ -306,7 +326,7 @@ impl Run<'_> {
                 return Ok(false);
             }
         }
-        Ok(true)
+        Ok(self.inflight.all_sent(self.links))
     }
 
     /// Whether slice `slice` of step `step` of channel `c` may run: every step it depends on is
@@ -418,19 +438,39 @@ impl Run<'_> {
             // spans are worked out once the message is there (a waiting receive is polled often).
             let mut failed: Option<Error> = None;
             let mut spans_used = (Region::EMPTY, Region::EMPTY);
+            let mut read = Fence::DONE;
             let (cfg, ops, mem) = (self.cfg, &mut *self.ops, self.mem);
-            let got = link(self.links, st.from)?
+            let l = link(self.links, st.from)?;
+            let got = l
                 .recv_with(tag, &mut |m, data| {
                     let r = check(cfg, st.from, meta, m, data.len, n).and_then(|()| {
+                        // Every implementation reads host memory; device memory only its own.
+                        if data.space != MemSpace::Host && !ops.reaches(data.space) {
+                            return Err(Error::Mismatch {
+                                rank: cfg.rank,
+                                peer: st.from,
+                                theirs: format!("a call whose messages lie in {}", data.space),
+                                ours: format!("a call on {} operations, which cannot read them", ops.name()),
+                            });
+                        }
                         let (src, dst) = spans(mem, st, off, n)?;
                         spans_used = (src, dst);
-                        receive(action, dtype, op, ops, src, dst, tmp, data)
+                        read = receive(action, dtype, op, ops, src, dst, tmp, data)?;
+                        Ok(())
                     });
                     if let Err(e) = r {
                         failed = Some(e);
                     }
                 })
                 .map_err(transport_error(st.from))?;
+            if got && l.lends() {
+                // The operation reading the message may still run: the message stays the
+                // connection's until it is done (released in `run`'s loop).
+                self.inflight.lend(st.from, read);
+            }
+            if read != Fence::DONE {
+                self.last = read;
+            }
             if !got {
                 let l = link(self.links, st.from)?;
                 if let Some(why) = l.closed() {
@@ -463,12 +503,12 @@ impl Run<'_> {
             Action::Copy => {
                 // SAFETY: spans of this run's buffers, valid and ours for the run (`run`'s
                 // contract), bounds-checked by `Memory::span`.
-                unsafe { self.ops.copy(dst, src)? };
+                self.last = unsafe { self.ops.copy(dst, src)? };
                 None
             }
             Action::Reduce => {
                 // SAFETY: as for `Copy`.
-                unsafe { self.ops.reduce(dtype, op, dst, dst, src)? };
+                self.last = unsafe { self.ops.reduce(dtype, op, dst, dst, src)? };
                 None
             }
             Action::Recv | Action::RecvReduce => None,
@@ -478,8 +518,14 @@ impl Run<'_> {
                 // SAFETY: `bytes` is a span of this run's buffers or a forwarding slice, `s` a
                 // staging slice no send reads (taken above); both valid for the run.
                 Some(s) => (s, unsafe { self.ops.copy(s, bytes)? }),
+                // Memory the connection reads itself, on its own stream (CUDA IPC): it may
+                // read only once everything the run wrote so far is written.
+                None if bytes.space != MemSpace::Host => (bytes, self.last),
                 None => (bytes, Fence::DONE),
             };
+            if stage.is_some() {
+                self.last = fence;
+            }
             // SAFETY: a span of this run's buffers or a forwarding or staging slice, which stay
             // valid and unchanged until the send is done: the run waits for every send before
             // it ends, and no step writes bytes a send, staged or in flight, still reads.
@@ -516,7 +562,8 @@ fn spans(mem: &Memory, st: &XStep, off: usize, n: usize) -> Result<(Region, Regi
 }
 
 /// The receiving half of a step: `data` is the message (possibly in the transport's memory).
-/// A receive-reduce-send reduces into `tmp`, which the sending half then sends.
+/// A receive-reduce-send reduces into `tmp`, which the sending half then sends. Returns the
+/// fence of the operation (which reads `data` until then, if the connection lends it).
 #[allow(clippy::too_many_arguments)]
 fn receive(
     action: Action,
@@ -527,13 +574,12 @@ fn receive(
     dst: Region,
     tmp: Region,
     data: Region,
-) -> Result<()> {
+) -> Result<Fence> {
     // SAFETY: `src` and `dst` are spans of the run's buffers (valid and ours for the run,
     // `run`'s contract), `tmp` its workspace, `data` the message the transport lends for this
-    // call; lengths were checked against the step.
-    // The operations read `data` before they return (it is not theirs); what they write is
-    // ordered before anything submitted later, so the fences are not needed here.
-    unsafe {
+    // call (or until released, for a connection that lends); lengths were checked against the
+    // step. Host memory the operations did not allocate is read before they return.
+    Ok(unsafe {
         match action {
             Action::Recv | Action::RecvCopySend => ops.copy(dst, data)?,
             Action::RecvReduce | Action::RecvReduceCopySend => ops.reduce(dtype, op, dst, src, data)?,
@@ -542,9 +588,8 @@ fn receive(
                 ops.reduce(dtype, op, out, src, data)?
             }
             Action::Send | Action::Copy | Action::Reduce => Fence::DONE,
-        };
-    }
-    Ok(())
+        }
+    })
 }
 
 #[cfg(test)]

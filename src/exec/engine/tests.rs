@@ -100,6 +100,7 @@ fn channels_sharing_a_connection_take_turns() {
         mem: &mem,
         links: &mut links,
         ops: &mut CpuOps,
+        written: Fence::DONE,
         forward: &mut Vec::new(),
         staging: &mut Vec::new(),
     };
@@ -182,6 +183,7 @@ fn a_step_does_not_overwrite_bytes_a_queued_send_still_reads() {
         mem: &mem,
         links: &mut links,
         ops: &mut CpuOps,
+        written: Fence::DONE,
         forward: &mut Vec::new(),
         staging: &mut Vec::new(),
     };

@@ -180,6 +180,24 @@ impl ShmConnection {
         self.direct.is_some()
     }
 
+    /// Queues a frame under a tag reserved for the backends (the CUDA IPC connection's
+    /// descriptors), never put straight into an offer.
+    ///
+    /// # Safety
+    /// As for [`Connection::send`].
+    pub(crate) unsafe fn send_reserved(&mut self, tag: u32, meta: &Meta, data: Region) -> Result<Ticket> {
+        // SAFETY: this fn's contract, passed on.
+        let seq = unsafe { self.framed.send(tag, meta, data)? };
+        Ok(if seq == 0 { Ticket::DONE } else { Ticket(seq) })
+    }
+
+    /// Hands the next message of `tag` or of `alt`, whichever comes first in the stream, to `f`
+    /// (with whether it was `alt`'s). For a connection without direct puts (nothing numbered).
+    pub(crate) fn recv_either(&mut self, tag: u32, alt: u32, f: &mut dyn FnMut(bool, &Meta, Region)) -> Result<bool> {
+        debug_assert!(self.direct.is_none());
+        self.framed.recv_first(&[tag, alt], &mut |t, m, r| f(t == alt, m, r))
+    }
+
     /// Takes the offers that have arrived (never spilling a frame left in the ring for the
     /// executor: an offer stuck behind one is used late or not at all).
     fn take_offers(&mut self) {

@@ -141,7 +141,21 @@ impl Transport for ShmTransport {
         me.host == peer.host
     }
 
-    fn connect(&self, mut setup: PeerSetup) -> Result<Connected> {
+    fn connect(&self, setup: PeerSetup) -> Result<Connected> {
+        Ok(match self.connect_shm(setup)? {
+            Ok(c) => Connected::Connection(Box::new(c)),
+            Err((setup, why)) => Connected::Declined { setup, why },
+        })
+    }
+}
+
+impl ShmTransport {
+    /// [`Transport::connect`], with the connection as itself (the CUDA IPC backend carries its
+    /// frames on one); `Err` when the pair declined, with the setup handed back.
+    pub(crate) fn connect_shm(
+        &self,
+        mut setup: PeerSetup,
+    ) -> Result<std::result::Result<ShmConnection, (PeerSetup, String)>> {
         let peer = setup.peer.clone();
         let Some(control) = setup.streams.first_mut() else {
             return Err(Error::Unsupported(format!("no control stream to {peer}")));
@@ -151,7 +165,7 @@ impl Transport for ShmTransport {
         let Some((segment, span)) = shared else {
             // The peer could not map our memory (both sides know): the next transport.
             let why = format!("{peer} could not map this rank's shared memory");
-            return Ok(Connected::Declined { setup, why });
+            return Ok(Err((setup, why)));
         };
         let (tx_at, rx_at) = if setup.creator { (0, span) } else { (span, 0) };
         let ring_bytes = span - RING_HEADER_BYTES;
@@ -162,7 +176,7 @@ impl Transport for ShmTransport {
         let direct = if self.direct { probe_direct(&mut control, &peer)? } else { None };
         control.set_nonblocking(true).map_err(|e| hs(&peer, e))?;
         let stream = ShmByteStream { tx, rx, control, peer, idle: 0, corrupt: None };
-        Ok(Connected::Connection(Box::new(ShmConnection::new(stream, direct))))
+        Ok(Ok(ShmConnection::new(stream, direct)))
     }
 }
 

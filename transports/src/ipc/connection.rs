@@ -1,0 +1,441 @@
+//! A CUDA IPC connection: device payloads go GPU to GPU, copied by this side's device queue
+//! into a window of device memory the receiver exposed (opened here by its IPC handle, or used
+//! as it is when both ranks share a process); everything else — host payloads, and a small
+//! descriptor per device message — goes through a shared-memory connection beside it.
+//!
+//! **Signals without a host round trip.** The copy and a write of the message's number into a
+//! `landed` word of a small shared host page are queued together on the device; the descriptor
+//! is written to the ring at once. The receiver hands the message over once `landed` has
+//! reached its number, and the sender's ticket is done at the same moment: neither host waits
+//! on the other or on an event before doing its part.
+//!
+//! **Order.** Descriptors travel under the message's tag with [`DEVICE_BIT`] set, in the one
+//! ring every frame of the pair shares, so "whichever of the two tags comes first" is the next
+//! message of a tag, device or host. A send that finds no room in the window waits in a queue,
+//! and every later send waits behind it.
+//!
+//! **The window is lent.** A device message stays in the window after `recv_with` returns,
+//! while the receiver's own device operations read it ([`Connection::lends`]); the executor
+//! releases each message once they are done, and the window's space comes back to the sender
+//! in the order it was handed out (a `released` byte count in the shared page), whatever order
+//! the tags were received in.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use super::device::{DeviceQueue, ExportedMemory, ImportedMemory, RegisteredHost};
+use super::DEVICE_BIT;
+use crate::error::{Error, Result};
+use crate::shm::segment::Segment;
+use crate::shm::ShmConnection;
+use crate::{Connection, MemSpace, Meta, Region, Ticket, WaitFd};
+
+/// Window offsets and lengths are rounded to this (any datatype's alignment, and a device's
+/// preferred copy alignment).
+pub(crate) const WINDOW_ALIGN: usize = 256;
+/// Bytes of a device message's descriptor (its payload in the ring).
+const DESCRIPTOR_BYTES: usize = 32;
+/// Where each direction's words lie in the shared page: `landed` (u32) at the start,
+/// `released` (u64) a cache line later.
+pub(crate) const DIRECTION_BYTES: usize = 128;
+const RELEASED_AT: usize = 64;
+/// Tickets of this connection's own sends (shared memory's pass through below it).
+const OWN_TICKETS: u64 = 1 << 62;
+
+/// The shared page of a pair: two directions of signal words.
+pub(crate) struct Signals {
+    pub(crate) page: Segment,
+    /// The page as the device sees it (this side's registration).
+    pub(crate) registered: Box<dyn RegisteredHost>,
+    /// The direction this side sends in (0 or 1); the other is the one it receives in.
+    pub(crate) tx: usize,
+}
+
+impl Signals {
+    fn word(&self, direction: usize, at: usize) -> *const u8 {
+        // SAFETY: the page holds two directions of DIRECTION_BYTES (checked at set-up), and
+        // `at` is inside one.
+        unsafe { self.page.base().as_ptr().add(direction * DIRECTION_BYTES + at) }
+    }
+
+    fn landed(&self, direction: usize) -> u32 {
+        // SAFETY: an aligned word of the live shared page; only atomics touch it.
+        unsafe { &*self.word(direction, 0).cast::<AtomicU32>() }.load(Ordering::Acquire)
+    }
+
+    fn released(&self, direction: usize) -> &AtomicU64 {
+        // SAFETY: an aligned word of the live shared page; only atomics touch it.
+        unsafe { &*self.word(direction, RELEASED_AT).cast::<AtomicU64>() }
+    }
+
+    /// The device address of this side's `landed` word.
+    fn landed_device_addr(&self) -> u64 {
+        self.registered.device_addr() + (self.tx * DIRECTION_BYTES) as u64
+    }
+}
+
+/// Whether counter `now` has reached `seq` (both wrap).
+fn reached(now: u32, seq: u64) -> bool {
+    (now.wrapping_sub(seq as u32) as i32) >= 0
+}
+
+/// The peer's window, as this side writes into it.
+pub(crate) struct PeerWindow {
+    /// Mapped here by its handle (kept open while the connection lives); `None` when the peer
+    /// shares this process.
+    pub(crate) _mapping: Option<Box<dyn ImportedMemory>>,
+    pub(crate) base: u64,
+    pub(crate) cap: usize,
+}
+
+/// A send not yet handed on: no room in the window, or behind one that has none.
+struct Pending {
+    ticket: u64,
+    tag: u32,
+    meta: Meta,
+    data: Region,
+}
+
+/// Where one of this connection's tickets stands.
+#[derive(Clone, Copy)]
+enum Track {
+    /// Waiting in `pending`.
+    Queued,
+    /// Copied into the window once `landed` reaches this number.
+    Copy(u64),
+    /// Handed to shared memory with this ticket.
+    Shm(Ticket),
+}
+
+/// A device message whose descriptor came before its bytes landed.
+struct Arrived {
+    tag: u32,
+    meta: Meta,
+    descriptor: Descriptor,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Descriptor {
+    offset: u64,
+    len: u64,
+    /// Window bytes it used, the padding before it included.
+    consumed: u64,
+    seq: u64,
+}
+
+impl Descriptor {
+    fn encode(&self) -> [u8; DESCRIPTOR_BYTES] {
+        let mut b = [0u8; DESCRIPTOR_BYTES];
+        for (i, v) in [self.offset, self.len, self.consumed, self.seq].into_iter().enumerate() {
+            b[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        b
+    }
+
+    /// The descriptor in `b`, checked against a window of `cap` bytes.
+    fn decode(b: &[u8], cap: usize, peer: &str) -> Result<Descriptor> {
+        let bad = |why: &str| Error::Protocol(format!("{peer} sent a bad device-message descriptor: {why}"));
+        if b.len() != DESCRIPTOR_BYTES {
+            return Err(bad("wrong length"));
+        }
+        let q = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&b[i * 8..i * 8 + 8]);
+            u64::from_le_bytes(w)
+        };
+        let d = Descriptor { offset: q(0), len: q(1), consumed: q(2), seq: q(3) };
+        let cap = cap as u64;
+        if d.offset % WINDOW_ALIGN as u64 != 0 || d.offset.checked_add(d.len).map_or(true, |end| end > cap) {
+            return Err(bad("outside the window"));
+        }
+        if d.consumed < d.len || d.consumed > cap {
+            return Err(bad("impossible window use"));
+        }
+        Ok(d)
+    }
+}
+
+/// A CUDA IPC connection. See the module documentation.
+pub struct IpcConnection {
+    // Dropped first: waits for the copies queued into the peer's window before it is closed.
+    queue: Box<dyn DeviceQueue>,
+    tx: PeerWindow,
+    rx: Box<dyn ExportedMemory>,
+    rx_cap: usize,
+    signals: Signals,
+    shm: ShmConnection,
+    ordinal: u32,
+    peer: String,
+    /// Window bytes handed out so far (the sender's head), and copies queued.
+    head: u64,
+    copies: u64,
+    pending: VecDeque<Pending>,
+    tracks: VecDeque<(u64, Track)>,
+    next_ticket: u64,
+    arrived: Vec<Arrived>,
+    /// What each message `recv_with` handed over holds of the window until released, in order.
+    lent: VecDeque<Option<(u64, u64)>>,
+    /// Released messages waiting for those before them in the window: seq → bytes.
+    released_early: BTreeMap<u64, u64>,
+    next_release: u64,
+    released: u64,
+    /// The `landed` words as last seen (a change is progress).
+    seen: (u32, u32),
+}
+
+impl IpcConnection {
+    pub(crate) fn new(
+        shm: ShmConnection,
+        queue: Box<dyn DeviceQueue>,
+        tx: PeerWindow,
+        (rx, rx_cap): (Box<dyn ExportedMemory>, usize),
+        signals: Signals,
+        ordinal: u32,
+        peer: String,
+    ) -> IpcConnection {
+        IpcConnection {
+            queue,
+            tx,
+            rx,
+            rx_cap,
+            signals,
+            shm,
+            ordinal,
+            peer,
+            head: 0,
+            copies: 0,
+            pending: VecDeque::new(),
+            tracks: VecDeque::new(),
+            next_ticket: OWN_TICKETS,
+            arrived: Vec::new(),
+            lent: VecDeque::new(),
+            released_early: BTreeMap::new(),
+            next_release: 1,
+            released: 0,
+            seen: (0, 0),
+        }
+    }
+
+    fn rx_direction(&self) -> usize {
+        1 - self.signals.tx
+    }
+
+    /// Where a message of `len` bytes goes in the peer's window, and the window bytes it uses,
+    /// if there is room now.
+    fn place(&self, len: usize) -> Option<(u64, u64)> {
+        let cap = self.tx.cap as u64;
+        let rounded = len.next_multiple_of(WINDOW_ALIGN) as u64;
+        let at = self.head % cap;
+        let pad = if at + rounded > cap { cap - at } else { 0 };
+        let used = self.head - self.signals.released(self.signals.tx).load(Ordering::Acquire).min(self.head);
+        (used + pad + rounded <= cap).then_some(((at + pad) % cap, pad + rounded))
+    }
+
+    /// Hands `p` on if it can go now; whether it went.
+    fn post(&mut self, p: &Pending) -> Result<Option<Track>> {
+        if p.data.space == MemSpace::Host {
+            // SAFETY: valid host memory until the ticket is done (`send`'s contract).
+            let t = unsafe { self.shm.send(p.tag, &p.meta, p.data)? };
+            return Ok(Some(Track::Shm(t)));
+        }
+        let Some((offset, consumed)) = self.place(p.data.len) else { return Ok(None) };
+        let seq = self.copies + 1;
+        // SAFETY: the source is device memory of this rank's device, valid and unchanged until
+        // the ticket is done (`send`'s contract); the destination is window space the peer has
+        // released, inside its window (`place`), which no other copy writes until this one's
+        // bytes are released again.
+        unsafe {
+            self.queue.copy(self.tx.base + offset, p.data.addr as u64, p.data.len)?;
+            self.queue.write_value(self.signals.landed_device_addr(), seq as u32)?;
+        }
+        self.copies = seq;
+        self.head += consumed;
+        let d = Descriptor { offset, len: p.data.len as u64, consumed, seq };
+        let bytes = d.encode();
+        // SAFETY: a small payload, copied by the framing before `send_reserved` returns.
+        unsafe { self.shm.send_reserved(p.tag | DEVICE_BIT, &p.meta, Region::of(&bytes))? };
+        Ok(Some(Track::Copy(seq)))
+    }
+
+    /// Hands on the queued sends that can go now, in order; whether any went.
+    fn post_pending(&mut self) -> Result<bool> {
+        let mut moved = false;
+        while let Some(p) = self.pending.pop_front() {
+            match self.post(&p)? {
+                Some(track) => {
+                    if let Some(t) = self.tracks.iter_mut().find(|t| t.0 == p.ticket) {
+                        t.1 = track;
+                    }
+                    moved = true;
+                }
+                None => {
+                    self.pending.push_front(p);
+                    break;
+                }
+            }
+        }
+        Ok(moved)
+    }
+
+    fn track_done(&self, t: Track) -> bool {
+        match t {
+            Track::Queued => false,
+            Track::Copy(seq) => reached(self.signals.landed(self.signals.tx), seq),
+            Track::Shm(t) => self.shm.sent(t),
+        }
+    }
+
+    /// The message in `d` as the executor gets it: this side's window.
+    fn region(&self, d: &Descriptor) -> Region {
+        Region::new(MemSpace::Device(self.ordinal), (self.rx.addr() + d.offset) as usize, d.len as usize)
+    }
+
+    fn landed(&self, d: &Descriptor) -> bool {
+        reached(self.signals.landed(self.rx_direction()), d.seq)
+    }
+}
+
+fn reserved(tag: u32) -> Result<()> {
+    if tag & (DEVICE_BIT | (1 << 31)) != 0 {
+        return Err(Error::Unsupported(format!("tag {tag:#x}: tags with bit 29 or 31 set are reserved")));
+    }
+    Ok(())
+}
+
+impl Connection for IpcConnection {
+    fn transport(&self) -> &'static str {
+        "cuda-ipc"
+    }
+
+    fn reaches(&self, space: MemSpace) -> bool {
+        space == MemSpace::Host || space == MemSpace::Device(self.ordinal)
+    }
+
+    unsafe fn send(&mut self, tag: u32, meta: &Meta, data: Region) -> Result<Ticket> {
+        reserved(tag)?;
+        if !self.reaches(data.space) {
+            return Err(Error::Unsupported(format!(
+                "{} cannot be sent over CUDA IPC from device {}",
+                data.space, self.ordinal
+            )));
+        }
+        if data.space != MemSpace::Host && data.len > self.tx.cap {
+            return Err(Error::Unsupported(format!(
+                "a {}-byte device message does not fit the {}-byte IPC window (TOPOCCL_IPC_BYTES)",
+                data.len, self.tx.cap
+            )));
+        }
+        let ticket = self.next_ticket;
+        self.next_ticket += 1;
+        let p = Pending { ticket, tag, meta: *meta, data };
+        let track = if self.pending.is_empty() { self.post(&p)? } else { None };
+        match track {
+            Some(Track::Shm(t)) if t == Ticket::DONE => return Ok(Ticket::DONE),
+            Some(track) => self.tracks.push_back((ticket, track)),
+            None => {
+                self.tracks.push_back((ticket, Track::Queued));
+                self.pending.push_back(p);
+            }
+        }
+        Ok(Ticket(ticket))
+    }
+
+    fn sent(&self, t: Ticket) -> bool {
+        if t == Ticket::DONE {
+            return true;
+        }
+        self.tracks.iter().find(|k| k.0 == t.0).map_or(true, |k| self.track_done(k.1))
+    }
+
+    fn backlog(&self) -> usize {
+        self.shm.backlog() + self.pending.iter().map(|p| p.data.len).sum::<usize>()
+    }
+
+    fn progress(&mut self) -> Result<bool> {
+        let mut moved = if self.pending.is_empty() { false } else { self.post_pending()? };
+        while let Some(&(_, t)) = self.tracks.front() {
+            if !self.track_done(t) {
+                break;
+            }
+            self.tracks.pop_front();
+        }
+        moved |= self.shm.progress()?;
+        let seen = (self.signals.landed(0), self.signals.landed(1));
+        moved |= seen != self.seen;
+        self.seen = seen;
+        Ok(moved)
+    }
+
+    fn recv_with(&mut self, tag: u32, f: &mut dyn FnMut(&Meta, Region)) -> Result<bool> {
+        reserved(tag)?;
+        if let Some(i) = self.arrived.iter().position(|a| a.tag == tag) {
+            if !self.landed(&self.arrived[i].descriptor) {
+                return Ok(false);
+            }
+            let a = self.arrived.remove(i);
+            f(&a.meta, self.region(&a.descriptor));
+            self.lent.push_back(Some((a.descriptor.seq, a.descriptor.consumed)));
+            return Ok(true);
+        }
+        let (cap, peer) = (self.rx_cap, &self.peer);
+        let mut device: Option<Result<(Meta, Descriptor)>> = None;
+        let got = self.shm.recv_either(tag, tag | DEVICE_BIT, &mut |is_device, meta, r| {
+            if is_device {
+                // SAFETY: `recv_either` hands over host memory valid for this call.
+                device = Some(Descriptor::decode(unsafe { r.bytes() }, cap, peer).map(|d| (*meta, d)));
+            } else {
+                f(meta, r);
+            }
+        })?;
+        if !got {
+            return Ok(false);
+        }
+        let Some(device) = device else {
+            self.lent.push_back(None);
+            return Ok(true);
+        };
+        let (meta, descriptor) = device?;
+        if !self.landed(&descriptor) {
+            self.arrived.push(Arrived { tag, meta, descriptor });
+            return Ok(false);
+        }
+        f(&meta, self.region(&descriptor));
+        self.lent.push_back(Some((descriptor.seq, descriptor.consumed)));
+        Ok(true)
+    }
+
+    fn lends(&self) -> bool {
+        true
+    }
+
+    fn release(&mut self) {
+        let Some(Some((seq, bytes))) = self.lent.pop_front() else { return };
+        self.released_early.insert(seq, bytes);
+        while let Some(bytes) = self.released_early.remove(&self.next_release) {
+            self.released += bytes;
+            self.next_release += 1;
+        }
+        self.signals.released(self.rx_direction()).store(self.released, Ordering::Release);
+    }
+
+    fn backlog_limit(&self) -> Option<usize> {
+        Some(1)
+    }
+
+    fn closed(&self) -> Option<&str> {
+        self.shm.closed()
+    }
+
+    fn wait_fds(&self, out: &mut Vec<WaitFd>) {
+        self.shm.wait_fds(out)
+    }
+
+    fn needs_spin(&self) -> bool {
+        self.shm.needs_spin()
+    }
+
+    fn close(&mut self) {
+        self.pending.clear();
+        self.shm.close();
+    }
+}
