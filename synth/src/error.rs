@@ -13,7 +13,7 @@ pub enum Error {
     #[error("invalid topology `{name}`: {message}")]
     InvalidTopology { name: String, message: String },
     /// A topology name that is neither a built-in machine, a family nor a readable file.
-    #[error("unknown topology `{0}` (built-in: {1}; families: ring:N, full:N, mesh2d:AxB, torus2d:AxB, torus3d:AxBxC, hypercube:N, cluster:NxM; or a path to a .toml file)")]
+    #[error("unknown topology `{0}` (built-in: {1}; families: ring:N, full:N, mesh2d:AxB, torus2d:AxB, torus3d:AxBxC, hypercube:N, cluster:NxM; or a path to a .toml file or an NCCL topology .xml)")]
     UnknownTopology(String, String),
     /// An algorithm name nobody registered.
     #[error("unknown algorithm `{0}` (known: {1})")]

@@ -1,10 +1,11 @@
 //! Resolving a topology name: a built-in machine (the files of `topologies/`, compiled in), a
-//! generated family (`torus2d:8x8`), or a path to a file, optionally followed by a rank subset
-//! (`dgx1[0,1,3,6]`, `dgx1[0-4]`) for fragmented allocations.
+//! generated family (`torus2d:8x8`), or a path to a file (topoccl's TOML, or NCCL's topology
+//! XML), optionally followed by a rank subset (`dgx1[0,1,3,6]`, `dgx1[0-4]`) for fragmented
+//! allocations.
 
 use std::path::Path;
 
-use super::{families, file, Rank, Topology};
+use super::{families, file, nccl_xml, Rank, Topology};
 use crate::error::{Error, Result};
 
 /// (name, file text) of every file in `topologies/`.
@@ -48,9 +49,21 @@ pub fn resolve(spec: &str) -> Result<Topology> {
     }
     let path = Path::new(spec);
     if path.is_file() {
-        return file::load(path);
+        return load(path);
     }
     Err(Error::UnknownTopology(spec.to_string(), builtin_names().join(", ")))
+}
+
+/// Reads a topology file: NCCL's XML when its name ends in `.xml` or its text starts with
+/// `<system` (users have dumps from `NCCL_TOPO_DUMP_FILE`), topoccl's TOML otherwise.
+fn load(path: &Path) -> Result<Topology> {
+    let text = std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.into(), source })?;
+    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    if nccl_xml::is_nccl_xml(path, &text) {
+        nccl_xml::parse(&text, path, &stem)
+    } else {
+        file::parse(&text, path, &stem)
+    }
 }
 
 fn parse_rank_list(list: &str) -> Option<Vec<Rank>> {

@@ -2,13 +2,14 @@
 //! switches, each link with a bandwidth and a latency.
 //!
 //! Everything that reasons about "where" lives here; nothing here moves bytes. Files are read by
-//! [`file`], generated families by [`families`], names resolved by [`library`], paths found by
-//! [`routing`].
+//! [`file`] (topoccl's TOML) and [`nccl_xml`] (NCCL's topology dumps), generated families by
+//! [`families`], names resolved by [`library`], paths found by [`routing`].
 
 pub mod families;
 pub mod file;
 pub mod library;
 pub mod logical;
+pub mod nccl_xml;
 pub mod routing;
 
 use std::collections::{HashMap, HashSet, VecDeque};
