@@ -53,7 +53,9 @@ pub fn resolve(spec: &str) -> Result<Topology> {
     Err(Error::UnknownTopology(spec.to_string(), builtin_names().join(", ")))
 }
 
-fn parse_rank_list(list: &str) -> Option<Vec<Rank>> {
+/// Reads a rank subset's list (`0,1,3,6`, `0-4`, `0-1,6`), the text between a spec's brackets;
+/// `None` if it is not one. Public for names resolved outside this crate (`detect[0-3]`).
+pub fn parse_rank_list(list: &str) -> Option<Vec<Rank>> {
     let mut out = Vec::new();
     for item in list.split(',').map(str::trim) {
         match item.split_once('-') {
