@@ -39,6 +39,13 @@ pub enum Error {
     /// The CUDA driver is missing, lacks something, or failed a call (named in the message).
     #[error("CUDA: {0}")]
     Cuda(String),
+    /// Topology detection cannot ask NVML here: no library, a missing entry point, or
+    /// `nvmlInit` failed (no driver loaded). Callers fall back to the host model.
+    #[error("no NVML: {0}")]
+    NoNvml(String),
+    /// NVML failed a call during topology detection (named in the message).
+    #[error("NVML: {0}")]
+    Nvml(String),
     /// A broken invariant inside topoccl (a bug): reported, never a panic.
     #[error("internal error: {0}")]
     Internal(String),
@@ -75,6 +82,8 @@ impl Error {
             Error::Aborted => Error::Aborted,
             Error::Broken(m) => Error::Broken(m.clone()),
             Error::Cuda(m) => Error::Cuda(m.clone()),
+            Error::NoNvml(m) => Error::NoNvml(m.clone()),
+            Error::Nvml(m) => Error::Nvml(m.clone()),
             Error::Internal(m) => Error::Internal(m.clone()),
         }
     }

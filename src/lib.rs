@@ -10,6 +10,7 @@
 pub mod buffer;
 pub mod comm;
 pub mod cuda;
+pub mod detect;
 mod diag;
 pub mod env;
 pub mod error;

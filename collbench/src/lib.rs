@@ -11,6 +11,7 @@
 //! instead of running ([`simulate`]); `--compare-sim` prints both side by side.
 
 pub mod check;
+pub mod detect;
 pub mod emu;
 pub mod emulate;
 pub mod error;
@@ -65,8 +66,10 @@ pub struct Args {
     #[arg(long)]
     pub compare_sim: bool,
     /// Topology: a built-in machine (dgx1, dgx-a100, …), a family (torus2d:8x8, cluster:64x8),
-    /// or a .toml file; append [0,1,3,6] for a subset of ranks. --simulate defaults to dgx1; on
-    /// real ranks it is the machine the tuner reasons about (as TOPOCCL_TOPOLOGY).
+    /// or a .toml file; append [0,1,3,6] for a subset of ranks. `detect` asks NVML which machine
+    /// this is, prints what it found and uses it (the host model where there is no NVML).
+    /// --simulate defaults to dgx1; on real ranks it is the machine the tuner reasons about (as
+    /// TOPOCCL_TOPOLOGY).
     #[arg(long)]
     pub topology: Option<String>,
     /// Run the ranks on TOPOLOGY built as a real network on this machine (root: one network
@@ -165,22 +168,34 @@ pub fn run(args: &Args, out: &mut dyn Write) -> Result<i32> {
             return emulate::run(args, spec, out);
         }
     }
-    let topo = args.topology.as_deref().map(topology::resolve).transpose()?;
+    let chosen = detect::choose(args.topology.as_deref())?;
+    let topo = chosen.topology;
     let mut config = Config::from_env()?;
     config.transport = plan.transports[0];
-    // The tuner reasons about the machine named (a rank i of the topology is rank i here).
-    if let Some(t) = &args.topology {
-        config.topology = Some(t.clone());
+    // The tuner reasons about the machine named or detected (a rank i of the topology is rank
+    // i here), or the host model where detection found nothing.
+    if args.topology.is_some() {
+        config.topology = chosen.setting;
     }
+    let json_to_stdout = args.json.as_deref() == Some("-");
     match launch::role(args.nranks, &config)? {
         Role::Spawn(n) => {
+            if let Some(report) = &chosen.report {
+                detect::print(report, json_to_stdout, out)?;
+            }
             if plan.root >= n {
                 return Err(Error::InvalidArgument(format!("root {} out of range for {n} ranks", plan.root)));
             }
             if let Some(t) = &topo {
                 if t.nranks() != n as usize {
+                    let hint = match args.topology.as_deref() {
+                        Some(spec) if topoccl::detect::names_detection(spec) && n >= 1 => {
+                            format!(" (give -n {}, or a subset: --topology detect[0-{}])", t.nranks(), n - 1)
+                        }
+                        _ => String::new(),
+                    };
                     return Err(Error::InvalidArgument(format!(
-                        "topology {} has {} ranks, but -n is {n}",
+                        "topology {} has {} ranks, but -n is {n}{hint}",
                         t.name(),
                         t.nranks()
                     )));
@@ -190,6 +205,10 @@ pub fn run(args: &Args, out: &mut dyn Write) -> Result<i32> {
         }
         Role::Rank(comm, how, own_stdout) => {
             let rank = comm.rank();
+            // Under a launcher every rank is a process of its own: rank 0 tells.
+            if let (Some(report), false, 0) = (&chosen.report, own_stdout, rank) {
+                detect::print(report, json_to_stdout, out)?;
+            }
             let progress = own_stdout && measure::stdout_is_terminal();
             match run_rank(args, &plan, topo, *comm, &config, (how, progress), out) {
                 Ok(code) => Ok(code),

@@ -25,7 +25,17 @@ pub fn run(args: &Args, out: &mut dyn Write) -> Result<()> {
     let topo = match &args.emulate {
         // What an emulated run of that machine should measure.
         Some(spec) => crate::emu::plan::NetPlan::new(&topology::resolve(spec)?, args.emulate_scale)?.scaled,
-        None => topology::resolve(args.topology.as_deref().unwrap_or("dgx1"))?,
+        None => {
+            let chosen = super::detect::choose(Some(args.topology.as_deref().unwrap_or("dgx1")))?;
+            if let Some(report) = &chosen.report {
+                super::detect::print(report, args.json.as_deref() == Some("-"), out)?;
+            }
+            // Detection found nothing: the host model of -n ranks.
+            match chosen.topology {
+                Some(t) => t,
+                None => topology::resolve(&format!("host:{}", args.nranks))?,
+            }
+        }
     };
     let n = topo.nranks() as u32;
     if args.root >= n {

@@ -91,6 +91,8 @@ fn core_code(e: &topoccl::Error) -> ncclResult_t {
         E::Aborted => NCCL_INVALID_USAGE,
         E::Broken(_) => NCCL_INVALID_USAGE,
         E::Cuda(_) => NCCL_UNHANDLED_CUDA_ERROR,
+        // Detection falls back to the host model; an error reaches a caller only if asked for.
+        E::NoNvml(_) | E::Nvml(_) => NCCL_SYSTEM_ERROR,
         E::Internal(_) => NCCL_INTERNAL_ERROR,
     }
 }

@@ -5,7 +5,7 @@
 //! | `TOPOCCL_TIMEOUT` | seconds a call may go without any progress before it fails | 300 |
 //! | `TOPOCCL_TRANSPORT` | `auto` (CUDA IPC between GPUs of one host that reach each other, shared memory within a host, TCP across), `tcp`, `shm` | auto |
 //! | `TOPOCCL_ALGO` | force an algorithm (`ring`, `tree`, `rhd`, `rd`, `hier`, `pairwise`, `blink`, `tacos`) | the tuner's choice |
-//! | `TOPOCCL_TOPOLOGY` | the machine the ranks run on (a library name, family or file; see `topoccl_synth::topology::resolve`), rank i on its rank i | all-to-all links (`host:N` on one host, `full:N` across hosts) |
+//! | `TOPOCCL_TOPOLOGY` | the machine the ranks run on (a library name, family or file; see `topoccl_synth::topology::resolve`), rank i on its rank i; `detect` (or `detect[0-3]`) asks NVML, rank i on NVML's GPU i, and falls back to the default where there is no NVML (see `crate::detect`) | all-to-all links (`host:N` on one host, `full:N` across hosts) |
 //! | `TOPOCCL_TUNER_MESSAGE_US` | time a rank's executor spends on each message, as the tuner's simulator prices it, µs | 4 |
 //! | `TOPOCCL_CACHE_DIR` | the tuner's disk cache (`off` disables) | `$XDG_CACHE_HOME/topoccl` or `~/.cache/topoccl` |
 //! | `TOPOCCL_NSOCKS` | TCP sockets per peer | 2 |

@@ -47,7 +47,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use topoccl_synth::sim::SimConfig;
-use topoccl_synth::topology::{self, Topology};
+use topoccl_synth::topology::Topology;
 
 use bootstrap::PeerInfo;
 pub use bootstrap::{UniqueId, UNIQUE_ID_BYTES};
@@ -247,13 +247,15 @@ impl Communicator {
         let links = connect::connect_all(rank, &peers, &listener, auth, &config, deadline)?;
         let local = peers.iter().filter(|p| p.host == peers[rank as usize].host).count();
         let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-        let spec = match &config.topology {
-            Some(t) => t.clone(),
-            None if local == nranks as usize => format!("host:{nranks}"),
-            None if nranks <= 64 => format!("full:{nranks}"),
-            None => format!("ring:{nranks}"),
+        let host_model = if local == nranks as usize {
+            format!("host:{nranks}")
+        } else if nranks <= 64 {
+            format!("full:{nranks}")
+        } else {
+            format!("ring:{nranks}")
         };
-        let topology = topology::resolve(&spec)?;
+        // `detect` asks NVML, falling back to the host model where it cannot.
+        let (spec, topology) = crate::detect::resolve_setting(config.topology.as_deref(), &host_model)?;
         if topology.nranks() != nranks as usize {
             return Err(Error::InvalidArgument(format!(
                 "TOPOCCL_TOPOLOGY={spec} has {} ranks, the communicator {nranks}",

@@ -66,7 +66,9 @@ fn load(path: &Path) -> Result<Topology> {
     }
 }
 
-fn parse_rank_list(list: &str) -> Option<Vec<Rank>> {
+/// Reads a rank subset's list (`0,1,3,6`, `0-4`, `0-1,6`), the text between a spec's brackets;
+/// `None` if it is not one. Public for names resolved outside this crate (`detect[0-3]`).
+pub fn parse_rank_list(list: &str) -> Option<Vec<Rank>> {
     let mut out = Vec::new();
     for item in list.split(',').map(str::trim) {
         match item.split_once('-') {

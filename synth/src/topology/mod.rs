@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
-pub use library::{builtin_names, resolve};
+pub use library::{builtin_names, parse_rank_list, resolve};
 /// A node of a topology's graph.
 pub use petgraph::graph::NodeIndex;
 pub use routing::Route;
