@@ -15,9 +15,12 @@ on the full batches alone and checks:
 * they equal the single-process parameters within float tolerance (the averaged gradient of
   equal shards is the full-batch gradient);
 * training moved them and lowered the loss (so the comparison is not vacuous);
-* with ``--expect-lib``: that library is the only ``libnccl*`` mapped in every rank, before
-  and after training (/proc/self/maps), i.e. ``LD_PRELOAD`` replaced the NCCL that PyTorch
-  links through its RPATH.
+* with ``--expect-lib``: in every rank, before and after training, that library is mapped
+  (/proc/self/maps) and is where the global scope finds the NCCL functions PyTorch calls
+  (dladdr), i.e. ``LD_PRELOAD`` took the place of the NCCL that PyTorch links through its
+  RPATH. (PyTorch may map its own NCCL too, preloading the nvidia/* wheels by path; it then
+  answers nothing.) Under ``NCCL_DEBUG=VERSION`` the library PyTorch calls prints its version
+  line, ours with "+topoccl": benches/gpu/clients.sh requires that line.
 
 Two ranks on one GPU: NVIDIA's NCCL refuses that at communicator init ("Duplicate GPU
 detected", ncclInvalidUsage); PyTorch has no check of its own and passes NCCL's error on.
@@ -55,16 +58,49 @@ def mapped_nccl_libraries() -> set[str]:
     return found
 
 
+class _DlInfo(ctypes.Structure):
+    _fields_ = [
+        ("dli_fname", ctypes.c_char_p),
+        ("dli_fbase", ctypes.c_void_p),
+        ("dli_sname", ctypes.c_char_p),
+        ("dli_saddr", ctypes.c_void_p),
+    ]
+
+
+# Functions PyTorch's NCCL process group calls; where the global scope finds them is where
+# libtorch_cuda.so's references to them are bound (the global scope is searched first).
+PROBE_SYMBOLS = ("ncclGetVersion", "ncclCommInitRankConfig", "ncclAllReduce", "ncclBroadcast", "ncclGroupEnd")
+
+
+def defining_library(symbol: str) -> str | None:
+    """The real path of the object whose definition of `symbol` the global scope finds first."""
+    this = ctypes.CDLL(None)
+    try:
+        addr = ctypes.cast(getattr(this, symbol), ctypes.c_void_p).value
+    except AttributeError:
+        return None
+    info = _DlInfo()
+    if not this.dladdr(ctypes.c_void_p(addr), ctypes.byref(info)) or not info.dli_fname:
+        return None
+    return os.path.realpath(info.dli_fname.decode())
+
+
 def check_loaded(expect: str) -> str:
-    """Raises unless `expect` is mapped and no other libnccl* is; returns its real path."""
+    """Raises unless `expect` is mapped and defines, first in the global scope, the NCCL
+    functions PyTorch calls (what LD_PRELOAD achieves); returns an account of it. PyTorch may
+    also map its own NCCL (torch/__init__.py preloads the nvidia/* wheels' libraries by path),
+    which then answers nothing."""
     want = os.path.realpath(expect)
     mapped = mapped_nccl_libraries()
     if want not in mapped:
         raise RuntimeError(f"{want} is not mapped in this process (libnccl* mapped: {sorted(mapped) or 'none'})")
+    wrong = {s: d for s in PROBE_SYMBOLS if (d := defining_library(s)) != want}
+    if wrong:
+        raise RuntimeError(f"NCCL functions resolve elsewhere than {want}: {wrong}")
     others = sorted(mapped - {want})
-    if others:
-        raise RuntimeError(f"another NCCL is mapped beside {want}: {others}")
-    return want
+    return f"{want} defines {', '.join(PROBE_SYMBOLS)}" + (
+        f" (also mapped, answering none of them: {', '.join(others)})" if others else " (the only libnccl* mapped)"
+    )
 
 
 def make_model():
@@ -157,7 +193,7 @@ def rank_main(args) -> int:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(1)
     exact_numerics()
-    lib = check_loaded(args.expect_lib) if args.expect_lib else None
+    loaded = check_loaded(args.expect_lib) if args.expect_lib else None
     if args.device == "cuda":
         device = torch.device("cuda", args.gpu)
         torch.cuda.set_device(device)
@@ -180,13 +216,18 @@ def rank_main(args) -> int:
     losses = train(ddp, x[:, part], y[:, part], device, args.lr)
     if device.type == "cuda":
         torch.cuda.synchronize()
-    if lib:
-        check_loaded(lib)  # still ours once the communicator exists
+    if loaded:
+        loaded = check_loaded(args.expect_lib)  # still ours once the communicator exists
     version = None
     if args.backend == "nccl":
         version = ".".join(map(str, torch.cuda.nccl.version()))
     torch.save(
-        {"params": [p.detach().cpu().clone() for p in model.parameters()], "losses": losses, "version": version},
+        {
+            "params": [p.detach().cpu().clone() for p in model.parameters()],
+            "losses": losses,
+            "version": version,
+            "loaded": loaded,
+        },
         os.path.join(args.workdir, f"rank{rank}.pt"),
     )
     dist.destroy_process_group()
@@ -245,32 +286,46 @@ def self_test(ranks, reference, initial, rtol, atol, expect_lib) -> list[str]:
         print(f"   self-test: {name}: {'refused' if problems else 'NOT REFUSED'}" + (f" ({problems[0]})" if problems else ""))
         if not problems:
             missed.append(name)
-    # The maps check must refuse a library that is not mapped.
+    # The library check must refuse one that is not mapped.
     try:
         check_loaded(os.path.join(tempfile.gettempdir(), "no-such-dir", "libnccl.so.2"))
         missed.append("an unmapped library accepted by check_loaded")
         print("   self-test: an unmapped library: NOT REFUSED")
     except RuntimeError as e:
         print(f"   self-test: an unmapped library: refused ({e})")
+    # ... and one that is mapped but answers nothing (PyTorch's own, where it maps it).
+    if expect_lib:
+        for other in sorted(mapped_nccl_libraries() - {os.path.realpath(expect_lib)}):
+            try:
+                check_loaded(other)
+                missed.append(f"{other}, mapped but answering nothing, accepted by check_loaded")
+                print(f"   self-test: {other} (mapped, not first): NOT REFUSED")
+            except RuntimeError as e:
+                print(f"   self-test: a mapped library the functions do not resolve to: refused ({e})")
     return missed
 
 
 def check_preload(expect: str) -> int:
     import torch
 
-    lib = check_loaded(expect)
-    said = [f"torch {torch.__version__}", f"mapped: {lib} (no other libnccl*)"]
+    said = [f"torch {torch.__version__}"]
     if torch.version.cuda and hasattr(torch.cuda, "nccl"):
-        # Through libtorch_cuda.so's own import of ncclGetVersion: bound to the preloaded library.
+        # Through libtorch_cuda.so's own import of ncclGetVersion (under NCCL_DEBUG=VERSION
+        # the library that answers prints its version line: ours says "+topoccl").
         v = tuple(torch.cuda.nccl.version())
         said.append(f"torch.cuda.nccl.version() = {v}")
         if v != (2, 30, 7):
             print(f"check-preload: torch.cuda.nccl.version() is {v}, not (2, 30, 7)")
             return 1
+    try:
+        said.append(check_loaded(expect))
+    except RuntimeError as e:
+        print(f"check-preload: FAIL: {e}")
+        return 1
+    # The global scope's ncclGetVersion (the one just checked to be ours), called from here.
     code = ctypes.c_int(0)
-    rc = ctypes.CDLL(lib).ncclGetVersion(ctypes.byref(code))
+    rc = ctypes.CDLL(None).ncclGetVersion(ctypes.byref(code))
     said.append(f"ncclGetVersion -> {rc}, {code.value}")
-    check_loaded(expect)
     if rc != 0 or code.value != NCCL_VERSION_CODE:
         print(f"check-preload: ncclGetVersion returned {rc} and {code.value}, expected 0 and {NCCL_VERSION_CODE}")
         return 1
@@ -290,7 +345,7 @@ def main() -> int:
     ap.add_argument("--rtol", type=float, default=1e-4)
     ap.add_argument("--atol", type=float, default=1e-5)
     ap.add_argument("--timeout", type=int, default=150, help="seconds for the ranks (and the process group)")
-    ap.add_argument("--expect-lib", help="the libnccl.so.2 that must be the one mapped in every rank")
+    ap.add_argument("--expect-lib", help="the libnccl.so.2 that must answer PyTorch's NCCL calls in every rank")
     ap.add_argument("--self-test", action="store_true", help="also require altered results to be refused")
     ap.add_argument("--check-preload", action="store_true", help="only check the preloaded library here")
     ap.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)
@@ -353,7 +408,7 @@ def main() -> int:
     print(f"   {account}")
     print(f"   loss (single process, full batch) {ref_losses[0]:.4g} -> {ref_losses[-1]:.4g}; ranks took {took:.1f} s")
     if args.expect_lib:
-        print(f"   every rank mapped {os.path.realpath(args.expect_lib)} and no other libnccl*")
+        print(f"   in every rank, before and after training: {results[0]['loaded']}")
     if results[0]["version"]:
         print(f"   torch.cuda.nccl.version() in the ranks: {results[0]['version']}")
     if args.self_test:
