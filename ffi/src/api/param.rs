@@ -15,7 +15,7 @@ use crate::log::{self, Subsys};
 use crate::raw;
 
 /// Every setting the library reads (`TOPOCCL_SECRET` is left out: it is a credential).
-const KEYS: [&str; 20] = [
+const KEYS: [&str; 21] = [
     "NCCL_ALGO",
     "NCCL_DEBUG",
     "NCCL_DEBUG_FILE",
