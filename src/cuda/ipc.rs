@@ -156,14 +156,25 @@ impl DeviceQueue for Queue {
         // SAFETY: an aligned word of registered memory (this fn's contract).
         unsafe { self.stream.handle().write_value(addr, value) }.map_err(transport_error)
     }
+
+    fn finish(&mut self) -> TResult<()> {
+        self.synchronize().map_err(transport_error)
+    }
+}
+
+impl Queue {
+    fn synchronize(&self) -> Result<()> {
+        let _current = self.ctx.enter()?;
+        // SAFETY: a live stream of ours.
+        check(unsafe { sys::cuStreamSynchronize(self.stream.handle().0) }, "cuStreamSynchronize")
+    }
 }
 
 impl Drop for Queue {
     fn drop(&mut self) {
-        let _current = self.ctx.enter();
-        // SAFETY: a live stream of ours; its copies write the peer's window, which must not be
-        // closed under them. Nothing can be reported from a drop.
-        let _ = unsafe { sys::cuStreamSynchronize(self.stream.handle().0) };
+        // Its copies write the peer's window, which must not be closed under them. Nothing can
+        // be reported from a drop.
+        let _ = self.synchronize();
     }
 }
 

@@ -360,6 +360,11 @@ impl Connection for IpcConnection {
             self.tracks.pop_front();
         }
         moved |= self.shm.progress()?;
+        if !self.pending.is_empty() || !self.arrived.is_empty() {
+            // Waiting for the peer to free window space or for its copies to land: nothing in
+            // the ring tells when it dies, so the liveness line must.
+            self.shm.check_alive();
+        }
         let seen = (self.signals.landed(0), self.signals.landed(1));
         moved |= seen != self.seen;
         self.seen = seen;
@@ -436,6 +441,9 @@ impl Connection for IpcConnection {
 
     fn close(&mut self) {
         self.pending.clear();
+        // Copies already queued still read their sources: none may once this returns. A device
+        // that cannot finish them has failed for good (a sticky error), and reads no more.
+        let _ = self.queue.finish();
         self.shm.close();
     }
 }

@@ -58,6 +58,9 @@ pub trait DeviceQueue: Send {
     /// `addr` must be 4-byte aligned, in registered host memory or device memory this device
     /// reaches, and valid until the write has run.
     unsafe fn write_value(&mut self, addr: u64, value: u32) -> Result<()>;
+    /// Waits until everything queued so far has run (the connection closes: no memory of a
+    /// send may be read after that).
+    fn finish(&mut self) -> Result<()>;
 }
 
 /// A GPU as the IPC backend uses it.
@@ -135,6 +138,9 @@ pub(crate) mod host {
         unsafe fn write_value(&mut self, addr: u64, value: u32) -> Result<()> {
             // SAFETY: an aligned word of live host memory (this fn's contract).
             unsafe { (*(addr as *const AtomicU32)).store(value, Ordering::Release) };
+            Ok(())
+        }
+        fn finish(&mut self) -> Result<()> {
             Ok(())
         }
     }

@@ -198,6 +198,18 @@ impl ShmConnection {
         self.framed.recv_first(&[tag, alt], &mut |t, m, r| f(t == alt, m, r))
     }
 
+    /// Looks at the liveness line now and then (every call counts towards the next look), and
+    /// records the peer closed once it is gone: for a caller waiting on something other than
+    /// this connection's ring (the CUDA IPC connection's window space and landings).
+    pub(crate) fn check_alive(&mut self) {
+        if self.framed.closed().is_some() {
+            return;
+        }
+        if let Err(Error::PeerClosed(why)) = self.framed.stream.check_alive() {
+            self.framed.mark_closed(why);
+        }
+    }
+
     /// Takes the offers that have arrived (never spilling a frame left in the ring for the
     /// executor: an offer stuck behind one is used late or not at all).
     fn take_offers(&mut self) {
