@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# topoccl's GPU data path on one machine: (a) the device tests (tests/device_collectives.rs),
+# topoccl's GPU data path on one machine: (a) the device tests (tests/device_collectives.rs;
+# (a2) tests/device_ipc.rs, device data GPU to GPU by CUDA IPC),
 # (b) the device reduction kernel against a device-to-device copy (examples/device_kernels.rs),
 # (c) the all-reduce sweep on device buffers, 2 and 4 ranks sharing GPU 0
 # (examples/device_sweep.rs). Readable tables, a summary, exit status 1 if anything failed;
@@ -18,10 +19,10 @@
 #             (builds, stages stripped binaries in target/gpu-bench/, prints the carry list)
 #   2. there: run(command="benches/gpu/run.sh --prebuilt", carry=["target/gpu-bench"])
 #      Logs go to $OUT when it is set (the device tool brings that folder back), else to
-#      target/gpu-bench-logs/. Time limits: T_TESTS, T_KERNELS, T_SWEEP (seconds; defaults
+#      target/gpu-bench-logs/. Time limits: T_TESTS, T_IPC, T_KERNELS, T_SWEEP (seconds; defaults
 #      keep the whole run under the device tool's 10 minutes per command).
 #
-# Environment: T_TESTS / T_KERNELS / T_SWEEP (time limits), NP_LIST (default "2 4"),
+# Environment: T_TESTS / T_IPC / T_KERNELS / T_SWEEP (time limits), NP_LIST (default "2 4"),
 # SWEEP_MIN (8), SWEEP_FACTOR (4), KERNELS_ARGS (extra arguments for device_kernels).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -62,13 +63,13 @@ if [ "$STANDIN" = 1 ]; then
     KMAX=$(bytes "${MAX:-16M}")
     SMAX=$(bytes "${MAX:-4M}")
     KTARGET_MS=10
-    : "${T_TESTS:=120}" "${T_KERNELS:=60}" "${T_SWEEP:=60}"
+    : "${T_TESTS:=120}" "${T_IPC:=120}" "${T_KERNELS:=60}" "${T_SWEEP:=60}"
     export TOPOCCL_STANDIN_DELAY_US=${TOPOCCL_STANDIN_DELAY_US:-20}
 else
     KMAX=$(bytes "${MAX:-1G}")
     SMAX=$(bytes "${MAX:-256M}")
     KTARGET_MS=100
-    : "${T_TESTS:=150}" "${T_KERNELS:=120}" "${T_SWEEP:=120}"
+    : "${T_TESTS:=150}" "${T_IPC:=60}" "${T_KERNELS:=120}" "${T_SWEEP:=120}"
 fi
 KMIN=$((1 << 20))
 [ "$KMAX" -lt "$KMIN" ] && KMIN=$KMAX
@@ -85,7 +86,7 @@ mkdir -p "$LOGS"
 if [ "$PREBUILT" = 0 ]; then
     echo "== building (release) ==" >&2
     cargo build --release --example device_kernels --example device_sweep >&2 || exit 1
-    cargo test --release --no-run --test device_collectives >&2 || exit 1
+    cargo test --release --no-run --test device_collectives --test device_ipc >&2 || exit 1
     if [ "$STANDIN" = 1 ]; then
         cargo build --release -p topoccl-standin-cuda >&2 || exit 1
     fi
@@ -95,6 +96,10 @@ if [ "$PREBUILT" = 0 ]; then
         [ -x "$f" ] && echo "$f" && break
     done)
     [ -n "$TEST_EXE" ] || { echo "no device_collectives test binary under $TARGET/deps" >&2; exit 1; }
+    IPC_EXE=$(ls -t "$TARGET"/deps/device_ipc-* 2>/dev/null | grep -v '\.d$' | while read -r f; do
+        [ -x "$f" ] && echo "$f" && break
+    done)
+    [ -n "$IPC_EXE" ] || { echo "no device_ipc test binary under $TARGET/deps" >&2; exit 1; }
     rm -rf "$BIN"
     mkdir -p "$BIN/deps"
     stage() { # stage SRC DST: copy without debug information (the carry limit is 64 MiB)
@@ -103,6 +108,7 @@ if [ "$PREBUILT" = 0 ]; then
     stage "$TARGET/examples/device_kernels" "$BIN/device_kernels" || exit 1
     stage "$TARGET/examples/device_sweep" "$BIN/device_sweep" || exit 1
     stage "$TEST_EXE" "$BIN/deps/device_collectives" || exit 1
+    stage "$IPC_EXE" "$BIN/deps/device_ipc" || exit 1
     if [ "$STANDIN" = 1 ]; then
         stage "$TARGET/libcuda_standin.so" "$BIN/libcuda_standin.so" || exit 1
     fi
@@ -114,7 +120,7 @@ if [ "$PREBUILT" = 0 ]; then
 fi
 [ "$BUILD_ONLY" = 1 ] && exit 0
 
-for f in "$BIN/device_kernels" "$BIN/device_sweep" "$BIN/deps/device_collectives"; do
+for f in "$BIN/device_kernels" "$BIN/device_sweep" "$BIN/deps/device_collectives" "$BIN/deps/device_ipc"; do
     [ -x "$f" ] || { echo "missing $f: build here first (benches/gpu/run.sh --build-only) and carry $BIN" >&2; exit 1; }
 done
 if [ "$STANDIN" = 1 ]; then
@@ -160,6 +166,16 @@ rc=$?
 grep -E '^test |ranks over|test result' "$LOGS/tests.log" | sed 's/^/   /'
 [ "$rc" = 0 ] || { echo "   --- last lines of $LOGS/tests.log ---"; tail -n 40 "$LOGS/tests.log" | sed 's/^/   /'; }
 record "(a) device tests" "$rc" $((SECONDS - t0)) "$(grep -o 'test result: [a-zA-Z]*\. [0-9]* passed; [0-9]* failed' "$LOGS/tests.log" | tail -1)"
+
+# (a2) The CUDA IPC tests: ranks that know their GPU at init move device data GPU to GPU.
+echo
+echo "== (a2) CUDA IPC tests (tests/device_ipc.rs) on the $([ "$STANDIN" = 1 ] && echo stand-in || echo real) driver, limit ${T_IPC}s =="
+t0=$SECONDS
+"${TEST_ENV[@]}" timeout -k 10 "$T_IPC" "$BIN/deps/device_ipc" --test-threads=$TEST_THREADS >"$LOGS/ipc.log" 2>&1
+rc=$?
+grep -E '^test |processes over|failed after|test result' "$LOGS/ipc.log" | sed 's/^/   /'
+[ "$rc" = 0 ] || { echo "   --- last lines of $LOGS/ipc.log ---"; tail -n 40 "$LOGS/ipc.log" | sed 's/^/   /'; }
+record "(a2) CUDA IPC tests" "$rc" $((SECONDS - t0)) "$(grep -o 'test result: [a-zA-Z]*\. [0-9]* passed; [0-9]* failed' "$LOGS/ipc.log" | tail -1)"
 
 # (b) Reduction kernel against the copy engine.
 echo
