@@ -91,15 +91,16 @@ if [ "$PREBUILT" = 0 ]; then
         cargo build --release -p topoccl-standin-cuda >&2 || exit 1
     fi
     TARGET=${CARGO_TARGET_DIR:-target}/release
-    # The newest device_collectives-<hash> executable (cargo keeps older builds beside it).
-    TEST_EXE=$(ls -t "$TARGET"/deps/device_collectives-* 2>/dev/null | grep -v '\.d$' | while read -r f; do
-        [ -x "$f" ] && echo "$f" && break
-    done)
-    [ -n "$TEST_EXE" ] || { echo "no device_collectives test binary under $TARGET/deps" >&2; exit 1; }
-    IPC_EXE=$(ls -t "$TARGET"/deps/device_ipc-* 2>/dev/null | grep -v '\.d$' | while read -r f; do
-        [ -x "$f" ] && echo "$f" && break
-    done)
-    [ -n "$IPC_EXE" ] || { echo "no device_ipc test binary under $TARGET/deps" >&2; exit 1; }
+    newest_test() { # newest_test NAME: the newest NAME-<hash> executable (cargo keeps older ones)
+        local f
+        f=$(ls -t "$TARGET"/deps/"$1"-* 2>/dev/null | grep -v '\.d$' | while read -r f; do
+            [ -x "$f" ] && echo "$f" && break
+        done)
+        [ -n "$f" ] || { echo "no $1 test binary under $TARGET/deps" >&2; return 1; }
+        echo "$f"
+    }
+    TEST_EXE=$(newest_test device_collectives) || exit 1
+    IPC_EXE=$(newest_test device_ipc) || exit 1
     rm -rf "$BIN"
     mkdir -p "$BIN/deps"
     stage() { # stage SRC DST: copy without debug information (the carry limit is 64 MiB)
@@ -157,25 +158,23 @@ record() { # record NAME STATUS SECONDS [NOTE]
     SUMMARY+=("$(printf '%-34s %-26s %5ss %s' "$1" "$mark" "$3" "${4:-}")")
 }
 
-# (a) The device tests.
-echo
-echo "== (a) device tests (tests/device_collectives.rs) on the $([ "$STANDIN" = 1 ] && echo stand-in || echo real) driver, limit ${T_TESTS}s =="
-t0=$SECONDS
-"${TEST_ENV[@]}" timeout -k 10 "$T_TESTS" "$BIN/deps/device_collectives" --test-threads=$TEST_THREADS >"$LOGS/tests.log" 2>&1
-rc=$?
-grep -E '^test |ranks over|test result' "$LOGS/tests.log" | sed 's/^/   /'
-[ "$rc" = 0 ] || { echo "   --- last lines of $LOGS/tests.log ---"; tail -n 40 "$LOGS/tests.log" | sed 's/^/   /'; }
-record "(a) device tests" "$rc" $((SECONDS - t0)) "$(grep -o 'test result: [a-zA-Z]*\. [0-9]* passed; [0-9]* failed' "$LOGS/tests.log" | tail -1)"
+# run_tests STEP NAME LIMIT SUMMARY_LINES: a staged test binary, its lines matching
+# SUMMARY_LINES shown, its last lines on failure, and its result recorded.
+run_tests() {
+    local step=$1 name=$2 limit=$3 lines=$4 log="$LOGS/$2.log" t0=$SECONDS rc
+    echo
+    echo "== ($step) tests/$name.rs on the $([ "$STANDIN" = 1 ] && echo stand-in || echo real) driver, limit ${limit}s =="
+    "${TEST_ENV[@]}" timeout -k 10 "$limit" "$BIN/deps/$name" --test-threads=$TEST_THREADS >"$log" 2>&1
+    rc=$?
+    grep -E "$lines" "$log" | sed 's/^/   /'
+    [ "$rc" = 0 ] || { echo "   --- last lines of $log ---"; tail -n 40 "$log" | sed 's/^/   /'; }
+    record "($step) $name" "$rc" $((SECONDS - t0)) "$(grep -o 'test result: [a-zA-Z]*\. [0-9]* passed; [0-9]* failed' "$log" | tail -1)"
+}
 
-# (a2) The CUDA IPC tests: ranks that know their GPU at init move device data GPU to GPU.
-echo
-echo "== (a2) CUDA IPC tests (tests/device_ipc.rs) on the $([ "$STANDIN" = 1 ] && echo stand-in || echo real) driver, limit ${T_IPC}s =="
-t0=$SECONDS
-"${TEST_ENV[@]}" timeout -k 10 "$T_IPC" "$BIN/deps/device_ipc" --test-threads=$TEST_THREADS >"$LOGS/ipc.log" 2>&1
-rc=$?
-grep -E '^test |processes over|failed after|test result' "$LOGS/ipc.log" | sed 's/^/   /'
-[ "$rc" = 0 ] || { echo "   --- last lines of $LOGS/ipc.log ---"; tail -n 40 "$LOGS/ipc.log" | sed 's/^/   /'; }
-record "(a2) CUDA IPC tests" "$rc" $((SECONDS - t0)) "$(grep -o 'test result: [a-zA-Z]*\. [0-9]* passed; [0-9]* failed' "$LOGS/ipc.log" | tail -1)"
+# (a) The device tests; (a2) the CUDA IPC tests (ranks that know their GPU at init move device
+# data GPU to GPU).
+run_tests a device_collectives "$T_TESTS" '^test |ranks over|test result'
+run_tests a2 device_ipc "$T_IPC" '^test |processes over|failed after|test result'
 
 # (b) Reduction kernel against the copy engine.
 echo
