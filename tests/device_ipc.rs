@@ -13,7 +13,9 @@ mod standin;
 use std::time::{Duration, Instant};
 
 use device_support::{device_and_host, matrix, stream};
-use topoccl::{Communicator, Config, ReduceOp, TransportPolicy};
+use topoccl::cuda::{Context, DeviceMemory, StreamRef};
+use topoccl::transports::ipc::IpcCounts;
+use topoccl::{Buffer, Collective, CollectiveCall, Communicator, Config, Dtype, ReduceOp, TransportPolicy};
 
 /// One element, a small call, and one over the 512 KiB slice for every type.
 const COUNTS: [usize; 3] = [1, 1000, (600 << 10) / 8 + 3];
@@ -41,7 +43,7 @@ fn assert_ipc(comm: &Communicator) {
 
 /// The matrix on this process's rank of a job the parent launched, joined with a context
 /// current (so the communicator knows its device at init).
-fn every_call_in_this_process(counts: &[usize]) {
+fn every_call_in_this_process(counts: &[usize]) -> IpcCounts {
     let t = Instant::now();
     let s = stream();
     let comm = Communicator::from_env().expect("join");
@@ -62,14 +64,22 @@ fn every_call_in_this_process(counts: &[usize]) {
         t.elapsed().as_secs_f64()
     );
     assert!(wrong.is_empty(), "{} calls differ from the host path:\n{}", wrong.len(), wrong.join("\n"));
+    let c = comm.ipc_counts().expect("an IPC transport");
+    println!("rank {}: {c:?}", comm.rank());
     comm.destroy().expect("destroy");
+    c
 }
 
 #[test]
 fn every_collective_over_cuda_ipc_on_two_processes() {
-    let env = [("TOPOCCL_STANDIN_DELAY_US", "20")];
+    // A device without memory pools: cudarc allocates with `cuMemAlloc`, so buffers have IPC
+    // handles and receives are offered (the other tests' pool memory never is).
+    let env = [("TOPOCCL_STANDIN_DELAY_US", "20"), ("TOPOCCL_STANDIN_POOLS", "0")];
     if standin::ranks("every_collective_over_cuda_ipc_on_two_processes", 2, &env, 300) {
-        every_call_in_this_process(&COUNTS);
+        let c = every_call_in_this_process(&COUNTS);
+        // Some receives were offered in time, some not (the sender was first).
+        assert!(c.window_messages > 0 && c.direct_messages > 0, "{c:?}");
+        assert!(c.offers > 0 && c.cache.registered > 0, "{c:?}");
     }
 }
 
@@ -136,4 +146,68 @@ fn a_rank_killed_mid_call_fails_the_others_naming_it() {
     println!("rank {} failed after {:.1} s: {e}", comm.rank(), t.elapsed().as_secs_f64());
     assert!(t.elapsed() < Duration::from_secs(30), "not prompt: {:.1} s", t.elapsed().as_secs_f64());
     assert!(e.contains("rank 2"), "the error does not name rank 2: {e}");
+}
+
+/// Buffers from `cuMemAlloc` (what `ncclMemAlloc` returns) have IPC handles: a receive into one
+/// is offered to the sender, whose copy engine writes the message in place (one copy, no
+/// window). A buffer freed and allocated again — the same address, another allocation — must
+/// not be written through the old registration: it is registered again, and the old one is
+/// revoked at the peer, which closes its mapping.
+#[test]
+fn receives_land_straight_in_registered_buffers_and_a_freed_one_is_registered_again() {
+    let name = "receives_land_straight_in_registered_buffers_and_a_freed_one_is_registered_again";
+    if !standin::ranks(name, 2, &[("TOPOCCL_STANDIN_DELAY_US", "20"), ("TOPOCCL_TIMEOUT", "30")], 120) {
+        return;
+    }
+    let s = stream();
+    let comm = Communicator::from_env().expect("join");
+    assert_ipc(&comm);
+    let ctx = Context::primary(0).expect("context");
+    // 4 MiB: eight messages of one 512 KiB slice.
+    let n = 1 << 20;
+    let call = CollectiveCall::new(Collective::Broadcast { root: 0 }, Dtype::Float32, n);
+    let mut bases = Vec::new();
+    for round in 0..3u32 {
+        let buf = DeviceMemory::new(&ctx, n * 4).expect("cuMemAlloc");
+        bases.push(buf.addr());
+        let data: Vec<f32> = (0..n as u32).map(|i| (i ^ (round << 7)) as f32).collect();
+        let mine = if comm.rank() == 0 { data.clone() } else { vec![-1f32; n] };
+        // SAFETY: `buf` holds `n` floats; the context is current on this thread.
+        unsafe { cudarc::driver::result::memcpy_htod_sync(buf.addr() as u64, &mine) }.expect("upload");
+        if comm.rank() == 0 {
+            // The receiver is waiting by then, and has offered its buffer.
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        let at = Buffer::at(buf.addr() as *const u8);
+        // SAFETY: `buf` is device memory of the call's size, used by nothing else until the
+        // stream has passed the call (synchronised below, before it is freed).
+        unsafe { comm.submit_on(&call, at, at, StreamRef(s.cu_stream())) }.expect("broadcast");
+        s.synchronize().expect("synchronize");
+        comm.flush().expect("the broadcast failed");
+        let mut out = vec![0f32; n];
+        // SAFETY: as for the upload.
+        unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut out, buf.addr() as u64) }.expect("download");
+        if let Some(i) = out.iter().zip(&data).position(|(a, b)| a != b) {
+            panic!(
+                "rank {}, round {round}: the broadcast differs from element {i} ({} for {}); buffers at {bases:x?}; {:?}",
+                comm.rank(),
+                out[i],
+                data[i],
+                comm.ipc_counts()
+            );
+        }
+        // `buf` is freed here: the next round's allocation may take its address.
+    }
+    let c = comm.ipc_counts().expect("an IPC transport");
+    println!("rank {}: buffers at {bases:x?}; {c:?}", comm.rank());
+    let reused = bases.windows(2).filter(|w| w[0] == w[1]).count() as u64;
+    if comm.rank() == 0 {
+        assert!(c.direct_messages >= 3, "no message was copied straight into the offered buffer: {c:?}");
+        assert!(c.opened >= 3, "{c:?}");
+        assert!(c.closed >= reused.min(1), "a revoked registration stayed open: {c:?}");
+    } else {
+        assert!(c.offers >= 3 && c.announced >= 3, "{c:?}");
+        assert!(c.cache.stale >= reused && c.revoked >= reused, "a freed buffer kept its registration: {c:?}");
+    }
+    comm.destroy().expect("destroy");
 }

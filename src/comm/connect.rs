@@ -28,6 +28,9 @@ use crate::error::{Error, Result};
 const DIAL_MAGIC: &[u8; 4] = b"TCDL";
 const DIAL_BYTES: usize = 4 + 16 + 16 + 4 + 4;
 
+/// A rank's connections, by peer (`None` at the rank itself).
+type Links = Vec<Option<Box<dyn Connection>>>;
+
 /// What authenticates a data connection.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Auth {
@@ -36,20 +39,23 @@ pub(crate) struct Auth {
 }
 
 /// The table a communicator connects with: the user's transports first, then the built-in
-/// ones `TOPOCCL_TRANSPORT` allows — CUDA IPC first where this rank drives a GPU (`me`).
-pub(crate) fn table(cfg: &Config, me: &PeerInfo) -> Result<TransportTable> {
+/// ones `TOPOCCL_TRANSPORT` allows — CUDA IPC first where this rank drives a GPU (`me`; the
+/// IPC transport is returned too, for its counters).
+pub(crate) fn table(cfg: &Config, me: &PeerInfo) -> Result<(TransportTable, Option<Arc<IpcTransport>>)> {
     let shm = ShmTransport { ring_bytes: cfg.shm_ring_bytes, direct: cfg.shm_direct };
     let tcp = Arc::new(TcpTransport { sockets: cfg.sockets.max(1) });
     let mut table = TransportTable::new();
+    let mut ipc = None;
     if let (TransportPolicy::Auto, Some(device)) = (cfg.transport, me.device) {
         // A device this process cannot open for IPC leaves the pair to shared memory.
         if let Ok(access) = crate::cuda::ipc_access(device) {
-            let ipc = IpcTransport {
+            let t = Arc::new(IpcTransport::new(
                 access,
-                window_bytes: cfg.ipc_window_bytes.max(cfg.slice_bytes.next_multiple_of(256)),
-                shm: ShmTransport { direct: false, ..shm },
-            };
-            table = table.try_with(Arc::new(ipc)).map_err(|e| Error::Internal(format!("a built-in transport: {e}")))?;
+                cfg.ipc_window_bytes.max(cfg.slice_bytes.next_multiple_of(256)),
+                ShmTransport { direct: false, ..shm },
+            ));
+            table = table.try_with(t.clone()).map_err(|e| Error::Internal(format!("a built-in transport: {e}")))?;
+            ipc = Some(t);
         }
     }
     let shm = Arc::new(shm);
@@ -59,7 +65,7 @@ pub(crate) fn table(cfg: &Config, me: &PeerInfo) -> Result<TransportTable> {
         TransportPolicy::Shm => table.try_with(shm),
     }
     .map_err(|e| Error::Internal(format!("a built-in transport: {e}")))?;
-    Ok(cfg.transports.clone().then(&builtin))
+    Ok((cfg.transports.clone().then(&builtin), ipc))
 }
 
 fn locality(p: &PeerInfo) -> Locality {
@@ -74,9 +80,9 @@ pub(crate) fn connect_all(
     auth: Auth,
     cfg: &Config,
     deadline: Instant,
-) -> Result<Vec<Option<Box<dyn Connection>>>> {
+) -> Result<(Links, Option<Arc<IpcTransport>>)> {
     let me = peers[rank as usize];
-    let table = table(cfg, &me)?;
+    let (table, ipc) = table(cfg, &me)?;
     let mut sockets_to = Vec::with_capacity(peers.len());
     for (p, info) in peers.iter().enumerate() {
         match table.select(&locality(&me), &locality(info)) {
@@ -166,5 +172,5 @@ pub(crate) fn connect_all(
         let conn = table.connect(&locality(&me), &locality(&peers[p as usize]), setup);
         links[p as usize] = Some(conn.map_err(|e| Error::Transport { peer: p, source: e })?);
     }
-    Ok(links)
+    Ok((links, ipc))
 }

@@ -106,6 +106,8 @@ pub struct Communicator {
     config: Config,
     topology: Topology,
     transports: Vec<Option<&'static str>>,
+    /// The CUDA IPC transport, when this rank's table has one (its counters).
+    ipc: Option<Arc<topoccl_transports::ipc::IpcTransport>>,
     /// Where calls are checked, planned and numbered; held while a call is admitted to the
     /// queue, so the queue's order is the call order.
     front: Mutex<Front>,
@@ -244,7 +246,7 @@ impl Communicator {
         deadline: Instant,
     ) -> Result<Communicator> {
         let nranks = peers.len() as u32;
-        let links = connect::connect_all(rank, &peers, &listener, auth, &config, deadline)?;
+        let (links, ipc) = connect::connect_all(rank, &peers, &listener, auth, &config, deadline)?;
         let local = peers.iter().filter(|p| p.host == peers[rank as usize].host).count();
         let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
         let host_model = if local == nranks as usize {
@@ -307,6 +309,7 @@ impl Communicator {
             config,
             topology,
             transports,
+            ipc,
             front: Mutex::new(front),
             shared,
             progress: Some(progress),
@@ -334,6 +337,13 @@ impl Communicator {
     /// The transport to each rank (`None` for this rank): `tcp`, `shm`, or a user's.
     pub fn transports(&self) -> Vec<Option<&'static str>> {
         self.transports.clone()
+    }
+
+    /// What the CUDA IPC connections have done so far (device messages through windows and
+    /// straight into offered buffers, registrations): `None` when this rank has no CUDA IPC
+    /// transport.
+    pub fn ipc_counts(&self) -> Option<topoccl_transports::ipc::IpcCounts> {
+        self.ipc.as_ref().map(|t| t.counts())
     }
 
     /// A handle that aborts this communicator's calls from another thread.

@@ -6,16 +6,17 @@
 //! Everything runs in the device's primary context (the one PyTorch and the CUDA runtime use):
 //! the executor's own operations, in the communicator's context, read the windows from there.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys::{self, CUdevice, CUdevice_attribute, CUresult, CUuuid};
 use topoccl_transports::ipc::device::IPC_HANDLE_BYTES;
 use topoccl_transports::ipc::{DeviceAccess, DeviceId, DeviceQueue, ExportedMemory, ImportedMemory, RegisteredHost};
+use topoccl_transports::registration::Allocation;
 use topoccl_transports::Error as TransportError;
 
 use super::context::Context;
 use super::driver::{check, driver, loaded};
-use super::memory::DeviceMemory;
+use super::memory::{allocation_of, DeviceMemory};
 use super::stream::Stream;
 use crate::error::{Error, Result};
 
@@ -97,6 +98,22 @@ impl ExportedMemory for Window {
     }
 }
 
+/// A handle opened in this process: the driver maps a handle once per context, and several
+/// connections (ranks of one process importing one peer buffer) may use the mapping.
+struct OpenHandle {
+    ctx: usize,
+    handle: [u8; IPC_HANDLE_BYTES],
+    ptr: u64,
+    users: usize,
+}
+
+static OPENED: Mutex<Vec<OpenHandle>> = Mutex::new(Vec::new());
+
+fn opened() -> std::sync::MutexGuard<'static, Vec<OpenHandle>> {
+    // Every critical section leaves the list consistent, so a poisoned lock is usable.
+    OPENED.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 struct Opened {
     ptr: u64,
     ctx: Arc<Context>,
@@ -110,9 +127,21 @@ impl ImportedMemory for Opened {
 
 impl Drop for Opened {
     fn drop(&mut self) {
+        let key = self.ctx.raw() as usize;
+        {
+            let mut list = opened();
+            let Some(i) = list.iter().position(|o| o.ctx == key && o.ptr == self.ptr) else { return };
+            list[i].users -= 1;
+            if list[i].users > 0 {
+                return;
+            }
+            list.swap_remove(i);
+        }
+        // Unmapping may wait for the device: not while holding the list others open with.
         let _current = self.ctx.enter();
-        // SAFETY: opened once by `open`, closed once; the connection dropped its queue (which
-        // waits for its copies) first. Nothing can be reported from a drop.
+        // SAFETY: opened once by `open` in this context, closed once, by its last user; the
+        // connections dropped their queues (which wait for their copies) first. Nothing can be
+        // reported from a drop.
         let _ = unsafe { sys::cuIpcCloseMemHandle(self.ptr) };
     }
 }
@@ -220,7 +249,27 @@ impl DeviceAccess for CudaIpc {
         Ok(Box::new(Window { memory, handle: handle.reserved.map(|b| b as u8) }))
     }
 
+    fn allocation(&self, addr: u64) -> TResult<Option<Allocation>> {
+        let Ok(addr) = usize::try_from(addr) else { return Ok(None) };
+        Ok(allocation_of(addr).and_then(|(ordinal, a)| (ordinal == self.id.ordinal).then_some(a)))
+    }
+
+    fn export(&self, base: u64) -> TResult<Option<[u8; IPC_HANDLE_BYTES]>> {
+        let _current = self.ctx.enter().map_err(transport_error)?;
+        let mut handle = sys::CUipcMemHandle { reserved: [0; IPC_HANDLE_BYTES] };
+        // SAFETY: the context is current; the driver checks that `base` starts an allocation
+        // it can export (pool memory cannot: an error, answered as no handle).
+        let r = unsafe { sys::cuIpcGetMemHandle(&mut handle, base) };
+        Ok((r == CUresult::CUDA_SUCCESS).then(|| handle.reserved.map(|b| b as u8)))
+    }
+
     fn open(&self, handle: &[u8; IPC_HANDLE_BYTES]) -> TResult<Box<dyn ImportedMemory>> {
+        let key = self.ctx.raw() as usize;
+        let mut list = opened();
+        if let Some(o) = list.iter_mut().find(|o| o.ctx == key && o.handle == *handle) {
+            o.users += 1;
+            return Ok(Box::new(Opened { ptr: o.ptr, ctx: self.ctx.clone() }));
+        }
         let _current = self.ctx.enter().map_err(transport_error)?;
         let h = sys::CUipcMemHandle { reserved: handle.map(|b| b as std::ffi::c_char) };
         let mut ptr = 0u64;
@@ -228,6 +277,7 @@ impl DeviceAccess for CudaIpc {
         // SAFETY: the context is current; the handle is plain bytes the driver validates.
         check(unsafe { sys::cuIpcOpenMemHandle_v2(&mut ptr, h, flags) }, "cuIpcOpenMemHandle")
             .map_err(transport_error)?;
+        list.push(OpenHandle { ctx: key, handle: *handle, ptr, users: 1 });
         Ok(Box::new(Opened { ptr, ctx: self.ctx.clone() }))
     }
 

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::sys::{self, CUmemorytype, CUpointer_attribute, CUresult};
+use topoccl_transports::registration::Allocation;
 use topoccl_transports::MemSpace;
 
 use super::context::Context;
@@ -41,6 +42,40 @@ pub fn space_of(addr: usize) -> MemSpace {
         Ok(d) if device => MemSpace::Device(d),
         _ => MemSpace::Host,
     }
+}
+
+/// The allocation of device memory `addr` lies in, with the device's ordinal: its base, length
+/// and the driver's buffer id (`CU_POINTER_ATTRIBUTE_BUFFER_ID`, which no later allocation at
+/// the same address shares). `None` for host memory, managed memory and unknown pointers.
+pub fn allocation_of(addr: usize) -> Option<(u32, Allocation)> {
+    if addr == 0 || loaded().is_err() {
+        return None;
+    }
+    let (mut kind, mut ordinal, mut base, mut size, mut id) = (0u32, -1i32, 0u64, 0usize, 0u64);
+    let mut attrs = [
+        CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+        CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+        CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+        CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+        CUpointer_attribute::CU_POINTER_ATTRIBUTE_BUFFER_ID,
+    ];
+    let mut data: [*mut std::ffi::c_void; 5] = [
+        (&mut kind as *mut u32).cast(),
+        (&mut ordinal as *mut i32).cast(),
+        (&mut base as *mut u64).cast(),
+        (&mut size as *mut usize).cast(),
+        (&mut id as *mut u64).cast(),
+    ];
+    // SAFETY: the library is loaded with this entry point (`loaded`); each out-pointer matches
+    // its attribute's type (a memory type is 32-bit, an ordinal an int, a range start a
+    // CUdeviceptr, a range size a size_t, a buffer id 64-bit).
+    let r =
+        unsafe { sys::cuPointerGetAttributes(attrs.len() as u32, attrs.as_mut_ptr(), data.as_mut_ptr(), addr as u64) };
+    let inside = base <= addr as u64 && (addr as u64) < base.saturating_add(size as u64);
+    if r != CUresult::CUDA_SUCCESS || kind != CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 || !inside {
+        return None;
+    }
+    Some((u32::try_from(ordinal).ok()?, Allocation { base, len: size as u64, buffer_id: id }))
 }
 
 /// Device memory from `cuMemAlloc` (not a pool: such memory can later be shared by IPC).

@@ -522,6 +522,45 @@ impl<S: ByteStream> Framed<S> {
         }
     }
 
+    /// Hands the next message of `tag` to `f` if it has arrived, moving small frames of other
+    /// tags that are in the way (at most `small` bytes of payload each) out of the stream, but
+    /// never a larger one; whether it did. For a backend's own small frames (the CUDA IPC
+    /// connection's offers), which must not wait behind messages the executor takes later.
+    pub(crate) fn recv_past_small(&mut self, tag: u32, small: usize, f: &mut dyn FnMut(&Meta, Region)) -> Result<bool> {
+        loop {
+            if let Some(m) = self.queued_first(&[tag]) {
+                f(&m.meta, Region::of(&m.data));
+                self.recycle(m.data);
+                return Ok(true);
+            }
+            let Some(h) = self.in_place else {
+                // Frames behind one just taken may have come already (a peer that closed
+                // counts as progress, but brings none).
+                if self.closed.is_none() && self.read_side()? {
+                    continue;
+                }
+                return Ok(false);
+            };
+            if h.tag != tag && h.len > small {
+                return Ok(false);
+            }
+            let frame = HEADER_BYTES + h.len;
+            let complete = self.stream.peek(frame).is_some_and(|p| p.bytes.len() >= frame);
+            if h.tag == tag && complete {
+                if let Some(p) = self.stream.peek(frame) {
+                    f(&h.meta, Region::of(&p.bytes[HEADER_BYTES..frame]));
+                }
+                self.stream.consume(frame);
+                self.in_place = None;
+                return Ok(true);
+            }
+            self.spill(h);
+            if !self.read_side()? {
+                return Ok(false);
+            }
+        }
+    }
+
     /// The next message of `tag`, copied out of the stream if it was left there.
     #[cfg(test)]
     pub(crate) fn recv(&mut self, tag: u32) -> Option<Message> {

@@ -18,7 +18,8 @@
 //!   order) to a closure, in place where the backend can.
 //! - `offer(tag, dst)` is the one-sided half: the receiver exposes where the next message of a
 //!   tag should land, and a backend that can write the receiver's memory puts the payload
-//!   there and signals (shared memory with cross-memory attach now; CUDA IPC and RDMA later).
+//!   there and signals (shared memory with cross-memory attach, CUDA IPC through
+//!   [`registration`]s; RDMA later).
 //!   Others ignore it: TCP keeps two-sided messages underneath the same interface.
 //! - `backlog` says how many bytes wait to be handed over, so the executor can apply
 //!   back-pressure; `wait_fds`/`needs_spin` tell it how to sleep when nothing moves.
@@ -45,6 +46,7 @@ pub mod ipc;
 pub mod fuzzing;
 mod memory;
 mod pool;
+pub mod registration;
 pub mod shm;
 pub mod table;
 pub mod tcp;
@@ -124,14 +126,16 @@ pub trait Connection: Send {
     fn recv_with(&mut self, tag: u32, f: &mut dyn FnMut(&Meta, Region)) -> Result<bool>;
     /// Offers `dst` as where the next message of `tag` to arrive may be put: a backend that
     /// can write this rank's memory from the peer's side (one-sided: shared memory with
-    /// cross-memory attach now, CUDA IPC and RDMA later) tells the peer, which then writes the
+    /// cross-memory attach for host memory, CUDA IPC for device memory through a
+    /// [`registration`](crate::registration); RDMA later) tells the peer, which then writes the
     /// payload straight there and signals; the message then comes through
     /// [`Connection::recv_with`] as `dst` itself, already written. Other backends ignore it,
     /// and an offer the peer sees too late goes unused (the message comes the usual way).
     ///
     /// # Safety
-    /// `dst` must be valid host memory, of exactly the message's length to be used, that
-    /// nothing else reads or writes until that message has been received or the connection is
+    /// `dst` must be valid memory the connection [reaches](Connection::reaches), of exactly the
+    /// message's length to be used, that nothing else — this rank's asynchronous device work
+    /// included — reads or writes until that message has been received or the connection is
     /// closed (closing revokes every offer before it returns).
     unsafe fn offer(&mut self, _tag: u32, _dst: Region) -> Result<()> {
         Ok(())

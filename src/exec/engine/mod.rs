@@ -477,15 +477,22 @@ impl Run<'_> {
                     return Err(Error::PeerFailed { peer: st.from, reason: why.to_string() });
                 }
                 if !*offered && matches!(action, Action::Recv | Action::RecvCopySend) {
-                    *offered = true;
                     let dst = spans(self.mem, st, off, n)?.1;
                     if l.one_sided() && l.reaches(dst.space) {
+                        // The peer's device may write an offered device destination at once,
+                        // unordered with this rank's operations: none may still touch it. They
+                        // run in order, so the last one done means all are (else offer later).
+                        if dst.space != MemSpace::Host && !self.ops.done(self.last)? {
+                            return Ok(false);
+                        }
                         // SAFETY: the destination is this step's slice of the run's buffers,
                         // valid for the run (`run`'s contract); no other step reads or writes it
-                        // before this receive completes (the schedule orders them), and a run
-                        // that ends early closes its connections, which revokes the offer.
+                        // before this receive completes (the schedule orders them; sends still
+                        // reading it were waited for above, local operations just now), and a
+                        // run that ends early closes its connections, which revokes the offer.
                         unsafe { l.offer(tag, dst) }.map_err(transport_error(st.from))?;
                     }
+                    *offered = true;
                 }
                 return Ok(false);
             }

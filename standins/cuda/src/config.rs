@@ -22,6 +22,10 @@ pub struct Config {
     /// `TOPOCCL_STANDIN_POISON`: the byte new device and pinned allocations are filled with
     /// (default 0xff, so a read before any write gives NaN / all-ones; `off` leaves zeros).
     pub poison: Option<u8>,
+    /// `TOPOCCL_STANDIN_POOLS`: whether the device says it has memory pools (default 1; 0
+    /// makes `MEMORY_POOLS_SUPPORTED` answer 0, as devices without them do, so cudarc
+    /// allocates with `cuMemAlloc`, whose memory has IPC handles).
+    pub pools: bool,
 }
 
 static CONFIG: OnceLock<Config> = OnceLock::new();
@@ -61,6 +65,7 @@ impl Config {
                 .unwrap_or(clock ^ u64::from(std::process::id())),
             driver_version: env("TOPOCCL_STANDIN_DRIVER_VERSION").and_then(|v| v.parse().ok()).unwrap_or(12090),
             poison: env("TOPOCCL_STANDIN_POISON").and_then(|v| parse_poison(&v)).unwrap_or(Some(0xff)),
+            pools: env("TOPOCCL_STANDIN_POOLS").map_or(true, |v| v != "0"),
         }
     }
 

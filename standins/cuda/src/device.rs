@@ -62,6 +62,7 @@ pub fn can_access_peer(device: i32, peer: i32) -> CuResult<bool> {
 pub fn attribute(attr: u32, device: i32) -> CuResult<i32> {
     check(device)?;
     let sm = config::get()?.sm as i32;
+    let pools = i32::from(config::get()?.pools);
     let (domain, bus, pci_dev) = pci(device);
     Ok(match attr {
         1 => 1024,       // MAX_THREADS_PER_BLOCK
@@ -122,7 +123,7 @@ pub fn attribute(attr: u32, device: i32) -> CuResult<i32> {
         112 => 0,        // SPARSE_CUDA_ARRAY_SUPPORTED
         113 => 1,        // READ_ONLY_HOST_REGISTER_SUPPORTED
         114 => 0,        // TIMELINE_SEMAPHORE_INTEROP_SUPPORTED
-        115 => 1,        // MEMORY_POOLS_SUPPORTED
+        115 => pools,    // MEMORY_POOLS_SUPPORTED
         116..=118 => 0,  // GPU_DIRECT_RDMA_*
         119 => 0,        // MEMPOOL_SUPPORTED_HANDLE_TYPES (pools have no IPC)
         120 => 0,        // CLUSTER_LAUNCH

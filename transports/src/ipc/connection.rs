@@ -14,6 +14,10 @@
 //! message of a tag, device or host. A send that finds no room in the window waits in a queue,
 //! and every later send waits behind it.
 //!
+//! **Or no window at all.** A receiver that knows where a message must go offers that
+//! destination first (see [`offers`](super::offers)); the sender then copies the payload
+//! straight into it, and the descriptor only says so.
+//!
 //! **The window is lent.** A device message stays in the window after `recv_with` returns,
 //! while the receiver's own device operations read it ([`Connection::lends`]); the executor
 //! releases each message once they are done, and the window's space comes back to the sender
@@ -22,10 +26,14 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use super::device::{DeviceQueue, ExportedMemory, ImportedMemory, RegisteredHost};
-use super::DEVICE_BIT;
+use super::offers::{Announced, Control, Imports, Offer, CONTROL_TAG, DIRECT_MIN_BYTES};
+use super::stats::Counter;
+use super::{Shared, DEVICE_BIT};
 use crate::error::{Error, Result};
+use crate::registration::RegistrationKey;
 use crate::shm::segment::Segment;
 use crate::shm::ShmConnection;
 use crate::{Connection, MemSpace, Meta, Region, Ticket, WaitFd};
@@ -34,11 +42,22 @@ use crate::{Connection, MemSpace, Meta, Region, Ticket, WaitFd};
 /// preferred copy alignment).
 pub(crate) const WINDOW_ALIGN: usize = 256;
 /// Bytes of a device message's descriptor (its payload in the ring).
-const DESCRIPTOR_BYTES: usize = 32;
+const DESCRIPTOR_BYTES: usize = 40;
 /// Where each direction's words lie in the shared page: `landed` (u32) at the start,
-/// `released` (u64) a cache line later.
+/// `released` (u64) a cache line later, then the revocation flags: `writing` (u32, the sender
+/// is queueing a copy into an offer), `revoked` (u32, the receiver takes its offers back) and
+/// `direct` (u64, the number of the last copy queued into an offer).
 pub(crate) const DIRECTION_BYTES: usize = 128;
 const RELEASED_AT: usize = 64;
+const WRITING_AT: usize = 72;
+const REVOKED_AT: usize = 76;
+const DIRECT_AT: usize = 80;
+/// How long a closing receiver waits for copies into its offers to land (one copy of one
+/// message; a peer stopped in the middle is given up on).
+const REVOKE_WAIT: Duration = Duration::from_secs(2);
+/// Frames an offer may be moved past in the ring (descriptors, registrations, offers; not
+/// host payloads, which the executor takes where they lie).
+const SMALL_FRAME_BYTES: usize = 128;
 /// Tickets of this connection's own sends (shared memory's pass through below it).
 const OWN_TICKETS: u64 = 1 << 62;
 
@@ -68,6 +87,16 @@ impl Signals {
         unsafe { &*self.word(direction, RELEASED_AT).cast::<AtomicU64>() }
     }
 
+    fn flag(&self, direction: usize, at: usize) -> &AtomicU32 {
+        // SAFETY: an aligned word of the live shared page; only atomics touch it.
+        unsafe { &*self.word(direction, at).cast::<AtomicU32>() }
+    }
+
+    fn direct(&self, direction: usize) -> &AtomicU64 {
+        // SAFETY: an aligned word of the live shared page; only atomics touch it.
+        unsafe { &*self.word(direction, DIRECT_AT).cast::<AtomicU64>() }
+    }
+
     /// The device address of this side's `landed` word.
     fn landed_device_addr(&self) -> u64 {
         self.registered.device_addr() + (self.tx * DIRECTION_BYTES) as u64
@@ -92,8 +121,22 @@ pub(crate) struct PeerWindow {
 struct Pending {
     ticket: u64,
     tag: u32,
+    /// Its number among the messages of its tag (offers name it).
+    message: u32,
     meta: Meta,
     data: Region,
+}
+
+/// The count of messages of `tag` in `counts` (created at 0).
+fn count(counts: &mut Vec<(u32, u32)>, tag: u32) -> &mut u32 {
+    let i = match counts.iter().position(|c| c.0 == tag) {
+        Some(i) => i,
+        None => {
+            counts.push((tag, 0));
+            counts.len() - 1
+        }
+    };
+    &mut counts[i].1
 }
 
 /// Where one of this connection's tickets stands.
@@ -112,21 +155,26 @@ struct Arrived {
     tag: u32,
     meta: Meta,
     descriptor: Descriptor,
+    /// Where it lands: the window, or the destination offered for it.
+    at: Region,
 }
 
 #[derive(Clone, Copy, Debug)]
 struct Descriptor {
     offset: u64,
     len: u64,
-    /// Window bytes it used, the padding before it included.
+    /// Window bytes it used, the padding before it included (none when `direct`).
     consumed: u64,
     seq: u64,
+    /// Copied into the destination the receiver offered, not the window.
+    direct: bool,
 }
 
 impl Descriptor {
     fn encode(&self) -> [u8; DESCRIPTOR_BYTES] {
         let mut b = [0u8; DESCRIPTOR_BYTES];
-        for (i, v) in [self.offset, self.len, self.consumed, self.seq].into_iter().enumerate() {
+        let fields = [self.offset, self.len, self.consumed, self.seq, u64::from(self.direct)];
+        for (i, v) in fields.into_iter().enumerate() {
             b[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
         }
         b
@@ -143,8 +191,20 @@ impl Descriptor {
             w.copy_from_slice(&b[i * 8..i * 8 + 8]);
             u64::from_le_bytes(w)
         };
-        let d = Descriptor { offset: q(0), len: q(1), consumed: q(2), seq: q(3) };
+        let direct = match q(4) {
+            0 => false,
+            1 => true,
+            _ => return Err(bad("unknown kind")),
+        };
+        let d = Descriptor { offset: q(0), len: q(1), consumed: q(2), seq: q(3), direct };
         let cap = cap as u64;
+        if direct {
+            return if d.offset == 0 && d.consumed == 0 && d.len <= cap {
+                Ok(d)
+            } else {
+                Err(bad("impossible direct copy"))
+            };
+        }
         if d.offset % WINDOW_ALIGN as u64 != 0 || d.offset.checked_add(d.len).map_or(true, |end| end > cap) {
             return Err(bad("outside the window"));
         }
@@ -164,6 +224,19 @@ pub struct IpcConnection {
     rx_cap: usize,
     signals: Signals,
     shm: ShmConnection,
+    /// The peer's registrations opened here: closed after the queue has finished.
+    imports: Imports,
+    shared: Shared,
+    /// The peer shares this process: its registrations are used by address.
+    same_process: bool,
+    announced: Announced,
+    /// Messages sent and received so far, per tag (offers name them).
+    sent: Vec<(u32, u32)>,
+    received: Vec<(u32, u32)>,
+    /// Destinations this side offered for messages not yet received: (tag, message, region).
+    offered: Vec<(u32, u32, Region)>,
+    /// This side has closed and taken its offers back.
+    revoked: bool,
     ordinal: u32,
     peer: String,
     /// Window bytes handed out so far (the sender's head), and copies queued.
@@ -190,17 +263,25 @@ impl IpcConnection {
         tx: PeerWindow,
         (rx, rx_cap): (Box<dyn ExportedMemory>, usize),
         signals: Signals,
-        ordinal: u32,
+        shared: Shared,
         peer: String,
     ) -> IpcConnection {
         IpcConnection {
             queue,
+            same_process: tx._mapping.is_none(),
             tx,
             rx,
             rx_cap,
             signals,
             shm,
-            ordinal,
+            imports: Imports::default(),
+            ordinal: shared.access.device().ordinal,
+            shared,
+            announced: Announced::default(),
+            sent: Vec::new(),
+            received: Vec::new(),
+            offered: Vec::new(),
+            revoked: false,
             peer,
             head: 0,
             copies: 0,
@@ -238,6 +319,14 @@ impl IpcConnection {
             let t = unsafe { self.shm.send(p.tag, &p.meta, p.data)? };
             return Ok(Some(Track::Shm(t)));
         }
+        if p.data.len >= DIRECT_MIN_BYTES {
+            self.take_control()?;
+            if let Some(dst) = self.imports.take(p.tag, p.message, p.data.len, &self.peer)? {
+                if let Some(track) = self.post_direct(p, dst)? {
+                    return Ok(Some(track));
+                }
+            }
+        }
         let Some((offset, consumed)) = self.place(p.data.len) else { return Ok(None) };
         let seq = self.copies + 1;
         // SAFETY: the source is device memory of this rank's device, valid and unchanged until
@@ -250,11 +339,108 @@ impl IpcConnection {
         }
         self.copies = seq;
         self.head += consumed;
-        let d = Descriptor { offset, len: p.data.len as u64, consumed, seq };
+        let d = Descriptor { offset, len: p.data.len as u64, consumed, seq, direct: false };
         let bytes = d.encode();
         // SAFETY: a small payload, copied by the framing before `send_reserved` returns.
         unsafe { self.shm.send_reserved(p.tag | DEVICE_BIT, &p.meta, Region::of(&bytes))? };
+        self.shared.stats.add(Counter::Window);
         Ok(Some(Track::Copy(seq)))
+    }
+
+    /// Copies `p` straight into `dst`, the destination the peer offered for it (its address
+    /// here), unless the peer has taken its offers back; whether it did.
+    ///
+    /// Dekker's protocol on the direction's `writing` and `revoked` flags (sequentially
+    /// consistent): this side raises `writing`, then queues the copy only if `revoked` is
+    /// clear; a closing receiver raises `revoked`, then waits while `writing` is up and for the
+    /// copy numbered in `direct` to land. One of the two always sees the other's flag.
+    fn post_direct(&mut self, p: &Pending, dst: u64) -> Result<Option<Track>> {
+        let tx = self.signals.tx;
+        let writing = self.signals.flag(tx, WRITING_AT);
+        writing.store(1, Ordering::SeqCst);
+        if self.signals.flag(tx, REVOKED_AT).load(Ordering::SeqCst) != 0 {
+            writing.store(0, Ordering::SeqCst);
+            return Ok(None);
+        }
+        let seq = self.copies + 1;
+        // SAFETY: the source is device memory of this rank's device, valid and unchanged until
+        // the ticket is done (`send`'s contract); the destination lies inside a registration
+        // the peer announced and has not revoked (bounds checked by `Imports::take`), offered
+        // for this very message, which nothing on the peer's side touches until it has landed.
+        let queued = unsafe {
+            self.queue
+                .copy(dst, p.data.addr as u64, p.data.len)
+                .and_then(|()| self.queue.write_value(self.signals.landed_device_addr(), seq as u32))
+        };
+        if queued.is_ok() {
+            self.signals.direct(tx).store(seq, Ordering::SeqCst);
+        }
+        self.signals.flag(tx, WRITING_AT).store(0, Ordering::SeqCst);
+        queued?;
+        self.copies = seq;
+        let d = Descriptor { offset: 0, len: p.data.len as u64, consumed: 0, seq, direct: true };
+        let bytes = d.encode();
+        // SAFETY: a small payload, copied by the framing before `send_reserved` returns.
+        unsafe { self.shm.send_reserved(p.tag | DEVICE_BIT, &p.meta, Region::of(&bytes))? };
+        self.shared.stats.add(Counter::Direct);
+        Ok(Some(Track::Copy(seq)))
+    }
+
+    /// Acts on the registrations, revocations and offers the peer has sent.
+    fn take_control(&mut self) -> Result<()> {
+        let mut frames = Vec::new();
+        let peer = &self.peer;
+        // Descriptors and other offers may be moved out of the way; a host payload stays.
+        // SAFETY: `recv_reserved` hands over host memory valid for the call.
+        while self.shm.recv_reserved(CONTROL_TAG, SMALL_FRAME_BYTES, &mut |m, r| {
+            frames.push(Control::decode(m, unsafe { r.bytes() }, peer))
+        })? {}
+        for f in frames {
+            self.imports.apply(f?, &*self.shared.access, self.same_process, self.copies, &self.shared.stats);
+        }
+        Ok(())
+    }
+
+    /// Counts a message of `tag` received (handed over); its offer, if any, is used up.
+    fn received(&mut self, tag: u32) {
+        let n = count(&mut self.received, tag);
+        let message = *n;
+        *n = n.wrapping_add(1);
+        self.offered.retain(|o| o.0 != tag || o.1 != message);
+    }
+
+    /// Where a device message lands here: the window, or the destination this side offered
+    /// for it.
+    fn landing(&mut self, tag: u32, d: &Descriptor) -> Result<Region> {
+        if !d.direct {
+            return Ok(self.region(d));
+        }
+        let message = *count(&mut self.received, tag);
+        match self.offered.iter().find(|o| o.0 == tag && o.1 == message) {
+            Some(o) if o.2.len as u64 == d.len => Ok(o.2),
+            _ => Err(Error::Protocol(format!(
+                "{} copied message {message} of tag {tag} into a destination this side did not offer",
+                self.peer
+            ))),
+        }
+    }
+
+    /// Takes every offer back: no copy of the peer's writes this side's memory once this
+    /// returns (or the peer has been given up on). See [`IpcConnection::post_direct`].
+    fn revoke_offers(&mut self) {
+        if std::mem::replace(&mut self.revoked, true) {
+            return;
+        }
+        let rx = self.rx_direction();
+        self.signals.flag(rx, REVOKED_AT).store(1, Ordering::SeqCst);
+        let deadline = Instant::now() + REVOKE_WAIT;
+        while self.signals.flag(rx, WRITING_AT).load(Ordering::SeqCst) != 0 && Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+        let last = self.signals.direct(rx).load(Ordering::SeqCst);
+        while !reached(self.signals.landed(rx), last) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_micros(50));
+        }
     }
 
     /// Hands on the queued sends that can go now, in order; whether any went.
@@ -327,7 +513,10 @@ impl Connection for IpcConnection {
         }
         let ticket = self.next_ticket;
         self.next_ticket += 1;
-        let p = Pending { ticket, tag, meta: *meta, data };
+        let n = count(&mut self.sent, tag);
+        let message = *n;
+        *n = n.wrapping_add(1);
+        let p = Pending { ticket, tag, message, meta: *meta, data };
         let track = if self.pending.is_empty() { self.post(&p)? } else { None };
         match track {
             Some(Track::Shm(t)) if t == Ticket::DONE => return Ok(Ticket::DONE),
@@ -360,6 +549,8 @@ impl Connection for IpcConnection {
             self.tracks.pop_front();
         }
         moved |= self.shm.progress()?;
+        let (landed, stats) = (self.signals.landed(self.signals.tx), &self.shared.stats);
+        self.imports.reap(|n| reached(landed, n), stats);
         if !self.pending.is_empty() || !self.arrived.is_empty() {
             // Waiting for the peer to free window space or for its copies to land: nothing in
             // the ring tells when it dies, so the liveness line must.
@@ -378,8 +569,9 @@ impl Connection for IpcConnection {
                 return Ok(false);
             }
             let a = self.arrived.remove(i);
-            f(&a.meta, self.region(&a.descriptor));
+            f(&a.meta, a.at);
             self.lent.push_back(Some((a.descriptor.seq, a.descriptor.consumed)));
+            self.received(tag);
             return Ok(true);
         }
         let (cap, peer) = (self.rx_cap, &self.peer);
@@ -397,16 +589,72 @@ impl Connection for IpcConnection {
         }
         let Some(device) = device else {
             self.lent.push_back(None);
+            self.received(tag);
             return Ok(true);
         };
         let (meta, descriptor) = device?;
+        let at = self.landing(tag, &descriptor)?;
         if !self.landed(&descriptor) {
-            self.arrived.push(Arrived { tag, meta, descriptor });
+            self.arrived.push(Arrived { tag, meta, descriptor, at });
             return Ok(false);
         }
-        f(&meta, self.region(&descriptor));
+        f(&meta, at);
         self.lent.push_back(Some((descriptor.seq, descriptor.consumed)));
+        self.received(tag);
         Ok(true)
+    }
+
+    /// Offers `dst` for the next message of `tag` when it is device memory of this rank's
+    /// device, large enough to be worth it, inside an allocation that has an IPC handle
+    /// (`cuMemAlloc` memory; pool memory has none). Anything else is declined silently: the
+    /// message then comes through the window.
+    unsafe fn offer(&mut self, tag: u32, dst: Region) -> Result<()> {
+        reserved(tag)?;
+        if self.revoked
+            || dst.space != MemSpace::Device(self.ordinal)
+            || dst.len < DIRECT_MIN_BYTES
+            || self.arrived.iter().any(|a| a.tag == tag)
+        {
+            return Ok(());
+        }
+        let message = *count(&mut self.received, tag);
+        if self.offered.iter().any(|o| o.0 == tag && o.1 == message) {
+            return Ok(());
+        }
+        let access = &*self.shared.access;
+        let Ok(Some(allocation)) = access.allocation(dst.addr as u64) else { return Ok(()) };
+        let Some(offset) = (dst.addr as u64).checked_sub(allocation.base) else { return Ok(()) };
+        if offset.saturating_add(dst.len as u64) > allocation.len {
+            return Ok(());
+        }
+        let registration = {
+            let mut cache =
+                self.shared.registrations.lock().map_err(|_| Error::Unsupported("a poisoned lock".into()))?;
+            cache.get_or_register(allocation, || {
+                Ok(access.export(allocation.base).ok().flatten().map(RegistrationKey::CudaIpc))
+            })?
+        };
+        let Some(registration) = registration else { return Ok(()) };
+        let mut frames = Vec::new();
+        self.announced.announce(&registration, &mut frames);
+        frames.push(Control::Offer(Offer { tag, message, id: registration.id, offset, len: dst.len as u64 }));
+        for c in &frames {
+            self.shared.stats.add(match c {
+                Control::Register { .. } => Counter::Announced,
+                Control::Revoke { .. } => Counter::Revoked,
+                Control::Offer(_) => Counter::Offer,
+            });
+            let (meta, bytes) = c.encode();
+            // SAFETY: a small payload, copied by the framing before `send_reserved` returns.
+            unsafe { self.shm.send_reserved(CONTROL_TAG, &meta, Region::of(&bytes))? };
+        }
+        self.offered.retain(|o| o.0 != tag);
+        self.offered.push((tag, message, dst));
+        Ok(())
+    }
+
+    fn one_sided(&self) -> bool {
+        true
     }
 
     fn lends(&self) -> bool {
@@ -441,9 +689,11 @@ impl Connection for IpcConnection {
 
     fn close(&mut self) {
         self.pending.clear();
+        self.revoke_offers();
         // Copies already queued still read their sources: none may once this returns. A device
         // that cannot finish them has failed for good (a sticky error), and reads no more.
         let _ = self.queue.finish();
+        self.imports.clear(&self.shared.stats);
         self.shm.close();
     }
 }

@@ -6,6 +6,7 @@
 //! dropping it frees, closes or unregisters what it names, after the work that uses it.
 
 use crate::error::Result;
+use crate::registration::Allocation;
 
 /// Bytes of an exported memory handle (`CUipcMemHandle`).
 pub const IPC_HANDLE_BYTES: usize = 64;
@@ -75,7 +76,14 @@ pub trait DeviceAccess: Send + Sync {
     fn enable_peer(&self, ordinal: u32) -> Result<()>;
     /// Allocates `len` bytes of exportable device memory.
     fn alloc(&self, len: usize) -> Result<Box<dyn ExportedMemory>>;
-    /// Opens memory another process exported.
+    /// The allocation of this device's memory that `addr` lies in (base, length, the driver's
+    /// buffer id); `None` for any other address.
+    fn allocation(&self, addr: u64) -> Result<Option<Allocation>>;
+    /// The handle another process opens the allocation at `base` with; `None` when it has none
+    /// (pool memory).
+    fn export(&self, base: u64) -> Result<Option<[u8; IPC_HANDLE_BYTES]>>;
+    /// Opens memory another process exported. Opening one handle again while it is open gives
+    /// the same mapping (the driver allows one per context).
     fn open(&self, handle: &[u8; IPC_HANDLE_BYTES]) -> Result<Box<dyn ImportedMemory>>;
     /// Registers `len` bytes of host memory at `addr` for the device.
     ///
@@ -92,10 +100,21 @@ pub(crate) mod host {
     //! addresses, a copy runs when it is queued, and export/open work within one process only.
 
     use super::*;
-    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+    use std::sync::Mutex;
 
     pub(crate) struct HostDevice {
         pub(crate) id: DeviceId,
+        /// The "allocations" `allocation` knows: tests add and replace them.
+        pub(crate) allocations: Mutex<Vec<Allocation>>,
+        /// Calls of `export`.
+        pub(crate) exports: AtomicUsize,
+    }
+
+    impl HostDevice {
+        pub(crate) fn new(id: DeviceId) -> HostDevice {
+            HostDevice { id, allocations: Mutex::new(Vec::new()), exports: AtomicUsize::new(0) }
+        }
     }
 
     struct Block(Box<[u64]>);
@@ -157,6 +176,16 @@ pub(crate) mod host {
         }
         fn alloc(&self, len: usize) -> Result<Box<dyn ExportedMemory>> {
             Ok(Box::new(Block(vec![0u64; len.div_ceil(8)].into_boxed_slice())))
+        }
+        fn allocation(&self, addr: u64) -> Result<Option<Allocation>> {
+            let all = self.allocations.lock().unwrap();
+            Ok(all.iter().find(|a| a.overlaps(addr, 1)).copied())
+        }
+        fn export(&self, base: u64) -> Result<Option<[u8; IPC_HANDLE_BYTES]>> {
+            self.exports.fetch_add(1, Ordering::Relaxed);
+            let mut h = [0u8; IPC_HANDLE_BYTES];
+            h[..8].copy_from_slice(&base.to_le_bytes());
+            Ok(Some(h))
         }
         fn open(&self, handle: &[u8; IPC_HANDLE_BYTES]) -> Result<Box<dyn ImportedMemory>> {
             let mut a = [0u8; 8];

@@ -14,12 +14,15 @@
 
 mod connection;
 pub mod device;
+mod offers;
+pub mod stats;
 
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
+use crate::registration::RegistrationCache;
 use crate::shm::segment::Segment;
 use crate::shm::ShmTransport;
 use crate::{Connected, Locality, PeerSetup, Transport};
@@ -27,6 +30,7 @@ pub use connection::IpcConnection;
 use connection::{PeerWindow, Signals, DIRECTION_BYTES, WINDOW_ALIGN};
 use device::IPC_HANDLE_BYTES;
 pub use device::{DeviceAccess, DeviceId, DeviceQueue, ExportedMemory, ImportedMemory, RegisteredHost};
+pub use stats::{IpcCounts, IpcStats};
 
 /// Marks a device message's descriptor among the frames of its tag.
 pub const DEVICE_BIT: u32 = 1 << 29;
@@ -39,6 +43,8 @@ const VERSION: u8 = 1;
 /// magic, version, ok, pid, window bytes, window address, handle, page fd, device ordinal.
 const HELLO_BYTES: usize = 4 + 1 + 1 + 4 + 8 + 8 + IPC_HANDLE_BYTES + 4 + 4;
 const PAGE_BYTES: usize = 4096;
+/// Allocations whose registrations a rank keeps (the oldest go first).
+const CACHED_ALLOCATIONS: usize = 256;
 const _: () = assert!(2 * DIRECTION_BYTES <= PAGE_BYTES);
 
 /// The CUDA IPC backend.
@@ -50,6 +56,35 @@ pub struct IpcTransport {
     pub window_bytes: usize,
     /// The rings its frames travel in.
     pub shm: ShmTransport,
+    /// This rank's registered buffers, shared by all its connections.
+    registrations: Arc<Mutex<RegistrationCache>>,
+    stats: Arc<IpcStats>,
+}
+
+/// What a transport's connections share.
+#[derive(Clone)]
+pub(crate) struct Shared {
+    pub(crate) access: Arc<dyn DeviceAccess>,
+    pub(crate) registrations: Arc<Mutex<RegistrationCache>>,
+    pub(crate) stats: Arc<IpcStats>,
+}
+
+impl IpcTransport {
+    pub fn new(access: Arc<dyn DeviceAccess>, window_bytes: usize, shm: ShmTransport) -> IpcTransport {
+        IpcTransport {
+            access,
+            window_bytes,
+            shm,
+            registrations: Arc::new(Mutex::new(RegistrationCache::new(CACHED_ALLOCATIONS))),
+            stats: Arc::new(IpcStats::default()),
+        }
+    }
+
+    /// What its connections have done so far.
+    pub fn counts(&self) -> IpcCounts {
+        let cache = self.registrations.lock().map(|c| c.counts()).unwrap_or_default();
+        self.stats.snapshot(cache)
+    }
 }
 
 impl std::fmt::Debug for IpcTransport {
@@ -224,14 +259,18 @@ impl Transport for IpcTransport {
             Err((setup, why)) => return Ok(Connected::Declined { setup, why }),
         };
         let queue = self.access.queue()?;
-        let ordinal = self.access.device().ordinal;
+        let shared = Shared {
+            access: self.access.clone(),
+            registrations: self.registrations.clone(),
+            stats: self.stats.clone(),
+        };
         Ok(Connected::Connection(Box::new(IpcConnection::new(
             shm,
             queue,
             tx,
             (rx, self.window_bytes),
             signals,
-            ordinal,
+            shared,
             peer,
         ))))
     }

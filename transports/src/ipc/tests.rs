@@ -14,11 +14,11 @@ fn id(ordinal: u32, family: u8) -> DeviceId {
 }
 
 fn transport(window_bytes: usize) -> IpcTransport {
-    IpcTransport {
-        access: Arc::new(HostDevice { id: id(0, 1) }),
+    IpcTransport::new(
+        Arc::new(HostDevice::new(id(0, 1))),
         window_bytes,
-        shm: ShmTransport { ring_bytes: 1 << 16, direct: false },
-    }
+        ShmTransport { ring_bytes: 1 << 16, direct: false },
+    )
 }
 
 fn setups() -> (PeerSetup, PeerSetup) {
@@ -192,6 +192,12 @@ impl DeviceAccess for NoMemory {
     fn alloc(&self, _len: usize) -> Result<Box<dyn ExportedMemory>> {
         Err(Error::Unsupported("out of device memory".into()))
     }
+    fn allocation(&self, addr: u64) -> Result<Option<crate::registration::Allocation>> {
+        self.0.allocation(addr)
+    }
+    fn export(&self, base: u64) -> Result<Option<[u8; IPC_HANDLE_BYTES]>> {
+        self.0.export(base)
+    }
     fn open(&self, handle: &[u8; IPC_HANDLE_BYTES]) -> Result<Box<dyn ImportedMemory>> {
         self.0.open(handle)
     }
@@ -207,7 +213,7 @@ impl DeviceAccess for NoMemory {
 #[test]
 fn a_side_that_cannot_set_up_makes_both_decline_with_the_streams_intact() {
     let good = transport(1024);
-    let bad = IpcTransport { access: Arc::new(NoMemory(HostDevice { id: id(0, 1) })), ..good.clone() };
+    let bad = IpcTransport { access: Arc::new(NoMemory(HostDevice::new(id(0, 1)))), ..good.clone() };
     let (a, b) = pair(&good, &bad);
     for (c, who) in [(a, "rank 1 could not"), (b, "out of device memory")] {
         match c.unwrap() {
@@ -231,4 +237,147 @@ fn pairs_connect_by_device_reach_on_one_host() {
     assert!(!t.can_connect(&me, &Locality { host: 8, ..near }), "another host");
     assert!(!t.can_connect(&me, &Locality::host(7)), "a rank without a GPU");
     assert!(!t.can_connect(&Locality { device: Some(id(5, 1)), ..me }, &near), "not this transport's device");
+}
+
+/// A transport over its own host device, which the test tells about allocations.
+fn with_device(window_bytes: usize) -> (IpcTransport, Arc<HostDevice>) {
+    let d = Arc::new(HostDevice::new(id(0, 1)));
+    (IpcTransport::new(d.clone(), window_bytes, ShmTransport { ring_bytes: 1 << 16, direct: false }), d)
+}
+
+fn allocate(d: &HostDevice, v: &[u8], buffer_id: u64) {
+    let mut all = d.allocations.lock().unwrap();
+    all.retain(|a| a.base != v.as_ptr() as u64);
+    all.push(crate::registration::Allocation { base: v.as_ptr() as u64, len: v.len() as u64, buffer_id });
+}
+
+/// Lets the two sides read what the other wrote.
+fn settle(a: &mut dyn Connection, b: &mut dyn Connection) {
+    for _ in 0..4 {
+        a.progress().unwrap();
+        b.progress().unwrap();
+    }
+}
+
+/// Receives the next message of `tag`: where it lay, and its bytes.
+fn recv_where(rx: &mut dyn Connection, tx: &mut dyn Connection, tag: u32) -> (usize, Vec<u8>) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        tx.progress().unwrap();
+        rx.progress().unwrap();
+        let mut got = None;
+        // SAFETY: host memory (the host stand-in's "device" too), valid for the call.
+        let ok = rx
+            .recv_with(tag, &mut |_, r| {
+                got = Some((r.addr, unsafe { std::slice::from_raw_parts(r.addr as *const u8, r.len) }.to_vec()))
+            })
+            .unwrap();
+        if ok {
+            rx.release();
+            return got.unwrap();
+        }
+        assert!(Instant::now() < deadline, "message of tag {tag} never came");
+    }
+}
+
+const SLOT: usize = 64 << 10;
+
+#[test]
+fn offered_destinations_are_written_directly_through_one_cached_registration() {
+    let (ta, _) = with_device(1 << 20);
+    let (tb, db) = with_device(1 << 20);
+    let (a, b) = pair(&ta, &tb);
+    let (mut a, mut b) = (connected(a), connected(b));
+    assert!(b.one_sided());
+    let dst = vec![0u8; 4 * SLOT];
+    allocate(&db, &dst, 1);
+    let src: Vec<u8> = (0..SLOT).map(|i| (i * 7 + 1) as u8).collect();
+    for k in 0..4 {
+        let slot = Region::new(MemSpace::Device(0), dst.as_ptr() as usize + k * SLOT, SLOT);
+        // SAFETY: `dst` outlives the connections, and nothing else touches it meanwhile.
+        unsafe { b.offer(5, slot) }.unwrap();
+        settle(&mut *a, &mut *b);
+        // SAFETY: `src` outlives the send.
+        unsafe { a.send(5, &meta(k as u8), dev(&src)) }.unwrap();
+        let (at, bytes) = recv_where(&mut *b, &mut *a, 5);
+        assert_eq!(at, slot.addr, "message {k} was not put where it was offered: {:?} {:?}", ta.counts(), tb.counts());
+        assert_eq!(bytes, src);
+    }
+    let (sent, offered) = (ta.counts(), tb.counts());
+    assert_eq!((sent.direct_messages, sent.window_messages), (4, 0), "{sent:?}");
+    assert_eq!((offered.offers, offered.announced, offered.revoked), (4, 1, 0), "{offered:?}");
+    assert_eq!((offered.cache.registered, offered.cache.hits), (1, 3), "{offered:?}");
+    assert_eq!(db.exports.load(std::sync::atomic::Ordering::Relaxed), 1, "one handle per buffer");
+}
+
+#[test]
+fn a_buffer_freed_while_registered_is_registered_again_and_revoked_at_the_peer() {
+    let (ta, _) = with_device(1 << 20);
+    let (tb, db) = with_device(1 << 20);
+    let (a, b) = pair(&ta, &tb);
+    let (mut a, mut b) = (connected(a), connected(b));
+    let dst = vec![0u8; SLOT];
+    for (round, buffer_id) in [1u64, 1, 2, 3].into_iter().enumerate() {
+        // The "driver" says what lies at `dst` now: ids 2 and 3 are new allocations there.
+        allocate(&db, &dst, buffer_id);
+        let src = vec![round as u8 + 1; SLOT];
+        // SAFETY: as above.
+        unsafe { b.offer(6, dev(&dst)) }.unwrap();
+        settle(&mut *a, &mut *b);
+        // SAFETY: `src` outlives the send.
+        unsafe { a.send(6, &meta(0), dev(&src)) }.unwrap();
+        let (at, bytes) = recv_where(&mut *b, &mut *a, 6);
+        assert_eq!(at, dst.as_ptr() as usize, "round {round}");
+        assert!(bytes == src, "round {round}");
+    }
+    let c = tb.counts();
+    assert_eq!((c.announced, c.revoked, c.cache.registered, c.cache.stale), (3, 2, 3, 2), "{c:?}");
+    assert_eq!(ta.counts().direct_messages, 4);
+}
+
+#[test]
+fn an_offer_seen_too_late_goes_unused() {
+    let (ta, _) = with_device(1 << 20);
+    let (tb, db) = with_device(1 << 20);
+    let (a, b) = pair(&ta, &tb);
+    let (mut a, mut b) = (connected(a), connected(b));
+    let dst = vec![0u8; SLOT];
+    allocate(&db, &dst, 1);
+    let src = vec![9u8; SLOT];
+    // Message 0 is on its way before the offer for it is made.
+    // SAFETY: `src` and `dst` outlive the connections' use of them.
+    unsafe { a.send(7, &meta(0), dev(&src)) }.unwrap();
+    unsafe { b.offer(7, dev(&dst)) }.unwrap();
+    let (at, bytes) = recv_where(&mut *b, &mut *a, 7);
+    assert_ne!(at, dst.as_ptr() as usize);
+    assert_eq!(bytes, src);
+    // Message 1 must not use the offer made for message 0.
+    settle(&mut *a, &mut *b);
+    unsafe { a.send(7, &meta(1), dev(&src)) }.unwrap();
+    let (at, _) = recv_where(&mut *b, &mut *a, 7);
+    assert_ne!(at, dst.as_ptr() as usize);
+    assert!(dst.iter().all(|&x| x == 0), "the stale offer was written");
+    assert_eq!(ta.counts().direct_messages, 0);
+}
+
+#[test]
+fn a_closed_receiver_takes_its_offers_back() {
+    let (ta, _) = with_device(1 << 20);
+    let (tb, db) = with_device(1 << 20);
+    let (a, b) = pair(&ta, &tb);
+    let (mut a, mut b) = (connected(a), connected(b));
+    let dst = vec![0u8; SLOT];
+    allocate(&db, &dst, 1);
+    // SAFETY: `dst` outlives the connections.
+    unsafe { b.offer(8, dev(&dst)) }.unwrap();
+    settle(&mut *a, &mut *b);
+    b.close();
+    let src = vec![3u8; SLOT];
+    // The sender holds the offer; the send itself may fail (the peer has gone), but must not
+    // write the memory the closed side has taken back.
+    // SAFETY: `src` outlives the send.
+    let _ = unsafe { a.send(8, &meta(0), dev(&src)) };
+    let _ = a.progress();
+    assert!(dst.iter().all(|&x| x == 0), "a revoked offer was written");
+    assert_eq!(ta.counts().direct_messages, 0);
 }

@@ -198,6 +198,12 @@ impl ShmConnection {
         self.framed.recv_first(&[tag, alt], &mut |t, m, r| f(t == alt, m, r))
     }
 
+    /// Hands the next message of a tag reserved for the backends to `f` if it has arrived,
+    /// moving only frames of at most `small` payload bytes out of its way; whether it did.
+    pub(crate) fn recv_reserved(&mut self, tag: u32, small: usize, f: &mut dyn FnMut(&Meta, Region)) -> Result<bool> {
+        self.framed.recv_past_small(tag, small, f)
+    }
+
     /// Looks at the liveness line now and then (every call counts towards the next look), and
     /// records the peer closed once it is gone: for a caller waiting on something other than
     /// this connection's ring (the CUDA IPC connection's window space and landings).
