@@ -127,7 +127,7 @@ pub trait Connection: Send {
     /// Offers `dst` as where the next message of `tag` to arrive may be put: a backend that
     /// can write this rank's memory from the peer's side (one-sided: shared memory with
     /// cross-memory attach for host memory, CUDA IPC for device memory through a
-    /// [`registration`](crate::registration); RDMA later) tells the peer, which then writes the
+    /// [`registration`](mod@crate::registration); RDMA later) tells the peer, which then writes the
     /// payload straight there and signals; the message then comes through
     /// [`Connection::recv_with`] as `dst` itself, already written. Other backends ignore it,
     /// and an offer the peer sees too late goes unused (the message comes the usual way).

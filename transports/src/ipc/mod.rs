@@ -16,6 +16,7 @@ mod connection;
 pub mod device;
 mod offers;
 pub mod stats;
+mod wire;
 
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
@@ -27,10 +28,11 @@ use crate::shm::segment::Segment;
 use crate::shm::ShmTransport;
 use crate::{Connected, Locality, PeerSetup, Transport};
 pub use connection::IpcConnection;
-use connection::{PeerWindow, Signals, DIRECTION_BYTES, WINDOW_ALIGN};
+use connection::PeerWindow;
 use device::IPC_HANDLE_BYTES;
 pub use device::{DeviceAccess, DeviceId, DeviceQueue, ExportedMemory, ImportedMemory, RegisteredHost};
 pub use stats::{IpcCounts, IpcStats};
+use wire::{Signals, DIRECTION_BYTES, WINDOW_ALIGN};
 
 /// Marks a device message's descriptor among the frames of its tag.
 pub const DEVICE_BIT: u32 = 1 << 29;
