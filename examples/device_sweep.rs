@@ -6,12 +6,64 @@
 //! back and checked in full at every size. Several ranks may share one GPU.
 //!
 //! Arguments: min bytes, max bytes, factor (default 8 B, 64 MiB, 4). float32, sum.
-//! `benches/gpu/run.sh` runs it on 2 and 4 ranks.
+//! `SWEEP_ALLOC=cumem`: the buffers come from `cuMemAlloc` (what `cudaMalloc`, `ncclMemAlloc`
+//! and PyTorch's allocator give), which CUDA IPC can offer to the sender, so receives may land
+//! in place; by default they are cudarc's, pool memory on a device with pools (every message
+//! through the receiver's window). `benches/gpu/run.sh` runs it on 2 and 4 ranks.
 
+use std::sync::Arc;
 use std::time::Instant;
 
-use cudarc::driver::CudaContext;
-use topoccl::{Communicator, ReduceOp};
+use cudarc::driver::{CudaContext, CudaStream};
+use topoccl::cuda::{Context, DeviceMemory, StreamRef};
+use topoccl::{Buffer, Collective, CollectiveCall, Communicator, Dtype, ReduceOp};
+
+/// A send and a receive buffer of `count` floats, the send one filled with ones.
+enum Buffers {
+    Cudarc(cudarc::driver::CudaSlice<f32>, cudarc::driver::CudaSlice<f32>),
+    CuMem(DeviceMemory, DeviceMemory),
+}
+
+impl Buffers {
+    fn new(cumem: bool, count: usize, stream: &Arc<CudaStream>) -> Result<Buffers, Box<dyn std::error::Error>> {
+        let ones = vec![1.0f32; count];
+        if !cumem {
+            return Ok(Buffers::Cudarc(stream.clone_htod(&ones)?, stream.alloc_zeros::<f32>(count)?));
+        }
+        let ctx = Context::primary(0)?;
+        let (send, recv) = (DeviceMemory::new(&ctx, count * 4)?, DeviceMemory::new(&ctx, count * 4)?);
+        // SAFETY: `send` holds `count` floats; device 0's primary context is current here.
+        unsafe { cudarc::driver::result::memcpy_htod_sync(send.addr() as u64, &ones) }?;
+        Ok(Buffers::CuMem(send, recv))
+    }
+
+    fn all_reduce(&mut self, comm: &Communicator, stream: &CudaStream) -> topoccl::Result<()> {
+        match self {
+            Buffers::Cudarc(send, recv) => comm.all_reduce_device(send, recv, ReduceOp::Sum, stream).map(drop),
+            Buffers::CuMem(send, recv) => {
+                let call = CollectiveCall::new(Collective::AllReduce, Dtype::Float32, send.len() / 4)
+                    .reduced_with(ReduceOp::Sum);
+                let (s, r) = (Buffer::at(send.addr() as *const u8), Buffer::at(recv.addr() as *const u8));
+                // SAFETY: both are device memory of the call's size, kept (and used by nothing
+                // else) until the stream has passed every call: the sweep synchronises before
+                // it reads or frees them.
+                unsafe { comm.submit_on(&call, s, r, StreamRef(stream.cu_stream())) }.map(drop)
+            }
+        }
+    }
+
+    fn result(&self, stream: &Arc<CudaStream>) -> Result<Vec<f32>, Box<dyn std::error::Error>> {
+        Ok(match self {
+            Buffers::Cudarc(_, recv) => stream.clone_dtoh(recv)?,
+            Buffers::CuMem(_, recv) => {
+                let mut out = vec![0f32; recv.len() / 4];
+                // SAFETY: `recv` holds that many floats; the stream has passed the calls.
+                unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut out, recv.addr() as u64) }?;
+                out
+            }
+        })
+    }
+}
 
 /// The same iteration rule as the peer programs.
 fn iterations(bytes: usize) -> usize {
@@ -21,6 +73,7 @@ fn iterations(bytes: usize) -> usize {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let arg = |i: usize, d: usize| std::env::args().nth(i).and_then(|s| s.parse().ok()).unwrap_or(d);
     let (min, max, factor) = (arg(1, 8), arg(2, 64 << 20), arg(3, 4).max(2));
+    let cumem = std::env::var("SWEEP_ALLOC").is_ok_and(|v| v == "cumem");
     // topoccl's own check first: cudarc panics when it finds no driver library.
     topoccl::cuda::driver()?;
     let ctx = CudaContext::new(0)?;
@@ -44,21 +97,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut bytes = min;
     while bytes <= max {
         let count = (bytes / 4).max(1);
-        let send = stream.clone_htod(&vec![1.0f32; count])?;
-        let mut recv = stream.alloc_zeros::<f32>(count)?;
+        let mut buffers = Buffers::new(cumem, count, &stream)?;
         let iters = iterations(count * 4);
         for _ in 0..(iters / 10).max(2) {
-            comm.all_reduce_device(&send, &mut recv, ReduceOp::Sum, &stream)?;
+            buffers.all_reduce(&comm, &stream)?;
         }
         stream.synchronize()?;
         comm.all_reduce_in_place(&mut [0f32], ReduceOp::Sum)?; // barrier
         let t = Instant::now();
         for _ in 0..iters {
-            comm.all_reduce_device(&send, &mut recv, ReduceOp::Sum, &stream)?;
+            buffers.all_reduce(&comm, &stream)?;
         }
         stream.synchronize()?;
         let us = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
-        let got = stream.clone_dtoh(&recv)?;
+        comm.flush()?;
+        let got = buffers.result(&stream)?;
         if let Some(i) = got.iter().position(|v| *v != n as f32) {
             return Err(format!("rank {}: wrong result {} at element {i} of {bytes} bytes", comm.rank(), got[i]).into());
         }
@@ -69,6 +122,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         bytes *= factor;
     }
     stream.synchronize()?;
+    if let (true, Some(c)) = (cumem, comm.ipc_counts()) {
+        eprintln!(
+            "rank {}: {} device messages in place, {} through the window",
+            comm.rank(),
+            c.direct_messages,
+            c.window_messages
+        );
+    }
     comm.destroy()?;
     Ok(())
 }

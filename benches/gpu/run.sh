@@ -2,7 +2,8 @@
 # topoccl's GPU data path on one machine: (a) the device tests (tests/device_collectives.rs;
 # (a2) tests/device_ipc.rs, device data GPU to GPU by CUDA IPC),
 # (b) the device reduction kernel against a device-to-device copy (examples/device_kernels.rs),
-# (c) the all-reduce sweep on device buffers, 2 and 4 ranks sharing GPU 0
+# (c) the all-reduce sweep on device buffers, 2 and 4 ranks sharing GPU 0, and (c2) on 2 ranks
+# with cuMemAlloc buffers (received slices may land in place over CUDA IPC)
 # (examples/device_sweep.rs). Readable tables, a summary, exit status 1 if anything failed;
 # every step runs under `timeout`, so nothing hangs.
 #
@@ -69,7 +70,7 @@ else
     KMAX=$(bytes "${MAX:-1G}")
     SMAX=$(bytes "${MAX:-256M}")
     KTARGET_MS=100
-    : "${T_TESTS:=150}" "${T_IPC:=60}" "${T_KERNELS:=120}" "${T_SWEEP:=120}"
+    : "${T_TESTS:=150}" "${T_IPC:=60}" "${T_KERNELS:=100}" "${T_SWEEP:=90}"
 fi
 KMIN=$((1 << 20))
 [ "$KMAX" -lt "$KMIN" ] && KMIN=$KMAX
@@ -189,20 +190,20 @@ record "(b) device_kernels" "$rc" $((SECONDS - t0))
 
 # (c) All-reduce sweep on device buffers, ranks sharing GPU 0.
 port=$((20000 + RANDOM % 20000))
-sweep() { # sweep NP: one process per rank; rank 0's lines in $LOGS/sweep.NP.txt
-    local np=$1 pids=() rc=0 r
+sweep() { # sweep NP [ALLOC]: one process per rank; rank 0's lines in $LOGS/sweep.NP[.ALLOC].txt
+    local np=$1 alloc=${2:-} pids=() rc=0 r name=sweep.$1${2:+.$2}
     port=$((port + 1))
     for r in $(seq 0 $((np - 1))); do
-        RANK=$r WORLD_SIZE=$np MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+        RANK=$r WORLD_SIZE=$np MASTER_ADDR=127.0.0.1 MASTER_PORT=$port SWEEP_ALLOC=$alloc \
             "${DRIVER_ENV[@]}" timeout -k 10 "$T_SWEEP" "$BIN/device_sweep" "$SMIN" "$SMAX" "$SFACTOR" \
-            >"$LOGS/sweep.$np.$r" 2>&1 &
+            >"$LOGS/$name.$r" 2>&1 &
         pids+=($!)
     done
     for p in "${pids[@]}"; do wait "$p" || rc=$?; done
-    grep -E '^[0-9]+ ' "$LOGS/sweep.$np.0" >"$LOGS/sweep.$np.txt"
+    grep -E '^[0-9]+ ' "$LOGS/$name.0" >"$LOGS/$name.txt"
     if [ "$rc" != 0 ]; then
         for r in $(seq 0 $((np - 1))); do
-            grep -vE '^[0-9]+ ' "$LOGS/sweep.$np.$r" | head -n 4 | sed "s/^/   rank $r: /"
+            grep -vE '^[0-9]+ ' "$LOGS/$name.$r" | head -n 4 | sed "s/^/   rank $r: /"
         done
     fi
     return "$rc"
@@ -242,6 +243,18 @@ awk -v nps="$NP_LIST" -v logs="$LOGS" '
             printf "\n"
         }
     }'
+
+# (c2) The same on 2 ranks with cuMemAlloc buffers (cudaMalloc's kind, what nccl-tests and PyTorch
+# use): CUDA IPC may write received slices in place. Rank 0's table, then how messages went.
+echo
+echo "== (c2) device_sweep, 2 ranks, cuMemAlloc buffers (SWEEP_ALLOC=cumem), limit ${T_SWEEP}s =="
+echo "   [$banner]"
+t0=$SECONDS
+sweep 2 cumem
+rc=$?
+awk '{ printf "   %12d %10.2f us %10.3f busbw GB/s\n", $1, $2, $4 }' "$LOGS/sweep.2.cumem.txt"
+grep -h 'in place' "$LOGS"/sweep.2.cumem.[0-9]* | sed 's/^/   /'
+record "(c2) device_sweep, 2 ranks, cuMemAlloc" "$rc" $((SECONDS - t0)) "$(wc -l <"$LOGS/sweep.2.cumem.txt") sizes"
 
 echo
 echo "== summary ($banner) =="
