@@ -254,7 +254,7 @@ sweep 2 cumem
 rc=$?
 awk '{ printf "   %12d %10.2f us %10.3f busbw GB/s\n", $1, $2, $4 }' "$LOGS/sweep.2.cumem.txt"
 grep -h 'in place' "$LOGS"/sweep.2.cumem.[0-9]* | sed 's/^/   /'
-record "(c2) device_sweep, 2 ranks, cuMemAlloc" "$rc" $((SECONDS - t0)) "$(wc -l <"$LOGS/sweep.2.cumem.txt") sizes"
+record "(c2) device_sweep, 2, cuMemAlloc" "$rc" $((SECONDS - t0)) "$(wc -l <"$LOGS/sweep.2.cumem.txt") sizes"
 
 echo
 echo "== summary ($banner) =="
