@@ -459,6 +459,17 @@ impl<S: ByteStream> Framed<S> {
         true
     }
 
+    /// Hands the frame left in place, complete, to `f` where it lies, and consumes it.
+    #[inline]
+    fn take_in_place<F: FnMut(&Meta, Region) + ?Sized>(&mut self, h: InPlace, f: &mut F) {
+        let frame = HEADER_BYTES + h.len;
+        if let Some(p) = self.stream.peek(frame) {
+            f(&h.meta, Region::of(&p.bytes[HEADER_BYTES..frame]));
+        }
+        self.stream.consume(frame);
+        self.in_place = None;
+    }
+
     /// Turns the frame left in place into an ordinary partly read one (copied out as it comes).
     fn spill(&mut self, h: InPlace) {
         self.in_place = None;
@@ -547,11 +558,7 @@ impl<S: ByteStream> Framed<S> {
             let frame = HEADER_BYTES + h.len;
             let complete = self.stream.peek(frame).is_some_and(|p| p.bytes.len() >= frame);
             if h.tag == tag && complete {
-                if let Some(p) = self.stream.peek(frame) {
-                    f(&h.meta, Region::of(&p.bytes[HEADER_BYTES..frame]));
-                }
-                self.stream.consume(frame);
-                self.in_place = None;
+                self.take_in_place(h, f);
                 return Ok(true);
             }
             self.spill(h);
@@ -619,11 +626,7 @@ impl<S: ByteStream> Framed<S> {
                 return Ok(false);
             }
             if wanted {
-                if let Some(p) = self.stream.peek(frame) {
-                    f(h.tag, &h.meta, Region::of(&p.bytes[HEADER_BYTES..frame]));
-                }
-                self.stream.consume(frame);
-                self.in_place = None;
+                self.take_in_place(h, &mut |m, r| f(h.tag, m, r));
                 return Ok(true);
             }
             // Another tag's frame is in the way: queue it (it is wanted later) and look on.

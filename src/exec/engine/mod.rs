@@ -479,9 +479,8 @@ impl Run<'_> {
                 if !*offered && matches!(action, Action::Recv | Action::RecvCopySend) {
                     let dst = spans(self.mem, st, off, n)?.1;
                     if l.one_sided() && l.reaches(dst.space) {
-                        // The peer's device may write an offered device destination at once,
-                        // unordered with this rank's operations: none may still touch it. They
-                        // run in order, so the last one done means all are (else offer later).
+                        // The peer's device writes it unordered with this rank's operations:
+                        // all must be done (they run in order), else offer on a later poll.
                         if dst.space != MemSpace::Host && !self.ops.done(self.last)? {
                             return Ok(false);
                         }
