@@ -35,6 +35,7 @@ use super::wire::{reached, Descriptor, Signals, REVOKED_AT, WINDOW_ALIGN, WRITIN
 use super::{Shared, DEVICE_BIT};
 use crate::error::{Error, Result};
 use crate::registration::RegistrationKey;
+use crate::shm::connection::count;
 use crate::shm::ShmConnection;
 use crate::{Connection, MemSpace, Meta, Region, Ticket, WaitFd};
 
@@ -51,7 +52,7 @@ const OWN_TICKETS: u64 = 1 << 62;
 pub(crate) struct PeerWindow {
     /// Mapped here by its handle (kept open while the connection lives); `None` when the peer
     /// shares this process.
-    pub(crate) _mapping: Option<Box<dyn ImportedMemory>>,
+    pub(crate) mapping: Option<Box<dyn ImportedMemory>>,
     pub(crate) base: u64,
     pub(crate) cap: usize,
 }
@@ -64,18 +65,6 @@ struct Pending {
     message: u32,
     meta: Meta,
     data: Region,
-}
-
-/// The count of messages of `tag` in `counts` (created at 0).
-fn count(counts: &mut Vec<(u32, u32)>, tag: u32) -> &mut u32 {
-    let i = match counts.iter().position(|c| c.0 == tag) {
-        Some(i) => i,
-        None => {
-            counts.push((tag, 0));
-            counts.len() - 1
-        }
-    };
-    &mut counts[i].1
 }
 
 /// Where one of this connection's tickets stands.
@@ -110,8 +99,6 @@ pub struct IpcConnection {
     /// The peer's registrations opened here: closed after the queue has finished.
     imports: Imports,
     shared: Shared,
-    /// The peer shares this process: its registrations are used by address.
-    same_process: bool,
     announced: Announced,
     /// Messages sent and received so far, per tag (offers name them).
     sent: Vec<(u32, u32)>,
@@ -151,7 +138,6 @@ impl IpcConnection {
     ) -> IpcConnection {
         IpcConnection {
             queue,
-            same_process: tx._mapping.is_none(),
             tx,
             rx,
             rx_cap,
@@ -279,7 +265,9 @@ impl IpcConnection {
             frames.push(Control::decode(m, unsafe { r.bytes() }, peer))
         })? {}
         for f in frames {
-            self.imports.apply(f?, &*self.shared.access, self.same_process, self.copies, &self.shared.stats);
+            // A peer in this process (no window mapping) has its registrations used by address.
+            let same_process = self.tx.mapping.is_none();
+            self.imports.apply(f?, &*self.shared.access, same_process, self.copies, &self.shared.stats);
         }
         Ok(())
     }

@@ -231,7 +231,7 @@ impl IpcTransport {
         };
         page.release_file();
         let base = mapping.as_ref().map_or(theirs.window_addr, |m| m.addr());
-        let tx = PeerWindow { _mapping: mapping, base, cap: theirs.window_bytes as usize };
+        let tx = PeerWindow { mapping, base, cap: theirs.window_bytes as usize };
         let signals = Signals { page, registered, tx: usize::from(!setup.creator) };
         Ok(Ok((window, tx, signals)))
     }

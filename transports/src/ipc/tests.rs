@@ -280,14 +280,27 @@ fn recv_where(rx: &mut dyn Connection, tx: &mut dyn Connection, tag: u32) -> (us
     }
 }
 
+/// A pair with 1 MiB windows where `b` offers: its transport, device and connection, and `a`'s.
+struct Offering {
+    ta: IpcTransport,
+    tb: IpcTransport,
+    db: Arc<HostDevice>,
+    a: Box<dyn Connection>,
+    b: Box<dyn Connection>,
+}
+
+fn offering() -> Offering {
+    let (ta, _) = with_device(1 << 20);
+    let (tb, db) = with_device(1 << 20);
+    let (a, b) = pair(&ta, &tb);
+    Offering { a: connected(a), b: connected(b), ta, tb, db }
+}
+
 const SLOT: usize = 64 << 10;
 
 #[test]
 fn offered_destinations_are_written_directly_through_one_cached_registration() {
-    let (ta, _) = with_device(1 << 20);
-    let (tb, db) = with_device(1 << 20);
-    let (a, b) = pair(&ta, &tb);
-    let (mut a, mut b) = (connected(a), connected(b));
+    let Offering { ta, tb, db, mut a, mut b } = offering();
     assert!(b.one_sided());
     let dst = vec![0u8; 4 * SLOT];
     allocate(&db, &dst, 1);
@@ -312,10 +325,7 @@ fn offered_destinations_are_written_directly_through_one_cached_registration() {
 
 #[test]
 fn a_buffer_freed_while_registered_is_registered_again_and_revoked_at_the_peer() {
-    let (ta, _) = with_device(1 << 20);
-    let (tb, db) = with_device(1 << 20);
-    let (a, b) = pair(&ta, &tb);
-    let (mut a, mut b) = (connected(a), connected(b));
+    let Offering { ta, tb, db, mut a, mut b } = offering();
     let dst = vec![0u8; SLOT];
     for (round, buffer_id) in [1u64, 1, 2, 3].into_iter().enumerate() {
         // The "driver" says what lies at `dst` now: ids 2 and 3 are new allocations there.
@@ -337,10 +347,7 @@ fn a_buffer_freed_while_registered_is_registered_again_and_revoked_at_the_peer()
 
 #[test]
 fn an_offer_seen_too_late_goes_unused() {
-    let (ta, _) = with_device(1 << 20);
-    let (tb, db) = with_device(1 << 20);
-    let (a, b) = pair(&ta, &tb);
-    let (mut a, mut b) = (connected(a), connected(b));
+    let Offering { ta, db, mut a, mut b, .. } = offering();
     let dst = vec![0u8; SLOT];
     allocate(&db, &dst, 1);
     let src = vec![9u8; SLOT];
@@ -362,10 +369,7 @@ fn an_offer_seen_too_late_goes_unused() {
 
 #[test]
 fn a_closed_receiver_takes_its_offers_back() {
-    let (ta, _) = with_device(1 << 20);
-    let (tb, db) = with_device(1 << 20);
-    let (a, b) = pair(&ta, &tb);
-    let (mut a, mut b) = (connected(a), connected(b));
+    let Offering { ta, db, mut a, mut b, .. } = offering();
     let dst = vec![0u8; SLOT];
     allocate(&db, &dst, 1);
     // SAFETY: `dst` outlives the connections.

@@ -126,7 +126,7 @@ pub struct ShmConnection {
 }
 
 /// The count of `tag` in `counts`.
-fn count(counts: &mut Vec<(u32, u32)>, tag: u32) -> &mut u32 {
+pub(crate) fn count(counts: &mut Vec<(u32, u32)>, tag: u32) -> &mut u32 {
     let i = match counts.iter().position(|(t, _)| *t == tag) {
         Some(i) => i,
         None => {
