@@ -50,6 +50,7 @@ pub mod registration;
 pub mod shm;
 pub mod table;
 pub mod tcp;
+pub mod verbs;
 pub mod wait;
 
 use std::net::TcpStream;
