@@ -2,7 +2,8 @@
 //! them faulted at a random moment (killed; stopped past the deadline; idle, never making the
 //! call the others wait in; skipping a call, so the ranks call different things; its
 //! connection to one peer closed, fed a corrupted header, or black-holed), over TCP and
-//! shared memory, on 2 to 8 ranks. Every surviving rank must fail within the deadline with an
+//! shared memory (and, for kills, stops, closes and black holes, RDMA verbs on the stand-in
+//! libibverbs), on 2 to 8 ranks. Every surviving rank must fail within the deadline with an
 //! error naming the faulty rank (the same on every rank), never return wrong data, never hang,
 //! and then build a communicator without the faulty rank (a shrink) that works.
 //!
@@ -21,6 +22,8 @@ use std::sync::{Arc, Mutex};
 use topoccl::transports::fault::{Fault, Faulty};
 use topoccl::transports::{Connection, TransportTable};
 use topoccl::{Collective, CollectiveCall, Communicator, Config, Dtype, Error, ReduceOp};
+
+mod verbs_standin;
 
 /// The call deadline the ranks run with, seconds.
 const TIMEOUT_S: f64 = 3.0;
@@ -305,7 +308,7 @@ fn scenario(kind: Kind, transport: &'static str, rng: &mut Rng) -> Row {
     let seed = rng.next();
     let at = 1 + rng.below(20);
     let port = free_port();
-    let env = [
+    let mut env = vec![
         ("TOPOCCL_TRANSPORT", transport.to_string()),
         ("FI_SEED", seed.to_string()),
         ("FI_FAULT", format!("{kind:?}").to_lowercase()),
@@ -316,6 +319,9 @@ fn scenario(kind: Kind, transport: &'static str, rng: &mut Rng) -> Row {
         ("FI_SENDS", (20 + rng.below(400)).to_string()),
         ("FI_PEER", peer.to_string()),
     ];
+    if transport == "ib" {
+        env.push(("TOPOCCL_IBVERBS_LIB", verbs_standin::lib()));
+    }
     let mut kids: Vec<Child> = (0..n).map(|r| spawn_rank(r, n, port, &env)).collect();
     let mut readers: Vec<BufReader<_>> = kids.iter_mut().map(|k| BufReader::new(k.stdout.take().unwrap())).collect();
     // What each rank printed before its output is read to the end.
@@ -436,7 +442,12 @@ fn every_fault_names_the_faulty_rank_and_a_new_communicator_works() {
     let mut rows = Vec::new();
     for round in 0..rounds {
         for (k, kind) in Kind::ALL.into_iter().enumerate() {
-            for (t, transport) in ["tcp", "shm"].into_iter().enumerate() {
+            for (t, transport) in ["tcp", "shm", "ib"].into_iter().enumerate() {
+                // Over RDMA verbs: the faults of a process and of a link (the others concern
+                // calls, not the transport).
+                if transport == "ib" && !matches!(kind, Kind::Kill | Kind::Stop | Kind::Close | Kind::Stall) {
+                    continue;
+                }
                 let wanted = std::env::var("TOPOCCL_FI_ONLY").unwrap_or_default();
                 if !wanted.is_empty() && wanted != format!("{kind:?}-{transport}").to_lowercase() {
                     continue;

@@ -4,6 +4,7 @@
 //! says what happened, promptly, and no rank may hang or report success.
 
 mod common;
+mod verbs_standin;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,7 +16,10 @@ use topoccl::{Config, Error, ReduceOp, TransportPolicy};
 /// Rank 0's connection to rank 1 suffers `fault`; every other connection is sound.
 fn with_fault(transport: TransportPolicy, timeout_s: f64, fault: Fault) -> impl Fn(u32) -> Config + Sync {
     move |r| {
-        let mut cfg = common::config(transport, timeout_s);
+        let mut cfg = match transport {
+            TransportPolicy::Ib => verbs_standin::config(timeout_s),
+            _ => common::config(transport, timeout_s),
+        };
         if r == 0 {
             let wrap = move |peer: u32, c: Box<dyn Connection>| -> Box<dyn Connection> {
                 if peer == 1 {
@@ -51,7 +55,7 @@ fn all_reduce_under(cfg: impl Fn(u32) -> Config + Sync) -> Vec<(Option<Error>, D
 
 #[test]
 fn a_connection_that_drops_mid_call_fails_every_rank_promptly() {
-    for transport in [TransportPolicy::Tcp, TransportPolicy::Shm] {
+    for transport in [TransportPolicy::Tcp, TransportPolicy::Shm, TransportPolicy::Ib] {
         let got = all_reduce_under(with_fault(transport, 30.0, Fault::CloseAfter(5)));
         for (r, (e, took)) in got.iter().enumerate() {
             let e = e.as_ref().unwrap_or_else(|| panic!("rank {r} over {transport:?} finished despite the fault"));
@@ -78,16 +82,22 @@ fn a_corrupted_header_is_a_mismatch_not_wrong_data() {
 
 #[test]
 fn a_link_that_stops_moving_times_out_naming_who_waits() {
-    let got = all_reduce_under(with_fault(TransportPolicy::Tcp, 1.5, Fault::StallAfter(2)));
+    for transport in [TransportPolicy::Tcp, TransportPolicy::Ib] {
+        stalled_link_times_out(transport);
+    }
+}
+
+fn stalled_link_times_out(transport: TransportPolicy) {
+    let got = all_reduce_under(with_fault(transport, 1.5, Fault::StallAfter(2)));
     let timeouts: Vec<&Error> =
         got.iter().filter_map(|(e, _)| e.as_ref()).filter(|e| matches!(e.seen(), Error::Timeout { .. })).collect();
     assert!(!timeouts.is_empty(), "{got:?}");
     for e in &timeouts {
         let text = e.to_string();
-        assert!(text.contains("all_reduce") && text.contains("waits for"), "{text}");
+        assert!(text.contains("all_reduce") && text.contains("waits for"), "{transport:?}: {text}");
     }
     for (r, (e, took)) in got.iter().enumerate() {
-        assert!(e.is_some(), "rank {r} finished over a dead link");
-        assert!(*took < Duration::from_secs(8), "rank {r} took {took:?}");
+        assert!(e.is_some(), "rank {r} over {transport:?} finished over a dead link");
+        assert!(*took < Duration::from_secs(8), "rank {r} over {transport:?} took {took:?}");
     }
 }

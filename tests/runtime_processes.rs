@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 use topoccl::{Communicator, ReduceOp};
 
+mod verbs_standin;
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
@@ -116,9 +118,14 @@ fn a_killed_rank_fails_the_others_promptly() {
     // 1 MiB calls, and 64 MiB ones, which do not fit in what a rank may queue for a peer.
     // On two ranks, the survivor's first step only sends: it waits for room to send to the
     // dead rank, and nothing else tells it that rank died.
-    for (transport, elems, nranks) in
-        [("tcp", "262144", 3), ("shm", "262144", 3), ("tcp", "16777216", 2), ("shm", "16777216", 2)]
-    {
+    for (transport, elems, nranks) in [
+        ("tcp", "262144", 3),
+        ("shm", "262144", 3),
+        ("ib", "262144", 3),
+        ("tcp", "16777216", 2),
+        ("shm", "16777216", 2),
+        ("ib", "16777216", 2),
+    ] {
         killed_rank_fails_the_others(transport, elems, nranks);
     }
 }
@@ -126,11 +133,15 @@ fn a_killed_rank_fails_the_others_promptly() {
 fn killed_rank_fails_the_others(transport: &str, elems: &str, nranks: u32) {
     let me = std::env::current_exe().unwrap();
     let port = free_port();
+    // Over verbs: the stand-in libibverbs, whose emulated NIC would report the dead peer only
+    // after NCCL's default retransmissions (~34 s); the liveness line must tell first.
+    let lib = verbs_standin::lib();
     let env = [
         ("TOPOCCL_TEST_CHILD", "1"),
         ("TOPOCCL_TRANSPORT", transport),
         ("TOPOCCL_TIMEOUT", "60"),
         ("TOPOCCL_TEST_ELEMS", elems),
+        ("TOPOCCL_IBVERBS_LIB", &lib),
     ];
     let mut kids: Vec<Child> = (0..nranks)
         .map(|r| {

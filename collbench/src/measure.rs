@@ -61,12 +61,25 @@ fn join_another(first: &mut Communicator, config: Config) -> Result<Communicator
     Ok(Communicator::init_with(&id, first.rank(), first.nranks(), config)?)
 }
 
-/// Who runs where, one line per rank (gathered to every rank).
+/// Who runs where, one line per rank (gathered to every rank), with the transports the rank
+/// reaches its peers by (`shm ×3, ib ×4`).
 fn describe_ranks(comm: &mut Communicator) -> Result<Vec<String>> {
-    const RECORD: usize = 96;
+    const RECORD: usize = 160;
     let mut mine = [0u8; RECORD];
     let host = nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default();
-    let line = format!("{} {}", std::process::id(), host);
+    let mut by_name: Vec<(&str, usize)> = Vec::new();
+    for t in comm.transports().into_iter().flatten() {
+        match by_name.iter_mut().find(|(n, _)| *n == t) {
+            Some((_, k)) => *k += 1,
+            None => by_name.push((t, 1)),
+        }
+    }
+    let links: Vec<String> = by_name.iter().map(|(t, k)| format!("{t} ×{k}")).collect();
+    let line = format!(
+        "{} {host}{}",
+        std::process::id(),
+        if links.is_empty() { String::new() } else { format!(": {}", links.join(", ")) }
+    );
     let n = line.len().min(RECORD);
     mine[..n].copy_from_slice(&line.as_bytes()[..n]);
     let mut all = vec![0u8; RECORD * comm.nranks() as usize];

@@ -44,6 +44,8 @@ pub(crate) struct PeerInfo {
     /// The GPU the rank drives, known at init (`Config::cuda_device`, or the context current
     /// on the thread that joined).
     pub device: Option<DeviceId>,
+    /// Whether the rank has an RDMA port its verbs transport opened.
+    pub rdma: bool,
 }
 
 impl PeerInfo {
@@ -94,10 +96,10 @@ pub(crate) const MAX_RANKS: u32 = 1 << 20;
 
 const ADDR_BYTES: usize = 18;
 /// The layout of an entry, its first byte: ranks of another layout are refused by name.
-const ENTRY_VERSION: u8 = 2;
+const ENTRY_VERSION: u8 = 3;
 /// Version, address, host, watch port, pid, whether a device follows, its UUID, PCI bus id and
-/// ordinal.
-const ENTRY_BYTES: usize = 1 + ADDR_BYTES + 8 + 2 + 4 + 1 + 16 + 8 + 4;
+/// ordinal, and whether the rank has an RDMA port.
+const ENTRY_BYTES: usize = 1 + ADDR_BYTES + 8 + 2 + 4 + 1 + 16 + 8 + 4 + 1;
 pub(crate) const HELLO_BYTES: usize = 4 + 16 + 4 + 4 + ENTRY_BYTES;
 
 impl UniqueId {
@@ -309,6 +311,7 @@ pub(crate) fn encode_peer(p: &PeerInfo, out: &mut Vec<u8>) {
     out.extend_from_slice(&d.uuid);
     out.extend_from_slice(&d.pci_bus.to_le_bytes());
     out.extend_from_slice(&d.ordinal.to_le_bytes());
+    out.push(u8::from(p.rdma));
 }
 
 /// The entry in `b` (at least [`PEER_BYTES`] long; its version checked by the rendezvous).
@@ -323,6 +326,7 @@ pub(crate) fn decode_peer(b: &[u8]) -> PeerInfo {
         watch_port: u16::from_le_bytes([b[at + 8], b[at + 9]]),
         pid: u32_at(b, at + 10),
         device: (b[dev] == 1).then(|| DeviceId { uuid, pci_bus: u64_at(b, dev + 17), ordinal: u32_at(b, dev + 25) }),
+        rdma: b[dev + 29] == 1,
     }
 }
 
@@ -361,6 +365,7 @@ mod tests {
                             watch_port: 7,
                             pid: r,
                             device: None,
+                            rdma: false,
                         };
                         rendezvous(&id, r, 3, me, deadline).unwrap()
                     })
@@ -372,7 +377,14 @@ mod tests {
             assert_eq!(t.iter().map(|p| p.addr.port()).collect::<Vec<_>>(), [1000, 1001, 1002]);
         }
         let wrong = UniqueId::remote(id.root, [4; 16]);
-        let me = PeerInfo { addr: "127.0.0.1:1".parse().unwrap(), host: 0, watch_port: 0, pid: 0, device: None };
+        let me = PeerInfo {
+            addr: "127.0.0.1:1".parse().unwrap(),
+            host: 0,
+            watch_port: 0,
+            pid: 0,
+            device: None,
+            rdma: false,
+        };
         assert!(rendezvous(&wrong, 0, 1, me, Instant::now() + Duration::from_millis(300)).is_err());
     }
 
@@ -395,8 +407,10 @@ mod tests {
                         watch_port: 3,
                         pid: 0,
                         device: None,
+                        rdma: r == 1,
                     };
-                    assert_eq!(rendezvous(&id, r, 2, me, deadline).unwrap().len(), 2);
+                    let table = rendezvous(&id, r, 2, me, deadline).unwrap();
+                    assert_eq!(table.iter().map(|p| p.rdma).collect::<Vec<_>>(), [false, true]);
                 });
             }
         });
@@ -407,7 +421,14 @@ mod tests {
     #[test]
     fn an_absurd_rank_count_is_refused_before_the_table_is_sized() {
         let id = UniqueId::serve("127.0.0.1:0".parse().unwrap(), [6; 16], Duration::from_secs(20)).unwrap();
-        let me = PeerInfo { addr: "127.0.0.1:1".parse().unwrap(), host: 0, watch_port: 0, pid: 0, device: None };
+        let me = PeerInfo {
+            addr: "127.0.0.1:1".parse().unwrap(),
+            host: 0,
+            watch_port: 0,
+            pid: 0,
+            device: None,
+            rdma: false,
+        };
         let e = rendezvous(&id, 0, u32::MAX, me, Instant::now() + Duration::from_secs(10)).unwrap_err();
         assert!(e.to_string().contains("4294967295 ranks"), "{e}");
     }

@@ -3,7 +3,14 @@
 //! | variable | meaning | default |
 //! |---|---|---|
 //! | `TOPOCCL_TIMEOUT` | seconds a call may go without any progress before it fails | 300 |
-//! | `TOPOCCL_TRANSPORT` | `auto` (CUDA IPC between GPUs of one host that reach each other, shared memory within a host, TCP across), `tcp`, `shm` | auto |
+//! | `TOPOCCL_TRANSPORT` | `auto` (CUDA IPC between GPUs of one host that reach each other, shared memory within a host, RDMA verbs across hosts where both ranks have a port, else TCP), `tcp`, `shm`, `ib` (RDMA verbs for every pair, the same host's too) | auto |
+//! | `TOPOCCL_IBVERBS_LIB` / `NCCL_IBVERBS_LIB` | the verbs library to open | `libibverbs.so.1`, then `libibverbs.so` |
+//! | `TOPOCCL_IB_DISABLE` / `NCCL_IB_DISABLE` | `1`: never RDMA (TCP across hosts) | 0 |
+//! | `NCCL_IB_HCA` | RDMA devices and ports to use (`mlx5_0:1,mlx5_1`; `^` excludes, `=` exact names) | every active port |
+//! | `NCCL_IB_GID_INDEX` | the GID a RoCE port is addressed by | the first IPv4-mapped GID (RoCE v2), 0 on InfiniBand |
+//! | `NCCL_IB_TC`, `NCCL_IB_SL` | traffic class (RoCE), service level (InfiniBand) | 0, 0 |
+//! | `NCCL_IB_TIMEOUT`, `NCCL_IB_RETRY_CNT` | local ACK timeout (4.096 µs × 2^n) and retransmissions | 20, 7 |
+//! | `TOPOCCL_IB_BYTES` | RDMA receive ring per peer and direction (registered host memory) | 4 MiB |
 //! | `TOPOCCL_ALGO` | force an algorithm (`ring`, `tree`, `rhd`, `rd`, `hier`, `pairwise`, `blink`, `tacos`) | the tuner's choice |
 //! | `TOPOCCL_TOPOLOGY` | the machine the ranks run on (a library name, family or file; see `topoccl_synth::topology::resolve`), rank i on its rank i; `detect` (or `detect[0-3]`) asks NVML, rank i on NVML's GPU i, and falls back to the default where there is no NVML (see `crate::detect`) | all-to-all links (`host:N` on one host, `full:N` across hosts) |
 //! | `TOPOCCL_TUNER_MESSAGE_US` | time a rank's executor spends on each message, as the tuner's simulator prices it, µs | 4 |
@@ -15,9 +22,11 @@
 //! | `TOPOCCL_IPC_BYTES` | CUDA IPC receive window per peer and direction (device memory; at least one slice) | 8 MiB |
 //! | `TOPOCCL_SHM_DIRECT` | `1`: shared memory puts large payloads straight into offered receive buffers where the processes may write each other's memory; `0`: always through the ring (faster on all-reduce here, see the README) | 0 |
 //! | `TOPOCCL_SOCKET_IFNAME` / `NCCL_SOCKET_IFNAME` | interfaces to use (prefixes; `^` excludes, `=` exact) | first non-loopback |
+//! | `TOPOCCL_HOSTID` / `NCCL_HOSTID` | stands in for the host name in the host identity (ranks given different ones count as different hosts) | the host name |
 
 use std::time::Duration;
 
+use topoccl_transports::verbs::VerbsSettings;
 use topoccl_transports::TransportTable;
 
 use crate::env::var;
@@ -31,6 +40,8 @@ pub enum TransportPolicy {
     Tcp,
     /// Shared memory only; ranks on different hosts are an error.
     Shm,
+    /// RDMA verbs for every pair (the same host's too); an error where a rank has no port.
+    Ib,
 }
 
 impl TransportPolicy {
@@ -39,6 +50,7 @@ impl TransportPolicy {
             TransportPolicy::Auto => "auto",
             TransportPolicy::Tcp => "tcp",
             TransportPolicy::Shm => "shm",
+            TransportPolicy::Ib => "ib",
         }
     }
 }
@@ -46,10 +58,10 @@ impl TransportPolicy {
 impl std::str::FromStr for TransportPolicy {
     type Err = Error;
     fn from_str(s: &str) -> Result<TransportPolicy> {
-        [TransportPolicy::Auto, TransportPolicy::Tcp, TransportPolicy::Shm]
+        [TransportPolicy::Auto, TransportPolicy::Tcp, TransportPolicy::Shm, TransportPolicy::Ib]
             .into_iter()
             .find(|t| t.name().eq_ignore_ascii_case(s.trim()))
-            .ok_or_else(|| Error::InvalidArgument(format!("unknown transport `{s}` (auto, tcp, shm)")))
+            .ok_or_else(|| Error::InvalidArgument(format!("unknown transport `{s}` (auto, tcp, shm, ib)")))
     }
 }
 
@@ -81,6 +93,8 @@ pub struct Config {
     /// The CUDA device whose primary context the communicator binds to at init (`None`: the
     /// context of the first stream it is called with).
     pub cuda_device: Option<u32>,
+    /// The RDMA verbs transport's settings (`None`: RDMA disabled).
+    pub verbs: Option<VerbsSettings>,
 }
 
 impl Default for Config {
@@ -99,8 +113,48 @@ impl Default for Config {
             topology: None,
             tuner_message_us: 4.0,
             cuda_device: None,
+            verbs: Some(VerbsSettings::default()),
         }
     }
+}
+
+/// The RDMA settings NCCL's users set (NCCL's names, a `TOPOCCL_` one first where both exist).
+fn verbs_from_env() -> Result<Option<VerbsSettings>> {
+    let either = |ours: &str, nccl: &str| var(ours).or_else(|| var(nccl));
+    let disabled = match either("TOPOCCL_IB_DISABLE", "NCCL_IB_DISABLE") {
+        Some(v) => {
+            v.parse::<u32>().map_err(|_| Error::InvalidArgument(format!("IB_DISABLE={v}: expected 0 or 1")))? != 0
+        }
+        None => false,
+    };
+    if disabled {
+        return Ok(None);
+    }
+    let mut v = VerbsSettings {
+        library: either("TOPOCCL_IBVERBS_LIB", "NCCL_IBVERBS_LIB"),
+        hca: var("NCCL_IB_HCA"),
+        ..VerbsSettings::default()
+    };
+    if let Some(i) = number("NCCL_IB_GID_INDEX", -1.0, 255.0)? {
+        // NCCL's -1 asks for its automatic choice.
+        v.gid_index = (i >= 0.0).then_some(i as u8);
+    }
+    if let Some(tc) = number("NCCL_IB_TC", 0.0, 255.0)? {
+        v.traffic_class = tc as u8;
+    }
+    if let Some(sl) = number("NCCL_IB_SL", 0.0, 15.0)? {
+        v.service_level = sl as u8;
+    }
+    if let Some(t) = number("NCCL_IB_TIMEOUT", 1.0, 31.0)? {
+        v.timeout = t as u8;
+    }
+    if let Some(r) = number("NCCL_IB_RETRY_CNT", 0.0, 7.0)? {
+        v.retry_cnt = r as u8;
+    }
+    if let Some(b) = number("TOPOCCL_IB_BYTES", 65536.0, (1u64 << 29) as f64)? {
+        v.ring_bytes = b as usize;
+    }
+    Ok(Some(v))
 }
 
 fn number(name: &str, min: f64, max: f64) -> Result<Option<f64>> {
@@ -145,6 +199,7 @@ impl Config {
         if let Some(us) = number("TOPOCCL_TUNER_MESSAGE_US", 0.0, 1e6)? {
             c.tuner_message_us = us;
         }
+        c.verbs = verbs_from_env()?;
         Ok(c)
     }
 }

@@ -15,7 +15,7 @@ use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use topoccl_transports::ipc::IpcTransport;
+use topoccl_transports::ipc::{DeviceId, IpcTransport};
 use topoccl_transports::shm::ShmTransport;
 use topoccl_transports::tcp::TcpTransport;
 use topoccl_transports::{Connection, Locality, PeerSetup, TransportTable};
@@ -23,6 +23,7 @@ use topoccl_transports::{Connection, Locality, PeerSetup, TransportTable};
 use super::bootstrap::{connect_retry, PeerInfo};
 use super::config::{Config, TransportPolicy};
 use super::greet::{Greeter, HELLO_DEADLINE, MAX_UNGREETED};
+use super::rdma;
 use crate::error::{Error, Result};
 
 const DIAL_MAGIC: &[u8; 4] = b"TCDL";
@@ -38,9 +39,16 @@ pub(crate) struct Auth {
     pub comm_id: [u8; 16],
 }
 
+/// Which of a host's RDMA ports a rank uses: round robin by the GPU it drives, so ranks of
+/// one host spread over its NICs.
+pub(crate) fn nic_choice(device: Option<DeviceId>) -> usize {
+    device.map_or(0, |d| d.ordinal as usize)
+}
+
 /// The table a communicator connects with: the user's transports first, then the built-in
 /// ones `TOPOCCL_TRANSPORT` allows — CUDA IPC first where this rank drives a GPU (`me`; the
-/// IPC transport is returned too, for its counters).
+/// IPC transport is returned too, for its counters), RDMA verbs ahead of TCP where this rank
+/// has a port.
 pub(crate) fn table(cfg: &Config, me: &PeerInfo) -> Result<(TransportTable, Option<Arc<IpcTransport>>)> {
     let shm = ShmTransport { ring_bytes: cfg.shm_ring_bytes, direct: cfg.shm_direct };
     let tcp = Arc::new(TcpTransport { sockets: cfg.sockets.max(1) });
@@ -59,17 +67,28 @@ pub(crate) fn table(cfg: &Config, me: &PeerInfo) -> Result<(TransportTable, Opti
         }
     }
     let shm = Arc::new(shm);
-    let builtin = match cfg.transport {
-        TransportPolicy::Auto => table.try_with(shm).and_then(|t| t.try_with(tcp)),
-        TransportPolicy::Tcp => table.try_with(tcp),
-        TransportPolicy::Shm => table.try_with(shm),
+    let verbs = match me.rdma {
+        true => rdma::transport(cfg, nic_choice(me.device))?,
+        false => None,
+    };
+    let builtin = match (cfg.transport, verbs) {
+        (TransportPolicy::Auto, Some(v)) => {
+            table.try_with(shm).and_then(|t| t.try_with(Arc::new(v.for_pairs(false)))).and_then(|t| t.try_with(tcp))
+        }
+        (TransportPolicy::Auto, None) => table.try_with(shm).and_then(|t| t.try_with(tcp)),
+        (TransportPolicy::Tcp, _) => table.try_with(tcp),
+        (TransportPolicy::Shm, _) => table.try_with(shm),
+        (TransportPolicy::Ib, Some(v)) => table.try_with(Arc::new(v.for_pairs(true))),
+        (TransportPolicy::Ib, None) => {
+            return Err(Error::InvalidArgument("TOPOCCL_TRANSPORT=ib, but this rank has no RDMA port".into()))
+        }
     }
     .map_err(|e| Error::Internal(format!("a built-in transport: {e}")))?;
     Ok((cfg.transports.clone().then(&builtin), ipc))
 }
 
 fn locality(p: &PeerInfo) -> Locality {
-    Locality { host: p.host, pid: p.pid, device: p.device }
+    Locality { host: p.host, pid: p.pid, device: p.device, rdma: p.rdma }
 }
 
 /// Connections to every other rank (`None` at `rank`).
@@ -93,7 +112,11 @@ pub(crate) fn connect_all(
                     "no transport connects rank {rank} to rank {p} (on {} host; transports: {}{})",
                     if info.host == me.host { "the same" } else { "another" },
                     table.names().join(", "),
-                    if cfg.transport == TransportPolicy::Shm { "; TOPOCCL_TRANSPORT=shm" } else { "" }
+                    match cfg.transport {
+                        TransportPolicy::Shm => "; TOPOCCL_TRANSPORT=shm",
+                        TransportPolicy::Ib if !info.rdma => "; TOPOCCL_TRANSPORT=ib, and that rank has no RDMA port",
+                        _ => "",
+                    }
                 )))
             }
         }

@@ -34,6 +34,7 @@ pub(crate) mod greet;
 mod group;
 mod netif;
 pub(crate) mod plan;
+mod rdma;
 mod resize;
 mod stream;
 mod submit;
@@ -206,12 +207,15 @@ impl Communicator {
         }
         let deadline = Instant::now() + config.timeout;
         let (listener, addr) = data_listener(advertised_ip(id.root_addr())?)?;
+        let device = crate::cuda::device_at_init(config.cuda_device);
+        let rdma = rdma::transport(&config, connect::nic_choice(device))?.is_some();
         let me = PeerInfo {
             addr,
             host: netif::host_id(),
             watch_port: crate::diag::service::port()?,
             pid: std::process::id(),
-            device: crate::cuda::device_at_init(config.cuda_device),
+            device,
+            rdma,
         };
         let peers = bootstrap::rendezvous(id, rank, nranks, me, deadline)?;
         let auth = Auth { secret: id.secret(), comm_id: comm_id(&[&id.to_bytes()]) };

@@ -59,9 +59,13 @@ pub(crate) fn interface_ip(filter: Option<&str>) -> Option<IpAddr> {
 
 /// Identifies the shared-memory domain of this process: host name, boot, and network
 /// namespace (ranks in different namespaces, as in emulated topologies, count as different
-/// hosts, so they talk over their shaped links).
+/// hosts, so they talk over their shaped links). `TOPOCCL_HOSTID` (or NCCL's `NCCL_HOSTID`)
+/// stands in for the host name: processes given different ones count as different hosts
+/// (how tests run cross-host transports on one machine).
 pub(crate) fn host_id() -> u64 {
-    let host = nix::unistd::gethostname().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let host = crate::env::var("TOPOCCL_HOSTID")
+        .or_else(|| crate::env::var("NCCL_HOSTID"))
+        .unwrap_or_else(|| nix::unistd::gethostname().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default());
     let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
     let netns = std::fs::read_link("/proc/self/ns/net").map(|p| p.display().to_string()).unwrap_or_default();
     // FNV-1a: the same value in every process and build.

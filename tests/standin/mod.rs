@@ -65,8 +65,28 @@ pub fn ranks(name: &str, n: u32, env: &[(&str, &str)], timeout_s: u64) -> bool {
 
 /// [`ranks`], where rank `dies` is meant to end without passing (killed mid-call).
 pub fn ranks_where_one_dies(name: &str, n: u32, dies: u32, env: &[(&str, &str)], timeout_s: u64) -> bool {
+    let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    match ranks_each(name, n, dies, &|_| env.clone(), timeout_s) {
+        None => true,
+        Some(all) => {
+            print!("{all}");
+            false
+        }
+    }
+}
+
+/// `None` in a rank process (run the body there); in the parent, runs the test `name` as `n`
+/// rank processes, rank `r` with the environment `env(r)`, requires every one but `dies` to
+/// pass within `timeout_s`, and returns their output.
+pub fn ranks_each(
+    name: &str,
+    n: u32,
+    dies: u32,
+    env: &dyn Fn(u32) -> Vec<(String, String)>,
+    timeout_s: u64,
+) -> Option<String> {
     if std::env::var_os("TOPOCCL_TEST_RANK").is_some() {
-        return true;
+        return None;
     }
     let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("port").port();
     let exe = std::env::current_exe().expect("test executable");
@@ -83,7 +103,7 @@ pub fn ranks_where_one_dies(name: &str, n: u32, dies: u32, env: &[(&str, &str)],
             .env("WORLD_SIZE", n.to_string())
             .env("MASTER_ADDR", "127.0.0.1")
             .env("MASTER_PORT", port.to_string())
-            .envs(env.iter().copied())
+            .envs(env(r))
             .stdout(log.try_clone().expect("rank log"))
             .stderr(log);
         if !real_driver() {
@@ -111,6 +131,5 @@ pub fn ranks_where_one_dies(name: &str, n: u32, dies: u32, env: &[(&str, &str)],
     let _ = std::fs::remove_dir_all(&logs);
     let all = texts.join("\n");
     assert!(failed.is_empty(), "{name}: ranks {failed:?} failed:\n{all}");
-    print!("{all}");
-    false
+    Some(all)
 }

@@ -31,7 +31,7 @@
 //! it [can connect](Transport::can_connect) the two; the [`TransportTable`] asks the registered
 //! ones in order (NCCL's `canConnect` table) and may wrap every connection ([`fault`] injects
 //! faults that way). [`ipc`] (CUDA IPC, device buffers GPU to GPU within a host) plugs in there
-//! ahead of shared memory; RDMA verbs will too. Tags with bits 29 or 31 set are the backends'
+//! ahead of shared memory; [`verbs`] (RDMA, across hosts) ahead of TCP. Tags with bits 29 or 31 set are the backends'
 //! own (the executor's stay below).
 //! [`TRANSPORT_API_VERSION`] is bumped on incompatible changes, as NCCL versions its net
 //! plugins.
@@ -183,12 +183,14 @@ pub struct Locality {
     pub pid: u32,
     /// The GPU the rank drives, if it drives one.
     pub device: Option<ipc::DeviceId>,
+    /// Whether the rank has an RDMA port it can talk through (the verbs transport loaded).
+    pub rdma: bool,
 }
 
 impl Locality {
     /// A rank on `host` that drives no GPU (in an unnamed process).
     pub fn host(host: u64) -> Locality {
-        Locality { host, pid: 0, device: None }
+        Locality { host, pid: 0, device: None, rdma: false }
     }
 }
 

@@ -204,7 +204,7 @@ impl Transport for TcpTransport {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::testing::{recv, Kept};
     use std::net::TcpListener;

@@ -229,9 +229,9 @@ fn a_side_that_cannot_set_up_makes_both_decline_with_the_streams_intact() {
 #[test]
 fn pairs_connect_by_device_reach_on_one_host() {
     let t = transport(1024);
-    let me = Locality { host: 7, pid: 1, device: Some(id(0, 1)) };
-    let near = Locality { host: 7, pid: 2, device: Some(id(1, 1)) };
-    let far = Locality { host: 7, pid: 2, device: Some(id(1, 2)) };
+    let me = Locality { host: 7, pid: 1, device: Some(id(0, 1)), rdma: false };
+    let near = Locality { host: 7, pid: 2, device: Some(id(1, 1)), rdma: false };
+    let far = Locality { host: 7, pid: 2, device: Some(id(1, 2)), rdma: false };
     assert!(t.can_connect(&me, &near));
     assert!(!t.can_connect(&me, &far), "devices that cannot reach each other");
     assert!(!t.can_connect(&me, &Locality { host: 8, ..near }), "another host");

@@ -1,3 +1,280 @@
-//! RDMA verbs (InfiniBand, RoCE): libibverbs opened at run time, as NCCL opens it.
+//! RDMA verbs (InfiniBand, RoCE) between ranks on different hosts: libibverbs opened at run
+//! time as NCCL opens it ([`library`], over our own declarations of its structures, [`sys`]),
+//! objects owned safely ([`device`]), the device and port chosen by NCCL's settings
+//! ([`select`]). A pair's queue pair is connected by exchanging its address over the TCP
+//! stream the bootstrap opened, which then stays open as the liveness line (as shared memory
+//! keeps it): a peer whose process dies is noticed in milliseconds, not after the ~30 s of
+//! retransmissions NCCL's default `NCCL_IB_TIMEOUT`/`NCCL_IB_RETRY_CNT` allow.
+//!
+//! Data goes by RDMA write into a ring the receiver owns, with credits ([`stream`]'s byte
+//! stream under the framing every backend shares). Host memory only, for now: device buffers
+//! are staged through host memory by the executor.
+//!
+//! Both sides of a pair must pick this backend alike: a rank says in its bootstrap record
+//! whether it has a usable port ([`Locality::rdma`]), and a pair whose set-up fails on either
+//! side (a port the peer cannot reach: InfiniBand against RoCE) declines together and goes on
+//! to TCP.
 
+pub mod device;
+pub mod library;
+pub mod select;
+mod stream;
 pub mod sys;
+
+use std::io::{Read, Write};
+use std::net::Shutdown;
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::framing::Framed;
+use crate::{Connected, Connection, Locality, Meta, PeerSetup, Region, Ticket, Transport, WaitFd};
+use device::{CompletionQueue, Endpoint, QueuePair};
+pub use select::{HcaFilter, Nic, VerbsSettings};
+use stream::{Registered, RemoteRing, VerbsByteStream, MAX_RING_BYTES, RECV_DEPTH, SEND_DEPTH};
+use sys::ibv_gid;
+
+const HANDSHAKE_MAGIC: &[u8; 4] = b"TIBV";
+const HANDSHAKE_VERSION: u8 = 1;
+/// Magic, version, ok, then the endpoint (qpn, lid, gid, link layer, mtu) and the ring
+/// (address, rkey, length).
+const RECORD_BYTES: usize = 4 + 1 + 1 + 4 + 2 + 16 + 1 + 4 + 8 + 4 + 8;
+/// The smallest ring a peer may announce.
+const MIN_RING_BYTES: usize = 64 << 10;
+
+/// The verbs backend: one port of one device, shared by every connection it makes.
+#[derive(Clone)]
+pub struct VerbsTransport {
+    nic: Arc<Nic>,
+    ring_bytes: usize,
+    /// Every pair, the same host's too (`TOPOCCL_TRANSPORT=ib`); otherwise pairs on
+    /// different hosts only.
+    every_pair: bool,
+}
+
+impl std::fmt::Debug for VerbsTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VerbsTransport")
+            .field("nic", &self.nic.describe())
+            .field("every_pair", &self.every_pair)
+            .finish()
+    }
+}
+
+impl VerbsTransport {
+    /// Loads the library and opens the port `settings` choose (the `choice`-th usable one,
+    /// round robin); why not where there is no library, no device or no active port.
+    pub fn open(
+        settings: &VerbsSettings,
+        choice: usize,
+        every_pair: bool,
+    ) -> std::result::Result<VerbsTransport, String> {
+        let verbs = Arc::new(library::open(&library::candidates(settings.library.as_deref()))?);
+        let nic = Nic::open(verbs, settings, choice)?;
+        let ring_bytes = settings.ring_bytes.clamp(MIN_RING_BYTES, MAX_RING_BYTES);
+        Ok(VerbsTransport { nic: Arc::new(nic), ring_bytes, every_pair })
+    }
+
+    /// The same port, connecting every pair (the same host's too) or only pairs on different
+    /// hosts.
+    pub fn for_pairs(&self, every_pair: bool) -> VerbsTransport {
+        VerbsTransport { every_pair, ..self.clone() }
+    }
+
+    /// The port in use: `mlx5_0:1 (RoCE, GID 1, MTU 4096)`, and the library.
+    pub fn describe(&self) -> String {
+        format!("{} via {}", self.nic.describe(), self.nic.pd.ctx.verbs.path)
+    }
+
+    /// This side's queue pair, ring and completion queue, the queue pair in INIT.
+    fn prepare(&self) -> Result<(QueuePair, Registered)> {
+        let cq = CompletionQueue::new(self.nic.pd.ctx.clone(), (SEND_DEPTH + RECV_DEPTH + 16) as usize)?;
+        let qp = QueuePair::new(self.nic.pd.clone(), Arc::new(cq), SEND_DEPTH, RECV_DEPTH)?;
+        qp.init(&self.nic.path)?;
+        let rx = Registered::new(self.nic.pd.clone(), self.ring_bytes, true)?;
+        Ok((qp, rx))
+    }
+}
+
+/// What one side tells the other at set-up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Record {
+    endpoint: Endpoint,
+    ring: RemoteRing,
+}
+
+fn encode(r: Option<&Record>) -> [u8; RECORD_BYTES] {
+    let mut b = [0u8; RECORD_BYTES];
+    b[..4].copy_from_slice(HANDSHAKE_MAGIC);
+    b[4] = HANDSHAKE_VERSION;
+    if let Some(r) = r {
+        b[5] = 1;
+        let e = &r.endpoint;
+        b[6..10].copy_from_slice(&e.qpn.to_le_bytes());
+        b[10..12].copy_from_slice(&e.lid.to_le_bytes());
+        b[12..28].copy_from_slice(&e.gid.raw);
+        b[28] = e.link_layer;
+        b[29..33].copy_from_slice(&e.mtu.to_le_bytes());
+        b[33..41].copy_from_slice(&r.ring.addr.to_le_bytes());
+        b[41..45].copy_from_slice(&r.ring.rkey.to_le_bytes());
+        b[45..53].copy_from_slice(&(r.ring.len as u64).to_le_bytes());
+    }
+    b
+}
+
+/// The peer's record (`None`: it could not set up its side), checked.
+fn decode(b: &[u8; RECORD_BYTES], peer: &str) -> Result<Option<Record>> {
+    if &b[..4] != HANDSHAKE_MAGIC || b[4] != HANDSHAKE_VERSION {
+        return Err(Error::Protocol(format!("{peer} did not start an RDMA handshake of version {HANDSHAKE_VERSION}")));
+    }
+    if b[5] != 1 {
+        return Ok(None);
+    }
+    let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+    let u64_at = |i: usize| {
+        let mut q = [0u8; 8];
+        q.copy_from_slice(&b[i..i + 8]);
+        u64::from_le_bytes(q)
+    };
+    let mut gid = ibv_gid::default();
+    gid.raw.copy_from_slice(&b[12..28]);
+    let len = u64_at(45);
+    if !(MIN_RING_BYTES as u64..=MAX_RING_BYTES as u64).contains(&len) {
+        return Err(Error::Protocol(format!("{peer} announced an RDMA ring of {len} bytes")));
+    }
+    Ok(Some(Record {
+        endpoint: Endpoint {
+            qpn: u32_at(6),
+            lid: u16::from_le_bytes([b[10], b[11]]),
+            gid,
+            link_layer: b[28],
+            mtu: u32_at(29),
+        },
+        ring: RemoteRing { addr: u64_at(33), rkey: u32_at(41), len: len as usize },
+    }))
+}
+
+fn hs(peer: &str, e: std::io::Error) -> Error {
+    Error::io(format!("RDMA handshake with {peer}"), e)
+}
+
+impl Transport for VerbsTransport {
+    fn name(&self) -> &'static str {
+        "ib"
+    }
+
+    fn can_connect(&self, me: &Locality, peer: &Locality) -> bool {
+        me.rdma && peer.rdma && (self.every_pair || me.host != peer.host)
+    }
+
+    fn connect(&self, mut setup: PeerSetup) -> Result<Connected> {
+        let peer = setup.peer.clone();
+        let Some(control) = setup.streams.first_mut() else {
+            return Err(Error::Protocol(format!("no stream to {peer} for the RDMA handshake")));
+        };
+        control.set_read_timeout(Some(setup.timeout)).map_err(|e| hs(&peer, e))?;
+        let prepared = self.prepare();
+        let mine = match &prepared {
+            Ok((qp, rx)) => Some(Record {
+                endpoint: self.nic.endpoint(qp.qpn),
+                ring: RemoteRing { addr: rx.buf.addr() as u64, rkey: rx.mr.rkey, len: rx.buf.len() },
+            }),
+            Err(_) => None,
+        };
+        control.write_all(&encode(mine.as_ref())).map_err(|e| hs(&peer, e))?;
+        let mut theirs = [0u8; RECORD_BYTES];
+        control.read_exact(&mut theirs).map_err(|e| hs(&peer, e))?;
+        let theirs = decode(&theirs, &peer)?;
+        let (qp, rx, mine, theirs) = match (prepared, mine, theirs) {
+            (Ok((qp, rx)), Some(m), Some(t)) if m.endpoint.link_layer == t.endpoint.link_layer => (qp, rx, m, t),
+            (Ok(_), Some(m), Some(t)) => {
+                let why =
+                    format!("link layers differ ({} here, {} at {peer})", m.endpoint.link_layer, t.endpoint.link_layer);
+                return Ok(Connected::Declined { setup, why });
+            }
+            (Err(e), _, _) => {
+                return Ok(Connected::Declined { setup, why: format!("this side could not set up: {e}") })
+            }
+            _ => return Ok(Connected::Declined { setup, why: format!("{peer} could not set up its side") }),
+        };
+        qp.connect(&self.nic.path, &mine.endpoint, &theirs.endpoint)?;
+        let tx = Registered::new(self.nic.pd.clone(), theirs.ring.len, false)?;
+        let mut control = setup.streams.swap_remove(0);
+        let stream = VerbsByteStream::new(
+            qp,
+            rx,
+            tx,
+            theirs.ring,
+            control.try_clone().map_err(|e| hs(&peer, e))?,
+            peer.clone(),
+        )?;
+        // Both queue pairs are ready to receive before either writes.
+        control.write_all(&[1]).map_err(|e| hs(&peer, e))?;
+        let mut ready = [0u8; 1];
+        control.read_exact(&mut ready).map_err(|e| hs(&peer, e))?;
+        if ready[0] != 1 {
+            return Err(Error::Protocol(format!("{peer} sent {} instead of its RDMA ready byte", ready[0])));
+        }
+        control.set_nonblocking(true).map_err(|e| hs(&peer, e))?;
+        control.set_read_timeout(None).map_err(|e| hs(&peer, e))?;
+        Ok(Connected::Connection(Box::new(VerbsConnection { framed: Framed::new(stream) })))
+    }
+}
+
+/// A connection over RDMA verbs.
+pub struct VerbsConnection {
+    framed: Framed<VerbsByteStream>,
+}
+
+impl Connection for VerbsConnection {
+    fn transport(&self) -> &'static str {
+        "ib"
+    }
+
+    unsafe fn send(&mut self, tag: u32, meta: &Meta, data: Region) -> Result<Ticket> {
+        // SAFETY: host memory valid and unchanged until the ticket is done (this fn's contract,
+        // passed on).
+        let seq = unsafe { self.framed.send(tag, meta, data)? };
+        Ok(if seq == 0 { Ticket::DONE } else { Ticket(seq) })
+    }
+
+    fn sent(&self, t: Ticket) -> bool {
+        t == Ticket::DONE || self.framed.sent(t.0)
+    }
+
+    /// What waits to be written, and what was written but not yet acknowledged (the call
+    /// that wrote it ends only once it is, as NCCL's does on its send completions).
+    fn backlog(&self) -> usize {
+        self.framed.backlog() + self.framed.stream.unacked()
+    }
+
+    fn progress(&mut self) -> Result<bool> {
+        self.framed.progress()
+    }
+
+    fn recv_with(&mut self, tag: u32, f: &mut dyn FnMut(&Meta, Region)) -> Result<bool> {
+        self.framed.recv_one(tag, f)
+    }
+
+    fn closed(&self) -> Option<&str> {
+        self.framed.closed()
+    }
+
+    fn wait_fds(&self, out: &mut Vec<WaitFd>) {
+        if self.framed.closed().is_none() {
+            out.push(WaitFd { fd: self.framed.stream.control.as_raw_fd(), write: false });
+        }
+    }
+
+    fn needs_spin(&self) -> bool {
+        self.framed.closed().is_none()
+    }
+
+    fn close(&mut self) {
+        let _ = self.framed.stream.control.shutdown(Shutdown::Both);
+        self.framed.mark_closed("closed locally".to_string());
+    }
+}
+
+#[cfg(test)]
+mod tests;

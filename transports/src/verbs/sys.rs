@@ -27,10 +27,8 @@ pub struct ibv_device {
 
 pub type PollCq = unsafe extern "C" fn(cq: *mut ibv_cq, num_entries: c_int, wc: *mut ibv_wc) -> c_int;
 pub type ReqNotifyCq = unsafe extern "C" fn(cq: *mut ibv_cq, solicited_only: c_int) -> c_int;
-pub type PostSend =
-    unsafe extern "C" fn(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> c_int;
-pub type PostRecv =
-    unsafe extern "C" fn(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad_wr: *mut *mut ibv_recv_wr) -> c_int;
+pub type PostSend = unsafe extern "C" fn(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> c_int;
+pub type PostRecv = unsafe extern "C" fn(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad_wr: *mut *mut ibv_recv_wr) -> c_int;
 
 /// `struct ibv_context_ops`: 32 function pointers; `ibv_poll_cq`, `ibv_post_send` and
 /// `ibv_post_recv` are inline functions in `verbs.h` that call through these.

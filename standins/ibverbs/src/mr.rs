@@ -1,0 +1,188 @@
+//! Protection domains and memory regions: keys, access flags, and the range checks the NIC
+//! makes with them.
+//!
+//! lkey and rkey of an MR differ (a transport that sends its lkey as the rkey fails here as it
+//! would on a NIC whose keys differ), and no key is handed out twice in a process run: keys are
+//! a bijective scramble of a counter.
+
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+
+use crate::device::Ctx;
+use crate::registry::{self, reg_mut};
+use crate::sys::*;
+use crate::util::{self, Public};
+
+/// `IBV_ACCESS_MW_BIND`.
+const ACCESS_MW_BIND: c_int = 1 << 4;
+/// `IBV_ACCESS_OPTIONAL_RANGE`: flags a provider may ignore.
+const ACCESS_OPTIONAL_RANGE: c_int = 0x3ff0_0000;
+
+pub struct Pd {
+    public: Public<ibv_pd>,
+    pub ctx: Arc<Ctx>,
+    /// MRs and QPs using it.
+    pub users: AtomicUsize,
+}
+
+impl Pd {
+    pub fn ptr(&self) -> *mut ibv_pd {
+        self.public.ptr()
+    }
+}
+
+pub struct Mr {
+    public: Public<ibv_mr>,
+    pub pd: Arc<Pd>,
+    pub addr: u64,
+    pub len: u64,
+    pub access: c_int,
+    pub lkey: u32,
+    pub rkey: u32,
+    /// True until deregistered. The NIC holds the read lock while it touches the memory, so
+    /// `ibv_dereg_mr` returns only once no access is under way (as on hardware).
+    pub live: RwLock<bool>,
+}
+
+impl Mr {
+    pub fn ptr(&self) -> *mut ibv_mr {
+        self.public.ptr()
+    }
+
+    /// Whether `[addr, addr + len)` lies inside the region.
+    pub fn covers(&self, addr: u64, len: u64) -> bool {
+        addr >= self.addr && addr.checked_add(len).is_some_and(|end| end <= self.addr + self.len)
+    }
+}
+
+static NEXT_HANDLE: AtomicU32 = AtomicU32::new(1);
+
+fn handle() -> u32 {
+    NEXT_HANDLE.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A key never handed out before in this process: an odd multiplier and a xor are bijections
+/// of u32, so distinct counters give distinct keys.
+fn new_key() -> u32 {
+    static COUNTER: AtomicU32 = AtomicU32::new(1);
+    static SALT: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    let salt = *SALT.get_or_init(|| util::with_rng(|r| r.next_u64() as u32));
+    loop {
+        let k = COUNTER.fetch_add(1, Ordering::Relaxed).wrapping_mul(0x9E37_79B1) ^ salt;
+        if k != 0 {
+            return k;
+        }
+    }
+}
+
+pub fn alloc_pd(ctx_ptr: *const ibv_context) -> Result<*mut ibv_pd, c_int> {
+    let ctx = registry::ctx(ctx_ptr).ok_or(libc::EINVAL)?;
+    let public = ibv_pd { context: ctx.ptr(), handle: handle() };
+    ctx.children.fetch_add(1, Ordering::Relaxed);
+    let pd = Arc::new(Pd { public: Public::new(public), ctx, users: AtomicUsize::new(0) });
+    let p = pd.ptr();
+    reg_mut().pds.insert(registry::key(p), pd);
+    Ok(p)
+}
+
+pub fn dealloc_pd(p: *const ibv_pd) -> c_int {
+    let mut reg = reg_mut();
+    let Some(pd) = reg.pds.get(&registry::key(p)) else { return libc::EINVAL };
+    if pd.users.load(Ordering::Relaxed) > 0 {
+        return libc::EBUSY;
+    }
+    if let Some(pd) = reg.pds.remove(&registry::key(p)) {
+        pd.ctx.children.fetch_sub(1, Ordering::Relaxed);
+    }
+    0
+}
+
+pub fn reg_mr(pd_ptr: *const ibv_pd, addr: *mut c_void, len: usize, access: c_int) -> Result<*mut ibv_mr, c_int> {
+    let pd = registry::pd(pd_ptr).ok_or(libc::EINVAL)?;
+    let known = ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ | ACCESS_REMOTE_ATOMIC | ACCESS_MW_BIND;
+    if access & !(known | ACCESS_OPTIONAL_RANGE) != 0 {
+        return Err(libc::EINVAL);
+    }
+    // Remote write and atomic need local write (IB spec 10.6.3.1; rdma-core answers EINVAL).
+    if access & (ACCESS_REMOTE_WRITE | ACCESS_REMOTE_ATOMIC) != 0 && access & ACCESS_LOCAL_WRITE == 0 {
+        return Err(libc::EINVAL);
+    }
+    if len == 0 {
+        return Err(libc::EINVAL);
+    }
+    // Pinning fails on memory that is not mapped, or not writable when the MR allows writes.
+    let writable = access & (ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_REMOTE_ATOMIC | ACCESS_MW_BIND) != 0;
+    if !crate::memio::mapped_with(addr as u64, len as u64, writable) {
+        return Err(libc::EFAULT);
+    }
+    let (lkey, rkey) = (new_key(), new_key());
+    let public = ibv_mr { context: pd.ctx.ptr(), pd: pd.ptr(), addr, length: len, handle: handle(), lkey, rkey };
+    pd.users.fetch_add(1, Ordering::Relaxed);
+    let mr = Arc::new(Mr {
+        public: Public::new(public),
+        pd,
+        addr: addr as u64,
+        len: len as u64,
+        access,
+        lkey,
+        rkey,
+        live: RwLock::new(true),
+    });
+    let p = mr.ptr();
+    let mut reg = reg_mut();
+    reg.lkeys.insert(lkey, mr.clone());
+    reg.rkeys.insert(rkey, mr.clone());
+    reg.mrs.insert(registry::key(p), mr);
+    Ok(p)
+}
+
+pub fn dereg_mr(p: *const ibv_mr) -> c_int {
+    let mr = {
+        let mut reg = reg_mut();
+        let Some(mr) = reg.mrs.remove(&registry::key(p)) else { return libc::EINVAL };
+        reg.lkeys.remove(&mr.lkey);
+        reg.rkeys.remove(&mr.rkey);
+        mr
+    };
+    // Waits for any access of the NIC under way.
+    *util::write(&mr.live) = false;
+    mr.pd.users.fetch_sub(1, Ordering::Relaxed);
+    0
+}
+
+/// Why a key check failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyError {
+    /// No live MR has the key, or it belongs to another PD.
+    Key,
+    /// The range is outside the MR.
+    Bounds,
+    /// The MR lacks the access right.
+    Access,
+}
+
+/// The MR an lkey names for `[addr, addr + len)` in `pd`, needing `access` rights (0: local
+/// read, always granted).
+pub fn check_lkey(pd: &Arc<Pd>, lkey: u32, addr: u64, len: u64, access: c_int) -> Result<Arc<Mr>, KeyError> {
+    check(registry::mr_by_lkey(lkey), pd, addr, len, access)
+}
+
+/// The MR an rkey names for `[addr, addr + len)` in `pd`, needing `access` rights.
+pub fn check_rkey(pd: &Arc<Pd>, rkey: u32, addr: u64, len: u64, access: c_int) -> Result<Arc<Mr>, KeyError> {
+    check(registry::mr_by_rkey(rkey), pd, addr, len, access)
+}
+
+fn check(mr: Option<Arc<Mr>>, pd: &Arc<Pd>, addr: u64, len: u64, access: c_int) -> Result<Arc<Mr>, KeyError> {
+    let mr = mr.ok_or(KeyError::Key)?;
+    if !Arc::ptr_eq(&mr.pd, pd) {
+        return Err(KeyError::Key);
+    }
+    if !mr.covers(addr, len) {
+        return Err(KeyError::Bounds);
+    }
+    if mr.access & access != access {
+        return Err(KeyError::Access);
+    }
+    Ok(mr)
+}

@@ -1,0 +1,201 @@
+//! Which device and port a rank uses, and how its queue pairs are addressed: NCCL's settings
+//! (`NCCL_IB_HCA`, `NCCL_IB_GID_INDEX`, `NCCL_IB_TC`, `NCCL_IB_SL`, `NCCL_IB_TIMEOUT`,
+//! `NCCL_IB_RETRY_CNT`) with NCCL's meanings, read by the core and handed over as
+//! [`VerbsSettings`].
+
+use std::sync::Arc;
+
+use super::device::{device_names, Context, Endpoint, PathSettings, ProtectionDomain};
+use super::library::Verbs;
+use super::sys::*;
+
+/// The verbs transport's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VerbsSettings {
+    /// The library to open (`TOPOCCL_IBVERBS_LIB`, `NCCL_IBVERBS_LIB`); libibverbs' soname
+    /// otherwise.
+    pub library: Option<String>,
+    /// `NCCL_IB_HCA`: which devices and ports (`mlx5_0:1,mlx5_1`; a leading `^` excludes, a
+    /// leading `=` matches names exactly instead of as prefixes).
+    pub hca: Option<String>,
+    /// `NCCL_IB_GID_INDEX`: the GID a RoCE port is addressed by (the first IPv4-mapped one, as
+    /// NCCL picks RoCE v2 over IPv4, when unset).
+    pub gid_index: Option<u8>,
+    /// `NCCL_IB_TC`: the traffic class of RoCE packets.
+    pub traffic_class: u8,
+    /// `NCCL_IB_SL`: the InfiniBand service level.
+    pub service_level: u8,
+    /// `NCCL_IB_TIMEOUT`: local ACK timeout, 4.096 µs × 2^timeout (NCCL's default 20: 4.3 s).
+    pub timeout: u8,
+    /// `NCCL_IB_RETRY_CNT`: retransmissions before a send fails (7).
+    pub retry_cnt: u8,
+    /// Receive ring per peer and direction, registered host memory.
+    pub ring_bytes: usize,
+}
+
+impl Default for VerbsSettings {
+    fn default() -> VerbsSettings {
+        VerbsSettings {
+            library: None,
+            hca: None,
+            gid_index: None,
+            traffic_class: 0,
+            service_level: 0,
+            timeout: 20,
+            retry_cnt: 7,
+            ring_bytes: 4 << 20,
+        }
+    }
+}
+
+/// `NCCL_IB_HCA`, parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HcaFilter {
+    exclude: bool,
+    exact: bool,
+    entries: Vec<(String, Option<u8>)>,
+}
+
+impl HcaFilter {
+    pub fn parse(spec: &str) -> HcaFilter {
+        let mut s = spec.trim();
+        let exclude = s.starts_with('^');
+        if exclude {
+            s = &s[1..];
+        }
+        let exact = s.starts_with('=');
+        if exact {
+            s = &s[1..];
+        }
+        let entries = s
+            .split(',')
+            .map(str::trim)
+            .filter(|e| !e.is_empty())
+            .map(|e| match e.split_once(':') {
+                Some((name, port)) => (name.to_string(), port.trim().parse().ok()),
+                None => (e.to_string(), None),
+            })
+            .collect();
+        HcaFilter { exclude, exact, entries }
+    }
+
+    /// Whether port `port` of device `name` may be used.
+    pub fn allows(&self, name: &str, port: u8) -> bool {
+        if self.entries.is_empty() {
+            return true;
+        }
+        let listed = self.entries.iter().any(|(n, p)| {
+            let named = if self.exact { name == n } else { name.starts_with(n.as_str()) };
+            named && p.map_or(true, |p| p == port)
+        });
+        listed != self.exclude
+    }
+}
+
+/// The device and port a rank talks through, opened once per process and shared by all its
+/// connections.
+pub struct Nic {
+    pub pd: Arc<ProtectionDomain>,
+    pub path: PathSettings,
+    pub port: ibv_port_attr,
+    pub gid: ibv_gid,
+}
+
+impl std::fmt::Debug for Nic {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.describe())
+    }
+}
+
+impl Nic {
+    /// The first active port of the devices `settings` allows (or the `choice`-th of them,
+    /// round robin, so ranks of one host spread over its NICs).
+    pub fn open(verbs: Arc<Verbs>, settings: &VerbsSettings, choice: usize) -> std::result::Result<Nic, String> {
+        let filter = HcaFilter::parse(settings.hca.as_deref().unwrap_or(""));
+        let names = device_names(&verbs)?;
+        let mut candidates = Vec::new();
+        let mut seen = Vec::new();
+        for name in &names {
+            let ctx = match Context::open(verbs.clone(), name) {
+                Ok(c) => c,
+                Err(e) => {
+                    seen.push(format!("{name}: {e}"));
+                    continue;
+                }
+            };
+            let ports = ctx.query_device().map(|a| a.phys_port_cnt).unwrap_or(1);
+            for port in 1..=ports {
+                match ctx.query_port(port) {
+                    Ok(attr) if attr.state == PORT_ACTIVE && filter.allows(name, port) => {
+                        candidates.push((ctx.clone(), port, attr))
+                    }
+                    Ok(attr) => seen.push(format!("{name}:{port} state {}", attr.state)),
+                    Err(e) => seen.push(format!("{name}:{port}: {e}")),
+                }
+            }
+        }
+        if candidates.is_empty() {
+            let filter = settings.hca.as_deref().map(|h| format!(" matching NCCL_IB_HCA={h}")).unwrap_or_default();
+            return Err(format!("no active RDMA port{filter} (devices: {}; {})", names.join(", "), seen.join("; ")));
+        }
+        let (ctx, port, attr) = candidates.swap_remove(choice % candidates.len());
+        let gid_index = match settings.gid_index {
+            Some(i) => i,
+            None if attr.link_layer == LINK_LAYER_INFINIBAND => 0,
+            None => roce_v2_ipv4(&ctx, port, attr.gid_tbl_len),
+        };
+        let gid = ctx.query_gid(port, i32::from(gid_index)).map_err(|e| e.to_string())?;
+        let path = PathSettings {
+            port,
+            gid_index,
+            traffic_class: settings.traffic_class,
+            service_level: settings.service_level,
+            timeout: settings.timeout,
+            retry_cnt: settings.retry_cnt,
+        };
+        let pd = ProtectionDomain::new(ctx).map_err(|e| e.to_string())?;
+        Ok(Nic { pd, path, port: attr, gid })
+    }
+
+    /// Where a queue pair numbered `qpn` on this port is reached.
+    pub fn endpoint(&self, qpn: u32) -> Endpoint {
+        Endpoint { qpn, lid: self.port.lid, gid: self.gid, link_layer: self.port.link_layer, mtu: self.port.active_mtu }
+    }
+
+    /// `mlx5_0:1 (RoCE, GID 3, MTU 4096)`, for logs and `collbench`'s header.
+    pub fn describe(&self) -> String {
+        let link = match self.port.link_layer {
+            LINK_LAYER_INFINIBAND => format!("IB, LID {}", self.port.lid),
+            _ => format!("RoCE, GID {}", self.path.gid_index),
+        };
+        let mtu = 128u32 << self.port.active_mtu.clamp(1, 5);
+        format!("{}:{} ({link}, MTU {mtu})", self.pd.ctx.name, self.path.port)
+    }
+}
+
+/// The first IPv4-mapped GID of the port (`::ffff:a.b.c.d`, RoCE v2 over IPv4 on Linux), else 0.
+fn roce_v2_ipv4(ctx: &Context, port: u8, table: i32) -> u8 {
+    (0..table.clamp(0, 255))
+        .find(|&i| ctx.query_gid(port, i).is_ok_and(|g| g.raw[..10] == [0; 10] && g.raw[10..12] == [0xff, 0xff]))
+        .map_or(0, |i| i as u8)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hca_filters_follow_nccl_syntax() {
+        let all = HcaFilter::parse("");
+        assert!(all.allows("mlx5_0", 1));
+        let f = HcaFilter::parse("mlx5_0:1,mlx5_2");
+        assert!(f.allows("mlx5_0", 1) && !f.allows("mlx5_0", 2));
+        assert!(f.allows("mlx5_2", 2) && f.allows("mlx5_20", 1) && !f.allows("mlx5_1", 1));
+        let exact = HcaFilter::parse("=mlx5_2");
+        assert!(exact.allows("mlx5_2", 1) && !exact.allows("mlx5_20", 1));
+        let not = HcaFilter::parse("^mlx5_1");
+        assert!(not.allows("mlx5_0", 1) && !not.allows("mlx5_1", 1) && !not.allows("mlx5_10", 1));
+        let not_exact = HcaFilter::parse("^=mlx5_1:1");
+        assert!(not_exact.allows("mlx5_10", 1) && not_exact.allows("mlx5_1", 2) && !not_exact.allows("mlx5_1", 1));
+    }
+}
