@@ -32,7 +32,7 @@ use topoccl_synth::topology;
 use crate::error::{Error, Result};
 use launch::Role;
 use plan::Plan;
-use topoccl::Config;
+use topoccl::{Config, TransportPolicy};
 
 /// Command-line arguments (nccl-tests' flags where they exist; `-n` is the number of local
 /// ranks to spawn, nccl-tests' iteration count is `--iters`/`-N`).
@@ -185,6 +185,13 @@ pub fn run(args: &Args, out: &mut dyn Write) -> Result<i32> {
             }
             if plan.root >= n {
                 return Err(Error::InvalidArgument(format!("root {} out of range for {n} ranks", plan.root)));
+            }
+            if plan.transports.contains(&TransportPolicy::Ib) {
+                if let Err(why) = topoccl::comm::rdma_port(&config) {
+                    return Err(Error::InvalidArgument(format!(
+                        "TOPOCCL_TRANSPORT=ib, but there is no RDMA port: {why}"
+                    )));
+                }
             }
             if let Some(t) = &topo {
                 if t.nranks() != n as usize {

@@ -60,7 +60,9 @@ fn bad_input_gives_one_line_and_a_failure() {
         (vec!["--simulate", "-d", "complex"], "unknown datatype"),
         (vec!["--simulate", "-r", "9"], "root 9 out of range"),
         (vec!["--topology", "dgx1"], "dgx1 has 8 ranks, but -n is 2"),
-        (vec!["-b", "1K", "--transport", "ib"], "unknown transport"),
+        (vec!["-b", "1K", "--transport", "rdma"], "unknown transport"),
+        // No RDMA port here (a library that fails, or none), and none stands in.
+        (vec!["-b", "1K", "--transport", "ib"], "TOPOCCL_TRANSPORT=ib, but there is no RDMA port"),
         (vec!["-n", "2", "-r", "2"], "root 2 out of range"),
     ] {
         let (ok, out, err) = collbench(&args);

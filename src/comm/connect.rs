@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use topoccl_transports::ipc::{DeviceId, IpcTransport};
 use topoccl_transports::shm::ShmTransport;
 use topoccl_transports::tcp::TcpTransport;
+use topoccl_transports::verbs::VerbsTransport;
 use topoccl_transports::{Connection, Locality, PeerSetup, TransportTable};
 
 use super::bootstrap::{connect_retry, PeerInfo};
@@ -31,6 +32,13 @@ const DIAL_BYTES: usize = 4 + 16 + 16 + 4 + 4;
 
 /// A rank's connections, by peer (`None` at the rank itself).
 type Links = Vec<Option<Box<dyn Connection>>>;
+
+/// The built-in transports whose counters a communicator reports.
+#[derive(Default, Clone)]
+pub(crate) struct Counted {
+    pub ipc: Option<Arc<IpcTransport>>,
+    pub verbs: Option<Arc<VerbsTransport>>,
+}
 
 /// What authenticates a data connection.
 #[derive(Debug, Clone, Copy)]
@@ -48,8 +56,8 @@ pub(crate) fn nic_choice(device: Option<DeviceId>) -> usize {
 /// The table a communicator connects with: the user's transports first, then the built-in
 /// ones `TOPOCCL_TRANSPORT` allows — CUDA IPC first where this rank drives a GPU (`me`; the
 /// IPC transport is returned too, for its counters), RDMA verbs ahead of TCP where this rank
-/// has a port.
-pub(crate) fn table(cfg: &Config, me: &PeerInfo) -> Result<(TransportTable, Option<Arc<IpcTransport>>)> {
+/// has a port (returned too).
+pub(crate) fn table(cfg: &Config, me: &PeerInfo) -> Result<(TransportTable, Counted)> {
     let shm = ShmTransport { ring_bytes: cfg.shm_ring_bytes, direct: cfg.shm_direct };
     let tcp = Arc::new(TcpTransport { sockets: cfg.sockets.max(1) });
     let mut table = TransportTable::new();
@@ -71,20 +79,23 @@ pub(crate) fn table(cfg: &Config, me: &PeerInfo) -> Result<(TransportTable, Opti
         true => rdma::transport(cfg, nic_choice(me.device))?,
         false => None,
     };
+    // This communicator's own counters, on the process's port.
+    let verbs = verbs.map(|v| Arc::new(v.for_pairs(cfg.transport == TransportPolicy::Ib)));
+    let counted = Counted { ipc, verbs: verbs.clone() };
     let builtin = match (cfg.transport, verbs) {
         (TransportPolicy::Auto, Some(v)) => {
-            table.try_with(shm).and_then(|t| t.try_with(Arc::new(v.for_pairs(false)))).and_then(|t| t.try_with(tcp))
+            table.try_with(shm).and_then(|t| t.try_with(v)).and_then(|t| t.try_with(tcp))
         }
         (TransportPolicy::Auto, None) => table.try_with(shm).and_then(|t| t.try_with(tcp)),
         (TransportPolicy::Tcp, _) => table.try_with(tcp),
         (TransportPolicy::Shm, _) => table.try_with(shm),
-        (TransportPolicy::Ib, Some(v)) => table.try_with(Arc::new(v.for_pairs(true))),
+        (TransportPolicy::Ib, Some(v)) => table.try_with(v),
         (TransportPolicy::Ib, None) => {
             return Err(Error::InvalidArgument("TOPOCCL_TRANSPORT=ib, but this rank has no RDMA port".into()))
         }
     }
     .map_err(|e| Error::Internal(format!("a built-in transport: {e}")))?;
-    Ok((cfg.transports.clone().then(&builtin), ipc))
+    Ok((cfg.transports.clone().then(&builtin), counted))
 }
 
 fn locality(p: &PeerInfo) -> Locality {
@@ -99,9 +110,9 @@ pub(crate) fn connect_all(
     auth: Auth,
     cfg: &Config,
     deadline: Instant,
-) -> Result<(Links, Option<Arc<IpcTransport>>)> {
+) -> Result<(Links, Counted)> {
     let me = peers[rank as usize];
-    let (table, ipc) = table(cfg, &me)?;
+    let (table, counted) = table(cfg, &me)?;
     let mut sockets_to = Vec::with_capacity(peers.len());
     for (p, info) in peers.iter().enumerate() {
         match table.select(&locality(&me), &locality(info)) {
@@ -195,5 +206,5 @@ pub(crate) fn connect_all(
         let conn = table.connect(&locality(&me), &locality(&peers[p as usize]), setup);
         links[p as usize] = Some(conn.map_err(|e| Error::Transport { peer: p, source: e })?);
     }
-    Ok((links, ipc))
+    Ok((links, counted))
 }

@@ -56,6 +56,7 @@ pub use call::CollectiveCall;
 pub use config::{Config, TransportPolicy};
 use connect::Auth;
 pub use group::{Group, Lane};
+pub use rdma::port as rdma_port;
 pub use submit::Pending;
 pub use work::Work;
 
@@ -108,7 +109,9 @@ pub struct Communicator {
     topology: Topology,
     transports: Vec<Option<&'static str>>,
     /// The CUDA IPC transport, when this rank's table has one (its counters).
-    ipc: Option<Arc<topoccl_transports::ipc::IpcTransport>>,
+    /// The CUDA IPC and RDMA verbs transports this communicator connected with, for their
+    /// counters.
+    counted: connect::Counted,
     /// Where calls are checked, planned and numbered; held while a call is admitted to the
     /// queue, so the queue's order is the call order.
     front: Mutex<Front>,
@@ -250,7 +253,7 @@ impl Communicator {
         deadline: Instant,
     ) -> Result<Communicator> {
         let nranks = peers.len() as u32;
-        let (links, ipc) = connect::connect_all(rank, &peers, &listener, auth, &config, deadline)?;
+        let (links, counted) = connect::connect_all(rank, &peers, &listener, auth, &config, deadline)?;
         let local = peers.iter().filter(|p| p.host == peers[rank as usize].host).count();
         let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
         let host_model = if local == nranks as usize {
@@ -313,7 +316,7 @@ impl Communicator {
             config,
             topology,
             transports,
-            ipc,
+            counted,
             front: Mutex::new(front),
             shared,
             progress: Some(progress),
@@ -347,7 +350,14 @@ impl Communicator {
     /// straight into offered buffers, registrations): `None` when this rank has no CUDA IPC
     /// transport.
     pub fn ipc_counts(&self) -> Option<topoccl_transports::ipc::IpcCounts> {
-        self.ipc.as_ref().map(|t| t.counts())
+        self.counted.ipc.as_ref().map(|t| t.counts())
+    }
+
+    /// What this communicator's RDMA verbs connections have done so far (messages through the
+    /// peers' rings and written straight into offered buffers, offers; registrations are the
+    /// port's, shared by the process's communicators): `None` when it has no verbs transport.
+    pub fn verbs_counts(&self) -> Option<topoccl_transports::verbs::VerbsCounts> {
+        self.counted.verbs.as_ref().map(|t| t.counts())
     }
 
     /// A handle that aborts this communicator's calls from another thread.

@@ -61,3 +61,10 @@ pub(crate) fn transport(cfg: &Config, choice: usize) -> Result<Option<Arc<VerbsT
         Err(_) => Ok(None),
     }
 }
+
+/// The RDMA port this process would use under `cfg` (the first usable one), described, or why
+/// there is none: for tools that check before they start ranks.
+pub fn port(cfg: &Config) -> std::result::Result<String, String> {
+    let settings = cfg.verbs.as_ref().ok_or("RDMA is disabled (IB_DISABLE)")?;
+    open(settings, 0).map(|t| t.describe())
+}

@@ -45,6 +45,7 @@ pub mod ipc;
 #[doc(hidden)]
 pub mod fuzzing;
 mod memory;
+mod numbered;
 mod pool;
 pub mod registration;
 pub mod shm;

@@ -8,6 +8,7 @@ pub const SEED_VAR: &str = "TOPOCCL_STANDIN_IB_SEED";
 pub const DELAY_VAR: &str = "TOPOCCL_STANDIN_IB_DELAY_US";
 pub const DROP_VAR: &str = "TOPOCCL_STANDIN_IB_DROP";
 pub const BAD_RKEY_VAR: &str = "TOPOCCL_STANDIN_IB_BAD_RKEY";
+pub const ODP_VAR: &str = "TOPOCCL_STANDIN_IB_ODP";
 
 /// At most this many devices (the device index lives in two bits of the IPv4-mapped GID and
 /// of the LID).
@@ -32,6 +33,9 @@ pub struct Config {
     pub drop: f64,
     /// The N-th RDMA write this process posts (from 1) goes out with a corrupted rkey.
     pub bad_rkey: Option<u64>,
+    /// Whether `IBV_ACCESS_ON_DEMAND` registrations are accepted (on-demand paging, as
+    /// ConnectX-5 and later offer for RC writes).
+    pub odp: bool,
 }
 
 /// The knobs of this process.
@@ -101,7 +105,15 @@ impl Config {
                 }
             },
         };
-        Config { devices, ib, seed, delay_us, drop, bad_rkey }
+        let odp = match var(ODP_VAR).as_deref() {
+            None | Some("1") => true,
+            Some("0") => false,
+            Some(v) => {
+                bad(ODP_VAR, v, "1");
+                true
+            }
+        };
+        Config { devices, ib, seed, delay_us, drop, bad_rkey, odp }
     }
 }
 

@@ -100,7 +100,12 @@ pub fn dealloc_pd(p: *const ibv_pd) -> c_int {
 
 pub fn reg_mr(pd_ptr: *const ibv_pd, addr: *mut c_void, len: usize, access: c_int) -> Result<*mut ibv_mr, c_int> {
     let pd = registry::pd(pd_ptr).ok_or(libc::EINVAL)?;
-    let known = ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ | ACCESS_REMOTE_ATOMIC | ACCESS_MW_BIND;
+    let mut known =
+        ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ | ACCESS_REMOTE_ATOMIC | ACCESS_MW_BIND;
+    // On-demand paging where the knob allows it (a device without it answers EINVAL).
+    if crate::config::config().odp {
+        known |= ACCESS_ON_DEMAND;
+    }
     if access & !(known | ACCESS_OPTIONAL_RANGE) != 0 {
         return Err(libc::EINVAL);
     }
@@ -111,9 +116,11 @@ pub fn reg_mr(pd_ptr: *const ibv_pd, addr: *mut c_void, len: usize, access: c_in
     if len == 0 {
         return Err(libc::EINVAL);
     }
-    // Pinning fails on memory that is not mapped, or not writable when the MR allows writes.
+    // Pinning fails on memory that is not mapped, or not writable when the MR allows writes;
+    // an on-demand region pins nothing (its pages are looked up at each access, which the NIC
+    // here does anyway).
     let writable = access & (ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_REMOTE_ATOMIC | ACCESS_MW_BIND) != 0;
-    if !crate::memio::mapped_with(addr as u64, len as u64, writable) {
+    if access & ACCESS_ON_DEMAND == 0 && !crate::memio::mapped_with(addr as u64, len as u64, writable) {
         return Err(libc::EFAULT);
     }
     let (lkey, rkey) = (new_key(), new_key());

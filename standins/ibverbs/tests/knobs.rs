@@ -201,3 +201,28 @@ fn the_nth_write_goes_out_with_a_corrupted_rkey() {
     assert_eq!(post_send(a.qp, &mut [write_wr(2, &mut sg, dst.addr(), rkey, None)]).0, 0);
     assert_eq!(poll_one(a.scq).status, WC_REM_ACCESS_ERR);
 }
+
+#[test]
+fn on_demand_registrations_follow_the_knob() {
+    match child_body().as_deref() {
+        None => {
+            run_child("on_demand_registrations_follow_the_knob", "on", &[]);
+            run_child("on_demand_registrations_follow_the_knob", "off", &[(ODP_VAR, "0")]);
+        }
+        Some(which) => {
+            let ctx = open(0);
+            let pd = v!(ibv_alloc_pd(ctx));
+            let odp = ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_ON_DEMAND;
+            // Nothing is mapped at 4096: on-demand paging pins nothing, so it registers.
+            let mr = v!(ibv_reg_mr(pd, 4096 as *mut _, 4096, odp));
+            if which == "on" {
+                assert!(!mr.is_null(), "an on-demand region of unmapped memory registers");
+                assert_eq!(v!(ibv_dereg_mr(mr)), 0);
+            } else {
+                assert!(mr.is_null(), "a device without on-demand paging refuses the flag");
+                assert_eq!(errno(), Some(libc::EINVAL));
+            }
+            assert_eq!(v!(ibv_dealloc_pd(pd)), 0);
+        }
+    }
+}

@@ -34,8 +34,8 @@ use super::stats::Counter;
 use super::wire::{reached, Descriptor, Signals, REVOKED_AT, WINDOW_ALIGN, WRITING_AT};
 use super::{Shared, DEVICE_BIT};
 use crate::error::{Error, Result};
+use crate::numbered::count;
 use crate::registration::RegistrationKey;
-use crate::shm::connection::count;
 use crate::shm::ShmConnection;
 use crate::{Connection, MemSpace, Meta, Region, Ticket, WaitFd};
 

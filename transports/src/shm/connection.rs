@@ -21,7 +21,8 @@ use super::direct::{self, DIRECT_MIN_BYTES};
 use super::ring::{Corrupt, Ring};
 use crate::error::{Error, Result};
 use crate::framing::{ByteStream, Framed, Peeked};
-use crate::{Connection, Meta, Region, Ticket, WaitFd, META_BYTES};
+use crate::numbered::{decode_offer, encode_offer, Numbered};
+use crate::{Connection, Meta, Region, Ticket, WaitFd};
 
 /// How many empty reads between two checks of the liveness line.
 const LIVENESS_EVERY: u32 = 512;
@@ -116,25 +117,8 @@ pub struct ShmConnection {
     framed: Framed<ShmByteStream>,
     /// The peer's process id, where direct puts work both ways (probed at set-up).
     direct: Option<u32>,
-    /// Messages sent and received so far, per tag (they number offers and puts).
-    sent: Vec<(u32, u32)>,
-    received: Vec<(u32, u32)>,
-    /// Destinations the peer offered and this side has not used: (tag, message, region).
-    offers: Vec<(u32, u32, Region)>,
-    /// Destinations this side offered for messages not yet received.
-    offered: Vec<(u32, u32, Region)>,
-}
-
-/// The count of `tag` in `counts`.
-pub(crate) fn count(counts: &mut Vec<(u32, u32)>, tag: u32) -> &mut u32 {
-    let i = match counts.iter().position(|(t, _)| *t == tag) {
-        Some(i) => i,
-        None => {
-            counts.push((tag, 0));
-            counts.len() - 1
-        }
-    };
-    &mut counts[i].1
+    /// Messages numbered per tag, and the destinations offered for them each way.
+    numbered: Numbered<Region>,
 }
 
 fn reserved(tag: u32) -> Result<()> {
@@ -144,35 +128,9 @@ fn reserved(tag: u32) -> Result<()> {
     Ok(())
 }
 
-fn encode_offer(tag: u32, message: u32, dst: Region) -> Meta {
-    let mut m = [0u8; META_BYTES];
-    m[0..4].copy_from_slice(&tag.to_le_bytes());
-    m[4..8].copy_from_slice(&message.to_le_bytes());
-    m[8..16].copy_from_slice(&(dst.addr as u64).to_le_bytes());
-    m[16..24].copy_from_slice(&(dst.len as u64).to_le_bytes());
-    m
-}
-
-fn decode_offer(m: &Meta) -> (u32, u32, Region) {
-    let word = |i: usize| u32::from_le_bytes([m[i], m[i + 1], m[i + 2], m[i + 3]]);
-    let mut q = [0u8; 8];
-    q.copy_from_slice(&m[8..16]);
-    let addr = u64::from_le_bytes(q) as usize;
-    q.copy_from_slice(&m[16..24]);
-    let len = u64::from_le_bytes(q) as usize;
-    (word(0), word(4), Region::host(addr, len))
-}
-
 impl ShmConnection {
     pub(crate) fn new(stream: ShmByteStream, direct: Option<u32>) -> ShmConnection {
-        ShmConnection {
-            framed: Framed::new(stream),
-            direct,
-            sent: Vec::new(),
-            received: Vec::new(),
-            offers: Vec::new(),
-            offered: Vec::new(),
-        }
+        ShmConnection { framed: Framed::new(stream), direct, numbered: Numbered::default() }
     }
 
     /// Whether messages may be put straight into offered destinations.
@@ -219,16 +177,17 @@ impl ShmConnection {
     /// Takes the offers that have arrived (never spilling a frame left in the ring for the
     /// executor: an offer stuck behind one is used late or not at all).
     fn take_offers(&mut self) {
-        let offers = &mut self.offers;
-        while self.framed.recv_queued(OFFER_TAG, &mut |m, _| offers.push(decode_offer(m))) {}
+        let numbered = &mut self.numbered;
+        while self.framed.recv_queued(OFFER_TAG, &mut |m, _| {
+            let (tag, message, dst, _) = decode_offer(m);
+            numbered.peer_offered(tag, message, dst);
+        }) {}
     }
 
     /// Numbers the next message of `tag` and puts it straight into the peer's offer for it,
     /// if there is one; whether it did.
     fn put_numbered(&mut self, tag: u32, data: Region) -> bool {
-        let n = count(&mut self.sent, tag);
-        let message = *n;
-        *n = n.wrapping_add(1);
+        let message = self.numbered.next_sent(tag);
         self.put(tag, message, data)
     }
 
@@ -240,11 +199,9 @@ impl ShmConnection {
             return false;
         }
         self.take_offers();
-        self.offers.retain(|o| o.0 != tag || o.1 >= message);
-        let Some(i) = self.offers.iter().position(|o| o.0 == tag && o.1 == message && o.2.len == data.len) else {
+        let Some(dst) = self.numbered.take_offer(tag, message, |d| d.len == data.len) else {
             return false;
         };
-        let dst = self.offers.swap_remove(i).2;
         // SAFETY: host memory valid for reads now (`send`'s contract).
         let bytes = unsafe { data.bytes() };
         direct::put(&self.framed.stream.tx.direct_flags(), pid, dst, bytes)
@@ -288,25 +245,17 @@ impl Connection for ShmConnection {
             // Nothing is numbered without direct puts.
             return self.framed.recv_one(tag, f);
         }
-        let message = *count(&mut self.received, tag);
-        let got = match self.offered.iter().position(|o| o.0 == tag && o.1 == message) {
+        let got = match self.numbered.offered_for_next(tag).copied() {
             // The message comes either through the ring or, put straight into the destination
             // this side offered, as a frame under the direct tag: whichever of the two comes
             // first in the stream is this message (the next one of the tag comes after it).
-            Some(i) => {
-                let dst = self.offered[i].2;
-                let got = self
-                    .framed
-                    .recv_first(&[tag, tag | DIRECT_BIT], &mut |t, m, r| f(m, if t == tag { r } else { dst }))?;
-                if got {
-                    self.offered.swap_remove(i);
-                }
-                got
+            Some(dst) => {
+                self.framed.recv_first(&[tag, tag | DIRECT_BIT], &mut |t, m, r| f(m, if t == tag { r } else { dst }))?
             }
             None => self.framed.recv_with(tag, f)?,
         };
         if got {
-            *count(&mut self.received, tag) = message.wrapping_add(1);
+            self.numbered.received(tag);
         }
         Ok(got)
     }
@@ -316,14 +265,9 @@ impl Connection for ShmConnection {
         if self.direct.is_none() || dst.len < DIRECT_MIN_BYTES {
             return Ok(());
         }
-        let message = *count(&mut self.received, tag);
-        if self.offered.iter().any(|o| o.0 == tag && o.1 == message) {
-            return Ok(());
-        }
-        self.offered.retain(|o| o.0 != tag);
-        self.offered.push((tag, message, dst));
+        let Some(message) = self.numbered.offer(tag, dst) else { return Ok(()) };
         // SAFETY: an empty region.
-        unsafe { self.framed.send(OFFER_TAG, &encode_offer(tag, message, dst), Region::EMPTY)? };
+        unsafe { self.framed.send(OFFER_TAG, &encode_offer(tag, message, dst, 0), Region::EMPTY)? };
         Ok(())
     }
 
@@ -354,7 +298,7 @@ impl Connection for ShmConnection {
         if self.direct.is_some() {
             direct::revoke(&self.framed.stream.rx.direct_flags());
         }
-        self.offered.clear();
+        self.numbered.clear_offered();
         self.framed.stream.tx.close();
         self.framed.stream.rx.close();
         let _ = self.framed.stream.control.shutdown(Shutdown::Both);

@@ -169,6 +169,32 @@ impl ProtectionDomain {
     }
 }
 
+impl ProtectionDomain {
+    /// Whether device memory can be registered through dma-buf here, asked as NCCL asks: a
+    /// registration of an invalid descriptor fails with `EBADF` where the kernel and the
+    /// driver support dma-buf, `EOPNOTSUPP` (or `EPROTONOSUPPORT`) where they do not.
+    pub fn dmabuf(&self) -> std::result::Result<(), String> {
+        let Some(reg) = self.ctx.verbs.reg_dmabuf_mr else {
+            return Err(format!("{} has no ibv_reg_dmabuf_mr", self.ctx.verbs.path));
+        };
+        // SAFETY: a live domain; descriptor -1 is refused before any memory is touched.
+        let mr = unsafe { reg(self.ptr.as_ptr(), 0, 0, 0, -1, 0) };
+        let e = io::Error::last_os_error();
+        if !mr.is_null() {
+            // SAFETY: a region the call just made, deregistered once.
+            unsafe { (self.ctx.verbs.dereg_mr)(mr) };
+            return Ok(());
+        }
+        match e.raw_os_error() {
+            Some(EBADF) => Ok(()),
+            _ => Err(format!("ibv_reg_dmabuf_mr: {e}")),
+        }
+    }
+}
+
+/// `EBADF` on Linux.
+const EBADF: i32 = 9;
+
 impl Drop for ProtectionDomain {
     fn drop(&mut self) {
         // SAFETY: allocated by `new`, freed once, after its regions and queue pairs.
@@ -415,6 +441,13 @@ impl QueuePair {
         };
         let rts = QP_STATE | QP_TIMEOUT | QP_RETRY_CNT | QP_RNR_RETRY | QP_SQ_PSN | QP_MAX_QP_RD_ATOMIC;
         self.modify(&mut a, rts, "RTS")
+    }
+
+    /// Any state → ERR: the queue pair stops (a peer's writes to it fail, its own work
+    /// requests are flushed).
+    pub fn to_error(&self) -> Result<()> {
+        let mut a = ibv_qp_attr { qp_state: QPS_ERR, ..Default::default() };
+        self.modify(&mut a, QP_STATE, "ERR")
     }
 
     /// Posts a chain of send work requests.

@@ -17,6 +17,7 @@
 
 pub mod device;
 pub mod library;
+mod regions;
 pub mod select;
 mod stream;
 pub mod sys;
@@ -28,9 +29,11 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::framing::Framed;
-use crate::{Connected, Connection, Locality, Meta, PeerSetup, Region, Ticket, Transport, WaitFd};
+use crate::numbered::{decode_offer, encode_offer, Numbered};
+use crate::{Connected, Connection, Locality, MemSpace, Meta, PeerSetup, Region, Ticket, Transport, WaitFd};
 use device::{CompletionQueue, Endpoint, QueuePair};
 pub use select::{HcaFilter, Nic, VerbsSettings};
+use std::sync::atomic::{AtomicU64, Ordering};
 use stream::{Registered, RemoteRing, VerbsByteStream, MAX_RING_BYTES, RECV_DEPTH, SEND_DEPTH};
 use sys::ibv_gid;
 
@@ -47,6 +50,7 @@ const MIN_RING_BYTES: usize = 64 << 10;
 pub struct VerbsTransport {
     nic: Arc<Nic>,
     ring_bytes: usize,
+    stats: Arc<VerbsStats>,
     /// Every pair, the same host's too (`TOPOCCL_TRANSPORT=ib`); otherwise pairs on
     /// different hosts only.
     every_pair: bool,
@@ -72,13 +76,24 @@ impl VerbsTransport {
         let verbs = Arc::new(library::open(&library::candidates(settings.library.as_deref()))?);
         let nic = Nic::open(verbs, settings, choice)?;
         let ring_bytes = settings.ring_bytes.clamp(MIN_RING_BYTES, MAX_RING_BYTES);
-        Ok(VerbsTransport { nic: Arc::new(nic), ring_bytes, every_pair })
+        Ok(VerbsTransport { nic: Arc::new(nic), ring_bytes, every_pair, stats: Arc::default() })
     }
 
     /// The same port, connecting every pair (the same host's too) or only pairs on different
     /// hosts.
+    /// Its counters start from zero (a communicator's own).
     pub fn for_pairs(&self, every_pair: bool) -> VerbsTransport {
-        VerbsTransport { every_pair, ..self.clone() }
+        VerbsTransport { every_pair, stats: Arc::default(), ..self.clone() }
+    }
+
+    /// What this transport's connections have done so far.
+    pub fn counts(&self) -> VerbsCounts {
+        VerbsCounts {
+            ring_messages: self.stats.ring_messages.load(Ordering::Relaxed),
+            direct_messages: self.stats.direct_messages.load(Ordering::Relaxed),
+            offers: self.stats.offers.load(Ordering::Relaxed),
+            registrations: self.nic.regions.len() as u64,
+        }
     }
 
     /// The port in use: `mlx5_0:1 (RoCE, GID 1, MTU 4096)`, and the library.
@@ -217,13 +232,102 @@ impl Transport for VerbsTransport {
         }
         control.set_nonblocking(true).map_err(|e| hs(&peer, e))?;
         control.set_read_timeout(None).map_err(|e| hs(&peer, e))?;
-        Ok(Connected::Connection(Box::new(VerbsConnection { framed: Framed::new(stream) })))
+        Ok(Connected::Connection(Box::new(VerbsConnection {
+            framed: Framed::new(stream),
+            nic: self.nic.clone(),
+            numbered: Numbered::default(),
+            stats: self.stats.clone(),
+        })))
     }
 }
 
 /// A connection over RDMA verbs.
 pub struct VerbsConnection {
     framed: Framed<VerbsByteStream>,
+    nic: Arc<Nic>,
+    /// Messages numbered per tag, and the offers made each way: the peer's name where its
+    /// memory is (address, length, rkey), this side's keep the registration alive.
+    numbered: Numbered<Offered>,
+    stats: Arc<VerbsStats>,
+}
+
+/// One side of an offer.
+#[derive(Clone)]
+struct Offered {
+    /// Where the message goes (in the receiver's address space).
+    dst: Region,
+    rkey: u32,
+    /// The receiver's own registration of `dst`, held until the message is in.
+    _registration: Option<Arc<device::MemoryRegion>>,
+}
+
+/// The tag offers travel under.
+const OFFER_TAG: u32 = u32::MAX;
+/// Marks a message that was written straight into its offered destination.
+const DIRECT_BIT: u32 = 1 << 31;
+/// Tickets of one-sided writes (numbered by the stream), apart from the framing's.
+const DIRECT_TICKET: u64 = 1 << 63;
+/// Receives smaller than this always take the ring (an offer costs a frame each way).
+pub const DIRECT_MIN_BYTES: usize = 64 << 10;
+
+fn reserved(tag: u32) -> Result<()> {
+    if tag & DIRECT_BIT != 0 {
+        return Err(Error::Unsupported(format!("tag {tag:#x}: tags with the top bit set are reserved")));
+    }
+    Ok(())
+}
+
+/// What the verbs connections of a transport have done (cumulative).
+#[derive(Debug, Default)]
+pub struct VerbsStats {
+    ring_messages: AtomicU64,
+    direct_messages: AtomicU64,
+    offers: AtomicU64,
+}
+
+/// A snapshot of [`VerbsStats`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct VerbsCounts {
+    /// Messages through the receiver's ring, and written straight into an offered buffer.
+    pub ring_messages: u64,
+    pub direct_messages: u64,
+    /// Receives this side offered.
+    pub offers: u64,
+    /// Host memory registrations cached for one-sided writes.
+    pub registrations: u64,
+}
+
+impl VerbsConnection {
+    fn one_sided_ok(&self) -> bool {
+        self.nic.odp.is_ok()
+    }
+
+    /// Takes the offers that have arrived (never spilling a frame left in the ring for the
+    /// executor: an offer stuck behind one is used late or not at all).
+    fn take_offers(&mut self) {
+        let numbered = &mut self.numbered;
+        while self.framed.recv_queued(OFFER_TAG, &mut |m, _| {
+            let (tag, message, dst, rkey) = decode_offer(m);
+            numbered.peer_offered(tag, message, Offered { dst, rkey, _registration: None });
+        }) {}
+    }
+
+    /// Writes `data` straight into the peer's offer for the next message of `tag`, if it made
+    /// one in time and there is room to post; the write's ticket.
+    fn put(&mut self, tag: u32, data: Region) -> Result<Option<Ticket>> {
+        let message = self.numbered.next_sent(tag);
+        if !self.one_sided_ok() || data.len < DIRECT_MIN_BYTES || !(data.space == MemSpace::Host) {
+            return Ok(None);
+        }
+        self.take_offers();
+        let Some(to) = self.numbered.take_offer(tag, message, |o| o.dst.len == data.len) else { return Ok(None) };
+        let Ok(source) = self.nic.regions.cover(&self.nic.pd, data.addr, data.len) else { return Ok(None) };
+        // SAFETY: host memory valid and unchanged until the ticket is done (`send`'s contract),
+        // inside `source`; the destination is the peer's offer of exactly this length.
+        let number =
+            unsafe { self.framed.stream.write_direct(data.addr, data.len, &source, to.dst.addr as u64, to.rkey)? };
+        Ok(number.map(|n| Ticket(DIRECT_TICKET | n)))
+    }
 }
 
 impl Connection for VerbsConnection {
@@ -232,6 +336,16 @@ impl Connection for VerbsConnection {
     }
 
     unsafe fn send(&mut self, tag: u32, meta: &Meta, data: Region) -> Result<Ticket> {
+        reserved(tag)?;
+        if let Some(ticket) = self.put(tag, data)? {
+            // Written in place at the peer: the frame, behind the write on the same queue
+            // pair, only says so (it lands after the data).
+            // SAFETY: an empty region.
+            unsafe { self.framed.send(tag | DIRECT_BIT, meta, Region::EMPTY)? };
+            self.stats.direct_messages.fetch_add(1, Ordering::Relaxed);
+            return Ok(ticket);
+        }
+        self.stats.ring_messages.fetch_add(1, Ordering::Relaxed);
         // SAFETY: host memory valid and unchanged until the ticket is done (this fn's contract,
         // passed on).
         let seq = unsafe { self.framed.send(tag, meta, data)? };
@@ -239,7 +353,11 @@ impl Connection for VerbsConnection {
     }
 
     fn sent(&self, t: Ticket) -> bool {
-        t == Ticket::DONE || self.framed.sent(t.0)
+        match t {
+            Ticket::DONE => true,
+            Ticket(n) if n & DIRECT_TICKET != 0 => self.framed.stream.write_done(n & !DIRECT_TICKET),
+            Ticket(seq) => self.framed.sent(seq),
+        }
     }
 
     /// What waits to be written, and what was written but not yet acknowledged (the call
@@ -253,7 +371,40 @@ impl Connection for VerbsConnection {
     }
 
     fn recv_with(&mut self, tag: u32, f: &mut dyn FnMut(&Meta, Region)) -> Result<bool> {
-        self.framed.recv_one(tag, f)
+        reserved(tag)?;
+        let got = match self.numbered.offered_for_next(tag).map(|o| o.dst) {
+            // The message comes either through the ring or, written straight into the
+            // destination this side offered, as a frame under the direct tag: whichever comes
+            // first in the stream is this message (the next one of the tag comes after it).
+            Some(dst) => {
+                self.framed.recv_first(&[tag, tag | DIRECT_BIT], &mut |t, m, r| f(m, if t == tag { r } else { dst }))?
+            }
+            None => self.framed.recv_with(tag, f)?,
+        };
+        if got {
+            self.numbered.received(tag);
+        }
+        Ok(got)
+    }
+
+    unsafe fn offer(&mut self, tag: u32, dst: Region) -> Result<()> {
+        reserved(tag)?;
+        if !self.one_sided_ok() || dst.len < DIRECT_MIN_BYTES || !(dst.space == MemSpace::Host) {
+            return Ok(());
+        }
+        let Ok(registration) = self.nic.regions.cover(&self.nic.pd, dst.addr, dst.len) else { return Ok(()) };
+        let rkey = registration.rkey;
+        let Some(message) = self.numbered.offer(tag, Offered { dst, rkey, _registration: Some(registration) }) else {
+            return Ok(());
+        };
+        self.stats.offers.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: an empty region.
+        unsafe { self.framed.send(OFFER_TAG, &encode_offer(tag, message, dst, rkey), Region::EMPTY)? };
+        Ok(())
+    }
+
+    fn one_sided(&self) -> bool {
+        self.one_sided_ok()
     }
 
     fn closed(&self) -> Option<&str> {
@@ -271,6 +422,9 @@ impl Connection for VerbsConnection {
     }
 
     fn close(&mut self) {
+        // No write of the peer's lands in memory this side offered once this returns.
+        self.framed.stream.stop();
+        self.numbered.clear_offered();
         let _ = self.framed.stream.control.shutdown(Shutdown::Both);
         self.framed.mark_closed("closed locally".to_string());
     }

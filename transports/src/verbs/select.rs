@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use super::device::{device_names, Context, Endpoint, PathSettings, ProtectionDomain};
 use super::library::Verbs;
+use super::regions::{probe_odp, Regions};
 use super::sys::*;
 
 /// The verbs transport's settings.
@@ -99,6 +100,12 @@ pub struct Nic {
     pub path: PathSettings,
     pub port: ibv_port_attr,
     pub gid: ibv_gid,
+    /// Whether device memory can be registered through dma-buf, or why not (probed once).
+    pub dmabuf: std::result::Result<(), String>,
+    /// Whether host memory can be offered (on-demand paging), or why not (probed once).
+    pub odp: std::result::Result<(), String>,
+    /// Host memory registered for one-sided writes, shared by the port's connections.
+    pub(crate) regions: Regions,
 }
 
 impl std::fmt::Debug for Nic {
@@ -154,7 +161,9 @@ impl Nic {
             retry_cnt: settings.retry_cnt,
         };
         let pd = ProtectionDomain::new(ctx).map_err(|e| e.to_string())?;
-        Ok(Nic { pd, path, port: attr, gid })
+        let dmabuf = pd.dmabuf();
+        let odp = probe_odp(&pd);
+        Ok(Nic { pd, path, port: attr, gid, dmabuf, odp, regions: Regions::default() })
     }
 
     /// Where a queue pair numbered `qpn` on this port is reached.
@@ -169,7 +178,18 @@ impl Nic {
             _ => format!("RoCE, GID {}", self.path.gid_index),
         };
         let mtu = 128u32 << self.port.active_mtu.clamp(1, 5);
-        format!("{}:{} ({link}, MTU {mtu})", self.pd.ctx.name, self.path.port)
+        let dmabuf = match &self.dmabuf {
+            Ok(()) => "dma-buf supported".to_string(),
+            Err(why) => format!("no dma-buf: {why}"),
+        };
+        let odp = match &self.odp {
+            Ok(()) => "host receives offered (on-demand paging)".to_string(),
+            Err(why) => format!("host receives through the ring: {why}"),
+        };
+        format!(
+            "{}:{} ({link}, MTU {mtu}; {odp}; {dmabuf}; device memory staged through host memory)",
+            self.pd.ctx.name, self.path.port
+        )
     }
 }
 

@@ -41,6 +41,8 @@ const KIND_DATA: u32 = 0;
 const KIND_CREDIT: u32 = 1;
 /// The largest ring: a batch's length must fit an immediate's 30 value bits.
 pub(crate) const MAX_RING_BYTES: usize = 1 << 29;
+/// The largest one-sided write (a port's `max_msg_sz` is 1 GiB or more).
+const MAX_DIRECT_WRITE: usize = 1 << 30;
 /// How many empty reads between two checks of the liveness line.
 const LIVENESS_EVERY: u32 = 512;
 
@@ -118,9 +120,11 @@ pub(crate) struct VerbsByteStream {
     tx_written: u64,
     tx_credit: u64,
     /// Bytes of each write posted and not yet completed, in posting order (a queue pair
-    /// completes its sends in order), and their sum.
-    writes_in_flight: VecDeque<usize>,
+    /// completes its sends in order), with the registration a one-sided write reads from (kept
+    /// until the write is done); their sum; how many writes have completed.
+    writes_in_flight: VecDeque<(usize, Option<Arc<MemoryRegion>>)>,
     unacked: usize,
+    writes_completed: u64,
     pub(crate) control: TcpStream,
     pub(crate) peer: String,
     failed: Option<Error>,
@@ -155,6 +159,7 @@ impl VerbsByteStream {
             tx_credit: 0,
             writes_in_flight: VecDeque::new(),
             unacked: 0,
+            writes_completed: 0,
             control,
             peer,
             failed: None,
@@ -225,10 +230,11 @@ impl VerbsByteStream {
         }
         match wc.opcode {
             WC_RDMA_WRITE => {
-                let n = self.writes_in_flight.pop_front().ok_or_else(|| {
+                let (n, _source) = self.writes_in_flight.pop_front().ok_or_else(|| {
                     Error::Protocol(format!("a write completion for {} with no write in flight", self.peer))
                 })?;
                 self.unacked -= n;
+                self.writes_completed += 1;
                 Ok(())
             }
             WC_RECV_RDMA_WITH_IMM if wc.wc_flags & WC_WITH_IMM != 0 => {
@@ -257,7 +263,30 @@ impl VerbsByteStream {
     /// Posts one write of `len` staged bytes at ring offset `off`, with the immediate `imm`
     /// if given.
     fn post_write(&mut self, off: usize, len: usize, imm_data: Option<u32>) -> Result<()> {
-        let mut sge = ibv_sge { addr: (self.tx.buf.addr() + off) as u64, length: len as u32, lkey: self.tx.mr.lkey };
+        let (addr, lkey) = ((self.tx.buf.addr() + off) as u64, self.tx.mr.lkey);
+        let (raddr, rkey) = (self.remote.addr + off as u64, self.remote.rkey);
+        // SAFETY: the gather element lies inside `tx`, registered, whose bytes at these offsets
+        // are not rewritten until the peer credits them back (after they landed).
+        unsafe { self.post(addr, lkey, len, raddr, rkey, imm_data, None) }
+    }
+
+    /// Posts a write of `len` bytes at `addr` (registration `lkey`) to the peer's `raddr`
+    /// (`rkey`); `source` is kept until the write is done.
+    ///
+    /// # Safety
+    /// The bytes must stay unchanged until the write is done.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn post(
+        &mut self,
+        addr: u64,
+        lkey: u32,
+        len: usize,
+        raddr: u64,
+        rkey: u32,
+        imm_data: Option<u32>,
+        source: Option<Arc<MemoryRegion>>,
+    ) -> Result<()> {
+        let mut sge = ibv_sge { addr, length: len as u32, lkey };
         let mut wr = ibv_send_wr {
             wr_id: 0,
             sg_list: &mut sge,
@@ -267,16 +296,55 @@ impl VerbsByteStream {
             imm_data: imm_data.unwrap_or(0),
             ..Default::default()
         };
-        wr.wr.remote_addr = self.remote.addr + off as u64;
-        wr.wr.rkey = self.remote.rkey;
-        // SAFETY: the gather element lies inside `tx`, registered, whose bytes at these offsets
-        // are not rewritten until the peer credits them back (after they landed).
+        wr.wr.remote_addr = raddr;
+        wr.wr.rkey = rkey;
+        // SAFETY: the caller's promise for the source; the chain is this one request.
         if let Err(e) = unsafe { self.qp.post_send(&mut wr) } {
             return Err(self.fail(e));
         }
-        self.writes_in_flight.push_back(len);
+        self.writes_in_flight.push_back((len, source));
         self.unacked += len;
         Ok(())
+    }
+
+    /// Writes `len` bytes at `addr`, inside `source`, straight to the peer's `raddr` (`rkey`:
+    /// memory the peer offered), in writes of at most [`MAX_DIRECT_WRITE`]; the number to ask
+    /// [`VerbsByteStream::write_done`] about, or `None` when the send queue has no room now.
+    ///
+    /// # Safety
+    /// The bytes must stay unchanged until `write_done` says so.
+    pub(crate) unsafe fn write_direct(
+        &mut self,
+        addr: usize,
+        len: usize,
+        source: &Arc<MemoryRegion>,
+        raddr: u64,
+        rkey: u32,
+    ) -> Result<Option<u64>> {
+        let writes = len.div_ceil(MAX_DIRECT_WRITE).max(1);
+        // Room for these and for a ring batch (two writes) and a credit after them.
+        if self.writes_in_flight.len() + writes + 3 > SEND_DEPTH as usize {
+            return Ok(None);
+        }
+        let mut done = 0;
+        while done < len || done == 0 {
+            let n = (len - done).min(MAX_DIRECT_WRITE);
+            // SAFETY: inside `source` (the caller's registration covering the range), unchanged
+            // until the write is done (this fn's contract).
+            unsafe {
+                self.post((addr + done) as u64, source.lkey, n, raddr + done as u64, rkey, None, Some(source.clone()))?
+            };
+            done += n;
+            if n == 0 {
+                break;
+            }
+        }
+        Ok(Some(self.writes_completed + self.writes_in_flight.len() as u64))
+    }
+
+    /// Whether write number `number` (from [`VerbsByteStream::write_direct`]) is done.
+    pub(crate) fn write_done(&self, number: u64) -> bool {
+        self.writes_completed >= number
     }
 
     /// Returns the consumed bytes to the peer once there are enough of them, or the ring is
@@ -308,6 +376,14 @@ impl VerbsByteStream {
             Err(e) => Error::PeerClosed(format!("{} is gone: {e}", self.peer)),
         };
         Err(self.fail(e))
+    }
+
+    /// Moves the queue pair to the error state: nothing the peer writes lands in this side's
+    /// memory after this returns (its writes fail), and this side's own are flushed.
+    pub(crate) fn stop(&mut self) {
+        if let Err(e) = self.qp.to_error() {
+            self.fail(e);
+        }
     }
 
     /// Bytes written to the peer whose writes have not completed yet (the peer's NIC has not

@@ -427,6 +427,7 @@ pub const ACCESS_LOCAL_WRITE: c_int = 1;
 pub const ACCESS_REMOTE_WRITE: c_int = 1 << 1;
 pub const ACCESS_REMOTE_READ: c_int = 1 << 2;
 pub const ACCESS_REMOTE_ATOMIC: c_int = 1 << 3;
+pub const ACCESS_ON_DEMAND: c_int = 1 << 6;
 pub const ACCESS_RELAXED_ORDERING: c_int = 1 << 20;
 
 // `enum ibv_port_state`, `enum ibv_mtu`, link layers.
@@ -637,6 +638,6 @@ mod tests {
         );
         assert_eq!([QP_RNR_RETRY, QP_MAX_QP_RD_ATOMIC], [2048, 8192]);
         assert_eq!([WC_RECV, WC_RECV_RDMA_WITH_IMM, WC_RETRY_EXC_ERR, WC_REM_ACCESS_ERR], [128, 129, 12, 10]);
-        assert_eq!(ACCESS_RELAXED_ORDERING, 1_048_576);
+        assert_eq!([ACCESS_ON_DEMAND, ACCESS_RELAXED_ORDERING], [64, 1_048_576]);
     }
 }

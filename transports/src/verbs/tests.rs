@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use super::*;
 use crate::tcp::tests::socket_pairs;
 use crate::testing::{recv, Kept};
-use crate::{Message, META_BYTES};
+use crate::{Message, Region, META_BYTES};
 
 /// The stand-in's shared library, built if cargo has not yet.
 fn standin() -> String {
@@ -46,7 +46,12 @@ fn setup(stream: TcpStream, creator: bool) -> PeerSetup {
 
 /// Two connected ends.
 fn pair(ring_bytes: usize) -> (Box<dyn Connection>, Box<dyn Connection>) {
-    let t = transport(ring_bytes);
+    let (a, b, _) = pair_of(&transport(ring_bytes));
+    (a, b)
+}
+
+/// Two ends connected by `t`, and `t` (for its counts).
+fn pair_of(t: &VerbsTransport) -> (Box<dyn Connection>, Box<dyn Connection>, VerbsCounts) {
     let (mut a, mut b) = socket_pairs(1);
     let (a, b) = (a.remove(0), b.remove(0));
     let connected = |r: Result<Connected>| match r.expect("connect") {
@@ -56,7 +61,7 @@ fn pair(ring_bytes: usize) -> (Box<dyn Connection>, Box<dyn Connection>) {
     std::thread::scope(|s| {
         let peer = s.spawn(|| connected(t.connect(setup(b, false))));
         let me = connected(t.connect(setup(a, true)));
-        (me, peer.join().expect("peer thread"))
+        (me, peer.join().expect("peer thread"), t.counts())
     })
 }
 
@@ -151,4 +156,95 @@ fn records_round_trip_and_impossible_rings_are_refused() {
     let mut foreign = encode(Some(&r));
     foreign[0] = b'X';
     assert!(decode(&foreign, "p").is_err());
+}
+
+#[test]
+fn the_port_is_described_with_the_dmabuf_probe_answer() {
+    let d = transport(64 << 10).describe();
+    // The stand-in answers as rdma-core without kernel dma-buf support does.
+    assert!(
+        d.starts_with("mlx5_0:1 (RoCE, GID 1, MTU 4096; host receives offered (on-demand paging); no dma-buf: ibv_reg_dmabuf_mr: Operation not supported"),
+        "{d}"
+    );
+    assert!(d.ends_with("libibverbs_standin.so"), "{d}");
+}
+
+/// Progresses both ends for a while.
+fn settle(a: &mut dyn Connection, b: &mut dyn Connection) {
+    for _ in 0..200 {
+        a.progress().expect("progress");
+        b.progress().expect("progress");
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+/// `b` receives the next message of `tag`: its region (where it lay) and bytes.
+fn received(a: &mut dyn Connection, b: &mut dyn Connection, tag: u32) -> (Region, Vec<u8>) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        assert!(Instant::now() < deadline, "nothing arrived");
+        a.progress().expect("progress");
+        b.progress().expect("progress");
+        let mut got = None;
+        b.recv_with(tag, &mut |_, r| got = Some((r, crate::testing::bytes(r)))).expect("recv");
+        if let Some(g) = got {
+            return g;
+        }
+    }
+}
+
+#[test]
+fn offered_receives_are_written_in_place_and_late_offers_go_unused() {
+    let mut kept = Kept::default();
+    let t = transport(256 << 10);
+    let (mut a, mut b, _) = pair_of(&t);
+    assert!(a.one_sided() && b.one_sided());
+    let mut dst = vec![0u8; 1 << 20];
+    let region = Region::of_mut(&mut dst);
+    // SAFETY: `dst` lives to the end of the test, untouched until the message is received.
+    unsafe { b.offer(3, region).unwrap() };
+    settle(a.as_mut(), b.as_mut());
+    let ticket = kept.send(a.as_mut(), 3, &[1; META_BYTES], &pattern(1 << 20, 7)).unwrap();
+    let (at, bytes) = received(a.as_mut(), b.as_mut(), 3);
+    assert_eq!(at, region, "handed over where it was offered");
+    assert!(bytes == pattern(1 << 20, 7));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !a.sent(ticket) {
+        assert!(Instant::now() < deadline, "the write never completed");
+        a.progress().unwrap();
+    }
+    // Sent before the receiver offered: the offer comes too late and goes unused.
+    kept.send(a.as_mut(), 3, &[2; META_BYTES], &pattern(1 << 20, 9)).unwrap();
+    settle(a.as_mut(), b.as_mut());
+    let mut dst2 = vec![0u8; 1 << 20];
+    // SAFETY: as above.
+    unsafe { b.offer(3, Region::of_mut(&mut dst2)).unwrap() };
+    let (at, bytes) = received(a.as_mut(), b.as_mut(), 3);
+    assert_ne!(at.addr, dst2.as_ptr() as usize);
+    assert!(bytes == pattern(1 << 20, 9));
+    // The next message is not written into that stale offer either.
+    kept.send(a.as_mut(), 3, &[3; META_BYTES], &pattern(1 << 20, 11)).unwrap();
+    let (_, bytes) = received(a.as_mut(), b.as_mut(), 3);
+    assert!(bytes == pattern(1 << 20, 11));
+    assert!(dst2.iter().all(|&x| x == 0), "a stale offer was written");
+    let c = t.counts();
+    assert_eq!((c.direct_messages, c.ring_messages, c.offers), (1, 2, 2), "{c:?}");
+}
+
+#[test]
+fn a_closed_receiver_is_not_written() {
+    let mut kept = Kept::default();
+    let (mut a, mut b) = pair(256 << 10);
+    let mut dst = vec![0u8; 1 << 20];
+    // SAFETY: `dst` lives to the end of the test.
+    unsafe { b.offer(4, Region::of_mut(&mut dst)).unwrap() };
+    settle(a.as_mut(), b.as_mut());
+    b.close();
+    // The sender still holds the offer (it has not seen the close) and writes into it.
+    let _ = kept.send(a.as_mut(), 4, &[0; META_BYTES], &pattern(1 << 20, 5));
+    for _ in 0..200 {
+        let _ = a.progress();
+        std::thread::sleep(Duration::from_micros(500));
+    }
+    assert!(dst.iter().all(|&x| x == 0), "a write landed after the receiver closed");
 }

@@ -1,0 +1,73 @@
+//! Registrations of host memory for one-sided writes, cached per page range (registering pins
+//! and maps memory in the NIC, far too slow per message).
+//!
+//! A cache of ordinary registrations would be wrong: a buffer freed and a new one mapped at the
+//! same address would still name the old, pinned pages, and the peer's writes would land where
+//! nobody looks. So host memory is offered only where the port supports **on-demand paging**
+//! (`IBV_ACCESS_ON_DEMAND`: the NIC follows the process's page tables, as ConnectX-5 and later
+//! do for RC writes), probed once per port; without it every message goes through the ring.
+
+use std::sync::{Arc, Mutex};
+
+use super::device::{MemoryRegion, ProtectionDomain};
+use super::stream::HostBuffer;
+use super::sys::*;
+use crate::error::Result;
+
+/// Registrations kept at most; the least recently used goes first.
+const CAPACITY: usize = 64;
+const PAGE: usize = 4096;
+const ACCESS: i32 = ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_ON_DEMAND;
+
+/// Whether the port registers on-demand regions, or why not.
+pub(crate) fn probe_odp(pd: &Arc<ProtectionDomain>) -> std::result::Result<(), String> {
+    let buf = HostBuffer::new(PAGE).map_err(|e| e.to_string())?;
+    // SAFETY: the buffer outlives the region, dropped at the end of this function first.
+    let mr = unsafe { MemoryRegion::register(pd.clone(), buf.addr(), PAGE, ACCESS) };
+    mr.map(drop).map_err(|e| format!("no on-demand paging ({e})"))
+}
+
+struct Entry {
+    mr: Arc<MemoryRegion>,
+    used: u64,
+}
+
+/// The cache, shared by the connections of one port.
+#[derive(Default)]
+pub(crate) struct Regions {
+    entries: Mutex<(Vec<Entry>, u64)>,
+}
+
+impl Regions {
+    /// A registration covering `[addr, addr + len)`: a cached one, or a new one of the whole
+    /// pages around it.
+    pub(crate) fn cover(&self, pd: &Arc<ProtectionDomain>, addr: usize, len: usize) -> Result<Arc<MemoryRegion>> {
+        let mut guard = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let (entries, clock) = &mut *guard;
+        *clock += 1;
+        let end = addr.saturating_add(len);
+        if let Some(e) = entries.iter_mut().find(|e| e.mr.addr <= addr && end <= e.mr.addr + e.mr.len) {
+            e.used = *clock;
+            return Ok(e.mr.clone());
+        }
+        let base = addr / PAGE * PAGE;
+        let span = end.next_multiple_of(PAGE) - base;
+        // SAFETY: an on-demand region pins nothing: the NIC resolves each page when it touches
+        // it, so a range unmapped later is an error completion, never a stray write; the
+        // caller's own contract covers the bytes it reads or writes through it.
+        let mr = Arc::new(unsafe { MemoryRegion::register(pd.clone(), base, span, ACCESS)? });
+        if entries.len() >= CAPACITY {
+            if let Some(i) = entries.iter().enumerate().min_by_key(|(_, e)| e.used).map(|(i, _)| i) {
+                // In-flight writes keep their own reference; the region goes when they are done.
+                entries.swap_remove(i);
+            }
+        }
+        entries.push(Entry { mr: mr.clone(), used: *clock });
+        Ok(mr)
+    }
+
+    /// How many registrations are cached.
+    pub(crate) fn len(&self) -> usize {
+        self.entries.lock().map_or(0, |g| g.0.len())
+    }
+}
