@@ -152,11 +152,13 @@ fn killed_rank_fails_the_others(transport: &str, elems: &str, nranks: u32) {
         .collect();
     // Wait until every rank is in its loop.
     let mut readers: Vec<_> = kids.iter_mut().map(|k| BufReader::new(k.stdout.take().unwrap())).collect();
-    for r in &mut readers {
-        let mut line = String::new();
+    for (i, r) in readers.iter_mut().enumerate() {
+        let (mut line, mut said) = (String::new(), String::new());
         while !line.contains("READY") {
             line.clear();
-            assert!(r.read_line(&mut line).unwrap() > 0, "a rank ended before it was ready");
+            let ended = r.read_line(&mut line).unwrap() == 0;
+            said += &line;
+            assert!(!ended, "{transport}, {elems} floats: rank {i} ended before it was ready:\n{said}");
         }
     }
     // Stopped first, so that the others fill what they may queue for it and wait for room to

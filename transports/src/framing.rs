@@ -459,15 +459,18 @@ impl<S: ByteStream> Framed<S> {
         true
     }
 
-    /// Hands the frame left in place, complete, to `f` where it lies, and consumes it.
+    /// Hands the frame left in place, complete, to `f` where it lies, and consumes it; false
+    /// (nothing handed over or consumed) where the stream can no longer show it.
     #[inline]
-    fn take_in_place<F: FnMut(&Meta, Region) + ?Sized>(&mut self, h: InPlace, f: &mut F) {
+    fn take_in_place<F: FnMut(&Meta, Region) + ?Sized>(&mut self, h: InPlace, f: &mut F) -> bool {
         let frame = HEADER_BYTES + h.len;
-        if let Some(p) = self.stream.peek(frame) {
-            f(&h.meta, Region::of(&p.bytes[HEADER_BYTES..frame]));
+        match self.stream.peek(frame) {
+            Some(p) if p.bytes.len() >= frame => f(&h.meta, Region::of(&p.bytes[HEADER_BYTES..frame])),
+            _ => return false,
         }
         self.stream.consume(frame);
         self.in_place = None;
+        true
     }
 
     /// Turns the frame left in place into an ordinary partly read one (copied out as it comes).
@@ -558,8 +561,7 @@ impl<S: ByteStream> Framed<S> {
             let frame = HEADER_BYTES + h.len;
             let complete = self.stream.peek(frame).is_some_and(|p| p.bytes.len() >= frame);
             if h.tag == tag && complete {
-                self.take_in_place(h, f);
-                return Ok(true);
+                return Ok(self.take_in_place(h, f));
             }
             self.spill(h);
             if !self.read_side()? {
@@ -626,8 +628,7 @@ impl<S: ByteStream> Framed<S> {
                 return Ok(false);
             }
             if wanted {
-                self.take_in_place(h, &mut |m, r| f(h.tag, m, r));
-                return Ok(true);
+                return Ok(self.take_in_place(h, &mut |m, r| f(h.tag, m, r)));
             }
             // Another tag's frame is in the way: queue it (it is wanted later) and look on.
             self.spill(h);

@@ -19,7 +19,7 @@
 //! - `offer(tag, dst)` is the one-sided half: the receiver exposes where the next message of a
 //!   tag should land, and a backend that can write the receiver's memory puts the payload
 //!   there and signals (shared memory with cross-memory attach, CUDA IPC through
-//!   [`registration`]s; RDMA later).
+//!   [`registration`]s, RDMA verbs where the ports register memory on demand).
 //!   Others ignore it: TCP keeps two-sided messages underneath the same interface.
 //! - `backlog` says how many bytes wait to be handed over, so the executor can apply
 //!   back-pressure; `wait_fds`/`needs_spin` tell it how to sleep when nothing moves.
@@ -129,7 +129,7 @@ pub trait Connection: Send {
     /// Offers `dst` as where the next message of `tag` to arrive may be put: a backend that
     /// can write this rank's memory from the peer's side (one-sided: shared memory with
     /// cross-memory attach for host memory, CUDA IPC for device memory through a
-    /// [`registration`](mod@crate::registration); RDMA later) tells the peer, which then writes the
+    /// [`registration`](mod@crate::registration); RDMA verbs) tells the peer, which then writes the
     /// payload straight there and signals; the message then comes through
     /// [`Connection::recv_with`] as `dst` itself, already written. Other backends ignore it,
     /// and an offer the peer sees too late goes unused (the message comes the usual way).

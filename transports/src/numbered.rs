@@ -4,6 +4,8 @@
 //! order), so an offer names its message by number, and an offer the sender sees after it
 //! sent that message is simply not used.
 
+use crate::error::Result;
+use crate::framing::{ByteStream, Framed};
 use crate::{Meta, Region, MAX_MESSAGE_BYTES, META_BYTES};
 
 /// The count of `tag` in `counts`.
@@ -109,6 +111,30 @@ impl<D> Numbered<D> {
         self.offered.retain(|o| o.0 != tag);
         self.offered.push((tag, message, dst));
         Some(message)
+    }
+
+    /// Hands the next message of `tag` to `f`, from `framed`: where this side offered a
+    /// destination for it, the message comes either through the stream or, put straight into
+    /// that destination (`dst_of`), as a frame under `tag | direct` — whichever of the two
+    /// comes first in the stream is this message (the next one of the tag comes after it).
+    pub(crate) fn recv<S: ByteStream>(
+        &mut self,
+        framed: &mut Framed<S>,
+        tag: u32,
+        direct: u32,
+        dst_of: impl Fn(&D) -> Region,
+        f: &mut dyn FnMut(&Meta, Region),
+    ) -> Result<bool> {
+        let got = match self.offered_for_next(tag).map(dst_of) {
+            Some(dst) => {
+                framed.recv_first(&[tag, tag | direct], &mut |t, m, r| f(m, if t == tag { r } else { dst }))?
+            }
+            None => framed.recv_with(tag, f)?,
+        };
+        if got {
+            self.received(tag);
+        }
+        Ok(got)
     }
 
     /// Forgets every offer this side made (the connection closes).

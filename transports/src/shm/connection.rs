@@ -22,7 +22,7 @@ use super::ring::{Corrupt, Ring};
 use crate::error::{Error, Result};
 use crate::framing::{ByteStream, Framed, Peeked};
 use crate::numbered::{decode_offer, encode_offer, Numbered};
-use crate::{Connection, Meta, Region, Ticket, WaitFd};
+use crate::{Connection, Meta, Region, Ticket, WaitFd, MAX_MESSAGE_BYTES};
 
 /// How many empty reads between two checks of the liveness line.
 const LIVENESS_EVERY: u32 = 512;
@@ -245,24 +245,12 @@ impl Connection for ShmConnection {
             // Nothing is numbered without direct puts.
             return self.framed.recv_one(tag, f);
         }
-        let got = match self.numbered.offered_for_next(tag).copied() {
-            // The message comes either through the ring or, put straight into the destination
-            // this side offered, as a frame under the direct tag: whichever of the two comes
-            // first in the stream is this message (the next one of the tag comes after it).
-            Some(dst) => {
-                self.framed.recv_first(&[tag, tag | DIRECT_BIT], &mut |t, m, r| f(m, if t == tag { r } else { dst }))?
-            }
-            None => self.framed.recv_with(tag, f)?,
-        };
-        if got {
-            self.numbered.received(tag);
-        }
-        Ok(got)
+        self.numbered.recv(&mut self.framed, tag, DIRECT_BIT, |d| *d, f)
     }
 
     unsafe fn offer(&mut self, tag: u32, dst: Region) -> Result<()> {
         reserved(tag)?;
-        if self.direct.is_none() || dst.len < DIRECT_MIN_BYTES {
+        if self.direct.is_none() || !(DIRECT_MIN_BYTES..=MAX_MESSAGE_BYTES).contains(&dst.len) {
             return Ok(());
         }
         let Some(message) = self.numbered.offer(tag, dst) else { return Ok(()) };

@@ -171,8 +171,8 @@ impl ProtectionDomain {
 
 impl ProtectionDomain {
     /// Whether device memory can be registered through dma-buf here, asked as NCCL asks: a
-    /// registration of an invalid descriptor fails with `EBADF` where the kernel and the
-    /// driver support dma-buf, `EOPNOTSUPP` (or `EPROTONOSUPPORT`) where they do not.
+    /// registration of an invalid descriptor fails with `EOPNOTSUPP` or `EPROTONOSUPPORT`
+    /// where the kernel or the driver lacks dma-buf, with another error (`EBADF`) where not.
     pub fn dmabuf(&self) -> std::result::Result<(), String> {
         let Some(reg) = self.ctx.verbs.reg_dmabuf_mr else {
             return Err(format!("{} has no ibv_reg_dmabuf_mr", self.ctx.verbs.path));
@@ -186,14 +186,15 @@ impl ProtectionDomain {
             return Ok(());
         }
         match e.raw_os_error() {
-            Some(EBADF) => Ok(()),
-            _ => Err(format!("ibv_reg_dmabuf_mr: {e}")),
+            Some(EOPNOTSUPP | EPROTONOSUPPORT) => Err(format!("ibv_reg_dmabuf_mr: {e}")),
+            _ => Ok(()),
         }
     }
 }
 
-/// `EBADF` on Linux.
-const EBADF: i32 = 9;
+/// `EOPNOTSUPP` and `EPROTONOSUPPORT` on Linux.
+const EOPNOTSUPP: i32 = 95;
+const EPROTONOSUPPORT: i32 = 93;
 
 impl Drop for ProtectionDomain {
     fn drop(&mut self) {

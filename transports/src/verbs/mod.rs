@@ -30,18 +30,21 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 use crate::framing::Framed;
 use crate::numbered::{decode_offer, encode_offer, Numbered};
-use crate::{Connected, Connection, Locality, MemSpace, Meta, PeerSetup, Region, Ticket, Transport, WaitFd};
+use crate::{
+    Connected, Connection, Locality, MemSpace, Meta, PeerSetup, Region, Ticket, Transport, WaitFd, MAX_MESSAGE_BYTES,
+};
 use device::{CompletionQueue, Endpoint, QueuePair};
+use regions::Access;
 pub use select::{HcaFilter, Nic, VerbsSettings};
 use std::sync::atomic::{AtomicU64, Ordering};
 use stream::{Registered, RemoteRing, VerbsByteStream, MAX_RING_BYTES, RECV_DEPTH, SEND_DEPTH};
 use sys::ibv_gid;
 
 const HANDSHAKE_MAGIC: &[u8; 4] = b"TIBV";
-const HANDSHAKE_VERSION: u8 = 1;
-/// Magic, version, ok, then the endpoint (qpn, lid, gid, link layer, mtu) and the ring
-/// (address, rkey, length).
-const RECORD_BYTES: usize = 4 + 1 + 1 + 4 + 2 + 16 + 1 + 4 + 8 + 4 + 8;
+const HANDSHAKE_VERSION: u8 = 2;
+/// Magic, version, ok, then the endpoint (qpn, lid, gid, link layer, mtu), the ring (address,
+/// rkey, length) and whether the port has on-demand paging.
+const RECORD_BYTES: usize = 4 + 1 + 1 + 4 + 2 + 16 + 1 + 4 + 8 + 4 + 8 + 1;
 /// The smallest ring a peer may announce.
 const MIN_RING_BYTES: usize = 64 << 10;
 
@@ -116,6 +119,8 @@ impl VerbsTransport {
 struct Record {
     endpoint: Endpoint,
     ring: RemoteRing,
+    /// Whether the port registers host memory on demand (so receives may be offered).
+    odp: bool,
 }
 
 fn encode(r: Option<&Record>) -> [u8; RECORD_BYTES] {
@@ -133,6 +138,7 @@ fn encode(r: Option<&Record>) -> [u8; RECORD_BYTES] {
         b[33..41].copy_from_slice(&r.ring.addr.to_le_bytes());
         b[41..45].copy_from_slice(&r.ring.rkey.to_le_bytes());
         b[45..53].copy_from_slice(&(r.ring.len as u64).to_le_bytes());
+        b[53] = u8::from(r.odp);
     }
     b
 }
@@ -166,6 +172,7 @@ fn decode(b: &[u8; RECORD_BYTES], peer: &str) -> Result<Option<Record>> {
             mtu: u32_at(29),
         },
         ring: RemoteRing { addr: u64_at(33), rkey: u32_at(41), len: len as usize },
+        odp: b[53] == 1,
     }))
 }
 
@@ -193,6 +200,7 @@ impl Transport for VerbsTransport {
             Ok((qp, rx)) => Some(Record {
                 endpoint: self.nic.endpoint(qp.qpn),
                 ring: RemoteRing { addr: rx.buf.addr() as u64, rkey: rx.mr.rkey, len: rx.buf.len() },
+                odp: self.nic.odp.is_ok(),
             }),
             Err(_) => None,
         };
@@ -212,29 +220,34 @@ impl Transport for VerbsTransport {
             }
             _ => return Ok(Connected::Declined { setup, why: format!("{peer} could not set up its side") }),
         };
-        qp.connect(&self.nic.path, &mine.endpoint, &theirs.endpoint)?;
-        let tx = Registered::new(self.nic.pd.clone(), theirs.ring.len, false)?;
-        let mut control = setup.streams.swap_remove(0);
-        let stream = VerbsByteStream::new(
-            qp,
-            rx,
-            tx,
-            theirs.ring,
-            control.try_clone().map_err(|e| hs(&peer, e))?,
-            peer.clone(),
-        )?;
+        // The rest can still fail on either side (an address that does not resolve, memory
+        // that does not register): both say whether they are ready, and decline together.
+        let built = (|| -> Result<VerbsByteStream> {
+            qp.connect(&self.nic.path, &mine.endpoint, &theirs.endpoint)?;
+            let tx = Registered::new(self.nic.pd.clone(), theirs.ring.len, false)?;
+            let liveness = setup.streams[0].try_clone().map_err(|e| hs(&peer, e))?;
+            VerbsByteStream::new(qp, rx, tx, theirs.ring, liveness, peer.clone())
+        })();
         // Both queue pairs are ready to receive before either writes.
-        control.write_all(&[1]).map_err(|e| hs(&peer, e))?;
+        let control = &mut setup.streams[0];
+        control.write_all(&[u8::from(built.is_ok())]).map_err(|e| hs(&peer, e))?;
         let mut ready = [0u8; 1];
         control.read_exact(&mut ready).map_err(|e| hs(&peer, e))?;
-        if ready[0] != 1 {
-            return Err(Error::Protocol(format!("{peer} sent {} instead of its RDMA ready byte", ready[0])));
-        }
+        let stream = match (built, ready[0]) {
+            (Ok(stream), 1) => stream,
+            (Err(e), _) => return Ok(Connected::Declined { setup, why: format!("this side could not connect: {e}") }),
+            (Ok(_), 0) => return Ok(Connected::Declined { setup, why: format!("{peer} could not connect its side") }),
+            (Ok(_), b) => return Err(Error::Protocol(format!("{peer} sent {b} instead of its RDMA ready byte"))),
+        };
         control.set_nonblocking(true).map_err(|e| hs(&peer, e))?;
         control.set_read_timeout(None).map_err(|e| hs(&peer, e))?;
+        // Offers go one way only where the sender can register its source and the receiver
+        // its destination on demand: both ports must.
+        let one_sided = mine.odp && theirs.odp;
         Ok(Connected::Connection(Box::new(VerbsConnection {
             framed: Framed::new(stream),
             nic: self.nic.clone(),
+            one_sided,
             numbered: Numbered::default(),
             stats: self.stats.clone(),
         })))
@@ -245,6 +258,8 @@ impl Transport for VerbsTransport {
 pub struct VerbsConnection {
     framed: Framed<VerbsByteStream>,
     nic: Arc<Nic>,
+    /// Whether receives are offered and written in place (both ports register on demand).
+    one_sided: bool,
     /// Messages numbered per tag, and the offers made each way: the peer's name where its
     /// memory is (address, length, rkey), this side's keep the registration alive.
     numbered: Numbered<Offered>,
@@ -298,10 +313,6 @@ pub struct VerbsCounts {
 }
 
 impl VerbsConnection {
-    fn one_sided_ok(&self) -> bool {
-        self.nic.odp.is_ok()
-    }
-
     /// Takes the offers that have arrived (never spilling a frame left in the ring for the
     /// executor: an offer stuck behind one is used late or not at all).
     fn take_offers(&mut self) {
@@ -316,12 +327,20 @@ impl VerbsConnection {
     /// one in time and there is room to post; the write's ticket.
     fn put(&mut self, tag: u32, data: Region) -> Result<Option<Ticket>> {
         let message = self.numbered.next_sent(tag);
-        if !self.one_sided_ok() || data.len < DIRECT_MIN_BYTES || !(data.space == MemSpace::Host) {
+        if !self.one_sided {
             return Ok(None);
         }
+        // Offers for this message or earlier ones are used here or never.
         self.take_offers();
+        if data.len < DIRECT_MIN_BYTES || data.space != MemSpace::Host || !self.framed.stream.direct_room(data.len) {
+            self.numbered.take_offer(tag, message, |_| false);
+            return Ok(None);
+        }
+        let Ok(source) = self.nic.regions.cover(&self.nic.pd, data.addr, data.len, Access::Read) else {
+            self.numbered.take_offer(tag, message, |_| false);
+            return Ok(None);
+        };
         let Some(to) = self.numbered.take_offer(tag, message, |o| o.dst.len == data.len) else { return Ok(None) };
-        let Ok(source) = self.nic.regions.cover(&self.nic.pd, data.addr, data.len) else { return Ok(None) };
         // SAFETY: host memory valid and unchanged until the ticket is done (`send`'s contract),
         // inside `source`; the destination is the peer's offer of exactly this length.
         let number =
@@ -337,6 +356,9 @@ impl Connection for VerbsConnection {
 
     unsafe fn send(&mut self, tag: u32, meta: &Meta, data: Region) -> Result<Ticket> {
         reserved(tag)?;
+        if let Some(why) = self.framed.closed() {
+            return Err(Error::PeerClosed(why.to_string()));
+        }
         if let Some(ticket) = self.put(tag, data)? {
             // Written in place at the peer: the frame, behind the write on the same queue
             // pair, only says so (it lands after the data).
@@ -372,27 +394,18 @@ impl Connection for VerbsConnection {
 
     fn recv_with(&mut self, tag: u32, f: &mut dyn FnMut(&Meta, Region)) -> Result<bool> {
         reserved(tag)?;
-        let got = match self.numbered.offered_for_next(tag).map(|o| o.dst) {
-            // The message comes either through the ring or, written straight into the
-            // destination this side offered, as a frame under the direct tag: whichever comes
-            // first in the stream is this message (the next one of the tag comes after it).
-            Some(dst) => {
-                self.framed.recv_first(&[tag, tag | DIRECT_BIT], &mut |t, m, r| f(m, if t == tag { r } else { dst }))?
-            }
-            None => self.framed.recv_with(tag, f)?,
-        };
-        if got {
-            self.numbered.received(tag);
-        }
-        Ok(got)
+        self.numbered.recv(&mut self.framed, tag, DIRECT_BIT, |o| o.dst, f)
     }
 
     unsafe fn offer(&mut self, tag: u32, dst: Region) -> Result<()> {
         reserved(tag)?;
-        if !self.one_sided_ok() || dst.len < DIRECT_MIN_BYTES || !(dst.space == MemSpace::Host) {
+        let fits = (DIRECT_MIN_BYTES..=MAX_MESSAGE_BYTES).contains(&dst.len);
+        if !self.one_sided || !fits || dst.space != MemSpace::Host {
             return Ok(());
         }
-        let Ok(registration) = self.nic.regions.cover(&self.nic.pd, dst.addr, dst.len) else { return Ok(()) };
+        let Ok(registration) = self.nic.regions.cover(&self.nic.pd, dst.addr, dst.len, Access::Write) else {
+            return Ok(());
+        };
         let rkey = registration.rkey;
         let Some(message) = self.numbered.offer(tag, Offered { dst, rkey, _registration: Some(registration) }) else {
             return Ok(());
@@ -404,7 +417,7 @@ impl Connection for VerbsConnection {
     }
 
     fn one_sided(&self) -> bool {
-        self.one_sided_ok()
+        self.one_sided
     }
 
     fn closed(&self) -> Option<&str> {

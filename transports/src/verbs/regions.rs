@@ -17,18 +17,39 @@ use crate::error::Result;
 /// Registrations kept at most; the least recently used goes first.
 const CAPACITY: usize = 64;
 const PAGE: usize = 4096;
-const ACCESS: i32 = ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_ON_DEMAND;
+const WRITE: i32 = ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_ON_DEMAND;
+/// A source is only read: registered without write access, so read-only memory works too.
+const READ: i32 = ACCESS_ON_DEMAND;
+
+/// What a registration is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Access {
+    /// A source of this side's one-sided writes.
+    Read,
+    /// A destination the peer writes.
+    Write,
+}
+
+impl Access {
+    fn flags(self) -> i32 {
+        match self {
+            Access::Read => READ,
+            Access::Write => WRITE,
+        }
+    }
+}
 
 /// Whether the port registers on-demand regions, or why not.
 pub(crate) fn probe_odp(pd: &Arc<ProtectionDomain>) -> std::result::Result<(), String> {
     let buf = HostBuffer::new(PAGE).map_err(|e| e.to_string())?;
     // SAFETY: the buffer outlives the region, dropped at the end of this function first.
-    let mr = unsafe { MemoryRegion::register(pd.clone(), buf.addr(), PAGE, ACCESS) };
+    let mr = unsafe { MemoryRegion::register(pd.clone(), buf.addr(), PAGE, WRITE) };
     mr.map(drop).map_err(|e| format!("no on-demand paging ({e})"))
 }
 
 struct Entry {
     mr: Arc<MemoryRegion>,
+    access: Access,
     used: u64,
 }
 
@@ -41,12 +62,19 @@ pub(crate) struct Regions {
 impl Regions {
     /// A registration covering `[addr, addr + len)`: a cached one, or a new one of the whole
     /// pages around it.
-    pub(crate) fn cover(&self, pd: &Arc<ProtectionDomain>, addr: usize, len: usize) -> Result<Arc<MemoryRegion>> {
+    pub(crate) fn cover(
+        &self,
+        pd: &Arc<ProtectionDomain>,
+        addr: usize,
+        len: usize,
+        access: Access,
+    ) -> Result<Arc<MemoryRegion>> {
         let mut guard = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         let (entries, clock) = &mut *guard;
         *clock += 1;
         let end = addr.saturating_add(len);
-        if let Some(e) = entries.iter_mut().find(|e| e.mr.addr <= addr && end <= e.mr.addr + e.mr.len) {
+        let covers = |e: &Entry| e.access == access && e.mr.addr <= addr && end <= e.mr.addr + e.mr.len;
+        if let Some(e) = entries.iter_mut().find(|e| covers(e)) {
             e.used = *clock;
             return Ok(e.mr.clone());
         }
@@ -55,14 +83,14 @@ impl Regions {
         // SAFETY: an on-demand region pins nothing: the NIC resolves each page when it touches
         // it, so a range unmapped later is an error completion, never a stray write; the
         // caller's own contract covers the bytes it reads or writes through it.
-        let mr = Arc::new(unsafe { MemoryRegion::register(pd.clone(), base, span, ACCESS)? });
+        let mr = Arc::new(unsafe { MemoryRegion::register(pd.clone(), base, span, access.flags())? });
         if entries.len() >= CAPACITY {
             if let Some(i) = entries.iter().enumerate().min_by_key(|(_, e)| e.used).map(|(i, _)| i) {
                 // In-flight writes keep their own reference; the region goes when they are done.
                 entries.swap_remove(i);
             }
         }
-        entries.push(Entry { mr: mr.clone(), used: *clock });
+        entries.push(Entry { mr: mr.clone(), access, used: *clock });
         Ok(mr)
     }
 

@@ -10,11 +10,15 @@
 //! order within a write cannot be misread. Credits flow back the same way, a zero-length write
 //! with `CREDIT | bytes` once the receiver has consumed a quarter of the ring (or all of it).
 //!
-//! A staging byte is only overwritten after the peer has consumed what it carried, so the NIC
-//! (which reads its source after `post_send` returns) has read it by then.
+//! A staging byte is only overwritten once the write that carried it has completed here and
+//! the peer has consumed it: a NIC reads its source after `post_send` returns, and again if it
+//! must retransmit, until the write's completion.
 //!
-//! Every queue is bounded by construction: at most [`SEND_DEPTH`] writes in flight, each
-//! consuming one of the peer's [`RECV_DEPTH`] posted receives, reposted as each is polled.
+//! Queues are bounded by construction: at most [`SEND_DEPTH`] writes in flight, and at most
+//! 4 × [`RECV_DEPTH`] completions in the queue. Each immediate consumes one of the peer's
+//! [`RECV_DEPTH`] posted receives, reposted as the peer polls; a peer that does not poll this
+//! connection for long enough to use them all up makes the writes wait (RNR retries, without
+//! end: `rnr_retry` 7) until it does, as a full ring makes a sender wait.
 
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, Read};
@@ -28,9 +32,11 @@ use crate::framing::{ByteStream, Peeked};
 
 /// Send work requests in flight per queue pair (one kept back for credits).
 pub(crate) const SEND_DEPTH: u32 = 128;
-/// Receives kept posted: more than writes can be in flight, so no immediate meets an empty
-/// receive queue (which would cost an RNR retry).
+/// Receives kept posted.
 pub(crate) const RECV_DEPTH: u32 = 2 * SEND_DEPTH;
+/// `wr_id` of this stream's send work requests (a completion in error carries no valid
+/// opcode: the id tells sends from receives, which are posted with 0).
+const SEND_WR_ID: u64 = 1;
 /// Completions polled at a time.
 const POLL_BATCH: usize = 32;
 /// The largest batch one write carries, so credits come back while later batches fly.
@@ -106,6 +112,15 @@ pub(crate) struct RemoteRing {
     pub(crate) len: usize,
 }
 
+/// A write in flight.
+struct Write {
+    len: usize,
+    /// Whether it carries ring bytes (staged), rather than a one-sided payload.
+    ring: bool,
+    /// The registration a one-sided write reads from, kept until the write is done.
+    _source: Option<Arc<MemoryRegion>>,
+}
+
 pub(crate) struct VerbsByteStream {
     /// First: destroyed before the memory it writes and reads is deregistered and freed.
     qp: QueuePair,
@@ -119,10 +134,11 @@ pub(crate) struct VerbsByteStream {
     /// Bytes written to the peer's ring, and consumed there as its credits say.
     tx_written: u64,
     tx_credit: u64,
-    /// Bytes of each write posted and not yet completed, in posting order (a queue pair
-    /// completes its sends in order), with the registration a one-sided write reads from (kept
-    /// until the write is done); their sum; how many writes have completed.
-    writes_in_flight: VecDeque<(usize, Option<Arc<MemoryRegion>>)>,
+    /// Ring bytes whose writes have completed here.
+    tx_acked: u64,
+    /// Each write posted and not yet completed, in posting order (a queue pair completes its
+    /// sends in order); their sum; how many writes have completed.
+    writes_in_flight: VecDeque<Write>,
     unacked: usize,
     writes_completed: u64,
     pub(crate) control: TcpStream,
@@ -157,6 +173,7 @@ impl VerbsByteStream {
             rx_credited: 0,
             tx_written: 0,
             tx_credit: 0,
+            tx_acked: 0,
             writes_in_flight: VecDeque::new(),
             unacked: 0,
             writes_completed: 0,
@@ -172,8 +189,7 @@ impl VerbsByteStream {
         Ok(s)
     }
 
-    /// Posts receives for the queue pair before it is connected (so that the peer's first
-    /// immediates find them).
+    /// Posts a receive for one immediate (the first ones before the peer is told it may write).
     fn post_recv(&mut self) -> Result<()> {
         let mut wr = ibv_recv_wr::default();
         // SAFETY: no gather element: the immediate's write lands where its sender aims, in
@@ -205,7 +221,7 @@ impl VerbsByteStream {
             for i in 0..n {
                 let wc = self.wcs[i];
                 if let Err(e) = self.complete(&wc) {
-                    return Err(self.fail(e));
+                    self.fail(e);
                 }
             }
             any |= n > 0;
@@ -213,30 +229,48 @@ impl VerbsByteStream {
                 break;
             }
         }
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
         if any {
             self.credit()?;
         }
         Ok(any)
     }
 
+    /// The oldest write in flight is done (or flushed): its slot, bytes and source go.
+    fn write_finished(&mut self) -> Result<()> {
+        let w = self
+            .writes_in_flight
+            .pop_front()
+            .ok_or_else(|| Error::Protocol(format!("a write completion for {} with no write in flight", self.peer)))?;
+        self.unacked -= w.len;
+        if w.ring {
+            self.tx_acked += w.len as u64;
+        }
+        self.writes_completed += 1;
+        Ok(())
+    }
+
     fn complete(&mut self, wc: &ibv_wc) -> Result<()> {
         if wc.status != WC_SUCCESS {
-            let what = if wc.opcode == WC_RDMA_WRITE { "an RDMA write to" } else { "a receive from" };
+            let send = wc.wr_id == SEND_WR_ID;
+            if send {
+                // Done with its source, if not delivered: one-sided tickets become done.
+                self.write_finished()?;
+            }
+            let what = if send { "an RDMA write to" } else { "a receive from" };
             let why = format!("{what} {} failed: {} (status {})", self.peer, wc_status_name(wc.status), wc.status);
-            return Err(match wc.status {
+            let e = match wc.status {
                 WC_RETRY_EXC_ERR | WC_RNR_RETRY_EXC_ERR | WC_WR_FLUSH_ERR => Error::PeerClosed(why),
                 _ => Error::Protocol(why),
-            });
+            };
+            // The first failure is the one reported; flushes after it only free their writes.
+            self.fail(e);
+            return Ok(());
         }
         match wc.opcode {
-            WC_RDMA_WRITE => {
-                let (n, _source) = self.writes_in_flight.pop_front().ok_or_else(|| {
-                    Error::Protocol(format!("a write completion for {} with no write in flight", self.peer))
-                })?;
-                self.unacked -= n;
-                self.writes_completed += 1;
-                Ok(())
-            }
+            WC_RDMA_WRITE => self.write_finished(),
             WC_RECV_RDMA_WITH_IMM if wc.wc_flags & WC_WITH_IMM != 0 => {
                 self.post_recv()?;
                 let imm = u32::from_be(wc.imm_data);
@@ -288,7 +322,7 @@ impl VerbsByteStream {
     ) -> Result<()> {
         let mut sge = ibv_sge { addr, length: len as u32, lkey };
         let mut wr = ibv_send_wr {
-            wr_id: 0,
+            wr_id: SEND_WR_ID,
             sg_list: &mut sge,
             num_sge: i32::from(len > 0),
             opcode: if imm_data.is_some() { WR_RDMA_WRITE_WITH_IMM } else { WR_RDMA_WRITE },
@@ -302,7 +336,7 @@ impl VerbsByteStream {
         if let Err(e) = unsafe { self.qp.post_send(&mut wr) } {
             return Err(self.fail(e));
         }
-        self.writes_in_flight.push_back((len, source));
+        self.writes_in_flight.push_back(Write { len, ring: source.is_none(), _source: source });
         self.unacked += len;
         Ok(())
     }
@@ -321,6 +355,9 @@ impl VerbsByteStream {
         raddr: u64,
         rkey: u32,
     ) -> Result<Option<u64>> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
         let writes = len.div_ceil(MAX_DIRECT_WRITE).max(1);
         // Room for these and for a ring batch (two writes) and a credit after them.
         if self.writes_in_flight.len() + writes + 3 > SEND_DEPTH as usize {
@@ -340,6 +377,12 @@ impl VerbsByteStream {
             }
         }
         Ok(Some(self.writes_completed + self.writes_in_flight.len() as u64))
+    }
+
+    /// Whether a one-sided write of `len` bytes could be posted now.
+    pub(crate) fn direct_room(&self, len: usize) -> bool {
+        self.failed.is_none()
+            && self.writes_in_flight.len() + len.div_ceil(MAX_DIRECT_WRITE).max(1) + 3 <= SEND_DEPTH as usize
     }
 
     /// Whether write number `number` (from [`VerbsByteStream::write_direct`]) is done.
@@ -384,6 +427,23 @@ impl VerbsByteStream {
         if let Err(e) = self.qp.to_error() {
             self.fail(e);
         }
+        // The writes still queued are flushed: wait (briefly) for their completions, so that
+        // no one-sided source is read after the connection is closed.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while !self.writes_in_flight.is_empty() && std::time::Instant::now() < deadline {
+            match self.qp.cq.poll(&mut self.wcs) {
+                Ok(n) => {
+                    for i in 0..n {
+                        let wc = self.wcs[i];
+                        let _ = self.complete(&wc);
+                    }
+                    if n == 0 {
+                        std::thread::yield_now();
+                    }
+                }
+                Err(_) => break,
+            }
+        }
     }
 
     /// Bytes written to the peer whose writes have not completed yet (the peer's NIC has not
@@ -408,7 +468,8 @@ impl ByteStream for VerbsByteStream {
         self.pump()?;
         let total: usize = bufs.iter().map(|b| b.len()).sum();
         let len = self.remote.len;
-        let space = len - (self.tx_written - self.tx_credit) as usize;
+        // Staged bytes are free once consumed by the peer and their write is done here.
+        let space = len - (self.tx_written - self.tx_credit.min(self.tx_acked)) as usize;
         // Two writes at most (a batch that wraps), one slot kept for credits.
         if total == 0 || space == 0 || self.writes_in_flight.len() + 3 > SEND_DEPTH as usize {
             if total > 0 {
@@ -475,8 +536,8 @@ impl ByteStream for VerbsByteStream {
     }
 
     fn peek(&mut self, _want: usize) -> Option<Peeked<'_>> {
-        // An error is reported by the read the framing falls back to.
-        self.pump().ok()?;
+        // Landed bytes stay valid after a failure, which the next read or write reports.
+        let _ = self.pump();
         let (at, avail) = self.readable();
         let len = self.rx.buf.len();
         let contiguous = avail.min(len - at);

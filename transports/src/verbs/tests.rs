@@ -147,6 +147,7 @@ fn records_round_trip_and_impossible_rings_are_refused() {
     let r = Record {
         endpoint: Endpoint { qpn: 77, lid: 3, gid: ibv_gid { raw: [9; 16] }, link_layer: 2, mtu: 5 },
         ring: RemoteRing { addr: 0x1000, rkey: 42, len: 1 << 20 },
+        odp: true,
     };
     assert_eq!(decode(&encode(Some(&r)), "p").unwrap(), Some(r));
     assert_eq!(decode(&encode(None), "p").unwrap(), None);
