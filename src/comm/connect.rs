@@ -19,7 +19,7 @@ use topoccl_transports::ipc::{DeviceId, IpcTransport};
 use topoccl_transports::shm::ShmTransport;
 use topoccl_transports::tcp::TcpTransport;
 use topoccl_transports::verbs::VerbsTransport;
-use topoccl_transports::{Connection, Locality, PeerSetup, TransportTable};
+use topoccl_transports::{Connection, Locality, PeerSetup, Transport, TransportTable};
 
 use super::bootstrap::{connect_retry, PeerInfo};
 use super::config::{Config, TransportPolicy};
@@ -80,7 +80,11 @@ pub(crate) fn table(cfg: &Config, me: &PeerInfo) -> Result<(TransportTable, Coun
         false => None,
     };
     // This communicator's own counters, on the process's port.
-    let verbs = verbs.map(|v| Arc::new(v.for_pairs(cfg.transport == TransportPolicy::Ib)));
+    let verbs = verbs.map(|v| {
+        let every_pair = cfg.transport == TransportPolicy::Ib;
+        // Under auto, a pair that declines goes on to TCP with the streams it opened.
+        Arc::new(v.for_pairs(every_pair, if every_pair { 1 } else { tcp.streams() }))
+    });
     let counted = Counted { ipc, verbs: verbs.clone() };
     let builtin = match (cfg.transport, verbs) {
         (TransportPolicy::Auto, Some(v)) => {

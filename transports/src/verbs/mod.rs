@@ -57,6 +57,9 @@ pub struct VerbsTransport {
     /// Every pair, the same host's too (`TOPOCCL_TRANSPORT=ib`); otherwise pairs on
     /// different hosts only.
     every_pair: bool,
+    /// Streams the bootstrap opens per pair: the next transport's count, so that a pair that
+    /// declines leaves it all it needs (only the first is used here).
+    streams: usize,
 }
 
 impl std::fmt::Debug for VerbsTransport {
@@ -79,14 +82,15 @@ impl VerbsTransport {
         let verbs = Arc::new(library::open(&library::candidates(settings.library.as_deref()))?);
         let nic = Nic::open(verbs, settings, choice)?;
         let ring_bytes = settings.ring_bytes.clamp(MIN_RING_BYTES, MAX_RING_BYTES);
-        Ok(VerbsTransport { nic: Arc::new(nic), ring_bytes, every_pair, stats: Arc::default() })
+        Ok(VerbsTransport { nic: Arc::new(nic), ring_bytes, every_pair, streams: 1, stats: Arc::default() })
     }
 
     /// The same port, connecting every pair (the same host's too) or only pairs on different
-    /// hosts.
-    /// Its counters start from zero (a communicator's own).
-    pub fn for_pairs(&self, every_pair: bool) -> VerbsTransport {
-        VerbsTransport { every_pair, stats: Arc::default(), ..self.clone() }
+    /// hosts, over `streams` bootstrap streams per pair (those the transport after it in the
+    /// table uses, where a pair may decline to it). Its counters start from zero (a
+    /// communicator's own).
+    pub fn for_pairs(&self, every_pair: bool, streams: usize) -> VerbsTransport {
+        VerbsTransport { every_pair, streams: streams.max(1), stats: Arc::default(), ..self.clone() }
     }
 
     /// What this transport's connections have done so far.
@@ -187,6 +191,10 @@ impl Transport for VerbsTransport {
 
     fn can_connect(&self, me: &Locality, peer: &Locality) -> bool {
         me.rdma && peer.rdma && (self.every_pair || me.host != peer.host)
+    }
+
+    fn streams(&self) -> usize {
+        self.streams
     }
 
     fn connect(&self, mut setup: PeerSetup) -> Result<Connected> {

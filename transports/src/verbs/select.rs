@@ -193,16 +193,55 @@ impl Nic {
     }
 }
 
-/// The first IPv4-mapped GID of the port (`::ffff:a.b.c.d`, RoCE v2 over IPv4 on Linux), else 0.
+/// The GID a RoCE port is addressed by when `NCCL_IB_GID_INDEX` is unset: RoCE v2 over IPv4,
+/// as NCCL picks it (a v1 GID does not cross subnets). Each index's type comes from sysfs
+/// (`gid_attrs/types`); where sysfs does not say, the first IPv4-mapped GID; else 0.
 fn roce_v2_ipv4(ctx: &Context, port: u8, table: i32) -> u8 {
-    (0..table.clamp(0, 255))
-        .find(|&i| ctx.query_gid(port, i).is_ok_and(|g| g.raw[..10] == [0; 10] && g.raw[10..12] == [0xff, 0xff]))
-        .map_or(0, |i| i as u8)
+    let gids: Vec<(u8, ibv_gid, Option<String>)> = (0..table.clamp(0, 255))
+        .filter_map(|i| {
+            let gid = ctx.query_gid(port, i).ok()?;
+            let path = format!("/sys/class/infiniband/{}/ports/{port}/gid_attrs/types/{i}", ctx.name);
+            let kind = std::fs::read_to_string(path).ok().map(|t| t.trim().to_string());
+            Some((i as u8, gid, kind))
+        })
+        .collect();
+    choose_gid(&gids)
+}
+
+/// [`roce_v2_ipv4`]'s choice among `(index, gid, type)`.
+fn choose_gid(gids: &[(u8, ibv_gid, Option<String>)]) -> u8 {
+    let ipv4 = |g: &ibv_gid| g.raw[..10] == [0; 10] && g.raw[10..12] == [0xff, 0xff];
+    let v2 = |t: &Option<String>| t.as_deref().is_some_and(|t| t.eq_ignore_ascii_case("RoCE v2"));
+    gids.iter()
+        .find(|(_, g, t)| ipv4(g) && v2(t))
+        .or_else(|| gids.iter().find(|(_, g, t)| ipv4(g) && t.is_none()))
+        .map_or(0, |(i, _, _)| *i)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn roce_ports_are_addressed_by_their_ipv4_roce_v2_gid() {
+        let mut link_local = ibv_gid::default();
+        link_local.raw[..2].copy_from_slice(&[0xfe, 0x80]);
+        let mut ipv4 = ibv_gid::default();
+        ipv4.raw[10..16].copy_from_slice(&[0xff, 0xff, 10, 0, 0, 7]);
+        let t = |s: &str| Some(s.to_string());
+        // mlx5's table: each address once as RoCE v1 and once as v2.
+        let mlx5 = [
+            (0, link_local, t("IB/RoCE v1")),
+            (1, link_local, t("RoCE v2")),
+            (2, ipv4, t("IB/RoCE v1")),
+            (3, ipv4, t("RoCE v2")),
+        ];
+        assert_eq!(choose_gid(&mlx5), 3);
+        // No types known (no sysfs, as under the stand-in): the first IPv4-mapped one.
+        assert_eq!(choose_gid(&[(0, link_local, None), (1, ipv4, None)]), 1);
+        // Nothing IPv4: index 0.
+        assert_eq!(choose_gid(&[(0, link_local, t("RoCE v2"))]), 0);
+    }
 
     #[test]
     fn hca_filters_follow_nccl_syntax() {
