@@ -8,7 +8,10 @@
 # pays) and of its whole process (for the stand-in, plus its emulated NIC's threads, which a
 # real NIC does in hardware), and the ratios verbs / TCP of the thread's CPU.
 #
-# No speed of a NIC is measured here: the stand-in moves bytes over a Unix socket.
+# No speed of a NIC is measured here: the stand-in moves bytes over a Unix socket. A verbs
+# connection busy-polls its completion queue while it waits (as a real one should, for the
+# microseconds a NIC takes); the emulated NIC takes ~100 us a round trip, so the thread's CPU
+# on the verbs path includes that spinning and bounds its software cost from above.
 #
 #   benches/verbs/run.sh
 #   SIZES=8,65536 MESSAGES=5000 ROUNDS=5 benches/verbs/run.sh
