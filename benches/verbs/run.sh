@@ -13,6 +13,13 @@
 # microseconds a NIC takes); the emulated NIC takes ~100 us a round trip, so the thread's CPU
 # on the verbs path includes that spinning and bounds its software cost from above.
 #
+# A second table separates the work from the waiting (transports/examples/connection_cost.rs):
+# one thread drives both ends of one connection, pinging each size back and forth, and times
+# every call, counting `send` and the `progress`/`recv_with` calls that moved something as busy
+# (for TCP that includes the kernel's socket work in those calls; for verbs, the stand-in's own
+# post and poll, which a real NIC's doorbell and completion queue make cheaper) and the calls
+# that found nothing as idle.
+#
 #   benches/verbs/run.sh
 #   SIZES=8,65536 MESSAGES=5000 ROUNDS=5 benches/verbs/run.sh
 set -euo pipefail
@@ -24,6 +31,7 @@ OUT=${OUT:-target/verbs-bench}
 mkdir -p "$OUT"
 
 cargo build --release --example transport_cpu -p topoccl >&2
+cargo build --release --example connection_cost -p topoccl-transports >&2
 cargo build --release -p topoccl-standin-ibverbs >&2
 EXE=target/release/examples/transport_cpu
 LIB=$PWD/target/release/libibverbs_standin.so
@@ -44,6 +52,10 @@ for round in $(seq 1 "$ROUNDS"); do
     echo "round $round of $ROUNDS" >&2
     run tcp "$round"
     run ib "$round"
+    for t in tcp ib; do
+        TOPOCCL_IBVERBS_LIB="$LIB" TOPOCCL_STANDIN_IB_DELAY_US=0 \
+            target/release/examples/connection_cost "$t" "$SIZES" "$MESSAGES" > "$OUT/cost-$t-$round"
+    done
 done
 
 python3 - "$OUT" "$ROUNDS" <<'PY'
@@ -64,4 +76,16 @@ print(f"# {'':>10} | {'(us)':>9} {'(us)':>7} {'(us)':>8} | {'(us)':>10} {'(us)':
 for s in sizes:
     t, v = rows[("tcp", s)], rows[("ib", s)]
     print(f"  {s:>10} | {med(t,0):>9.2f} {med(t,1):>7.2f} {med(t,2):>8.2f} | {med(v,0):>10.2f} {med(v,1):>7.2f} {med(v,2):>8.2f} | {med(v,1)/med(t,1):>16.2f}")
+cost = {}
+for t in ("tcp", "ib"):
+    for r in range(1, rounds + 1):
+        for line in open(f"{out}/cost-{t}-{r}"):
+            f = line.split()
+            cost.setdefault((t, int(f[0])), []).append(tuple(map(float, f[2:])))
+print()
+print(f"# time per message in the transport's own calls (busy) and in calls that found nothing (idle), one thread driving both ends, median of {rounds} rounds")
+print(f"# {'size (B)':>10} | {'TCP busy':>9} {'idle':>7} | {'verbs busy':>10} {'idle':>7} | {'busy verbs/TCP':>14}")
+for s in sorted({s for _, s in cost}):
+    t, v = cost[("tcp", s)], cost[("ib", s)]
+    print(f"  {s:>10} | {med(t,0):>9.2f} {med(t,1):>7.2f} | {med(v,0):>10.2f} {med(v,1):>7.2f} | {med(v,0)/med(t,0):>14.2f}")
 PY
