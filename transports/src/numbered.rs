@@ -4,9 +4,23 @@
 //! order), so an offer names its message by number, and an offer the sender sees after it
 //! sent that message is simply not used.
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::framing::{ByteStream, Framed};
 use crate::{Meta, Region, MAX_MESSAGE_BYTES, META_BYTES};
+
+/// The tag offers travel under.
+pub(crate) const OFFER_TAG: u32 = u32::MAX;
+/// Marks a message that was put straight into its offered destination (its frame carries no
+/// payload, only the tag with this bit).
+pub(crate) const DIRECT_BIT: u32 = 1 << 31;
+
+/// Refuses the tags the one-sided paths reserve (the top bit set).
+pub(crate) fn reserved(tag: u32) -> Result<()> {
+    if tag & DIRECT_BIT != 0 {
+        return Err(Error::Unsupported(format!("tag {tag:#x}: tags with the top bit set are reserved")));
+    }
+    Ok(())
+}
 
 /// The count of `tag` in `counts`.
 pub(crate) fn count(counts: &mut Vec<(u32, u32)>, tag: u32) -> &mut u32 {
@@ -115,19 +129,18 @@ impl<D> Numbered<D> {
 
     /// Hands the next message of `tag` to `f`, from `framed`: where this side offered a
     /// destination for it, the message comes either through the stream or, put straight into
-    /// that destination (`dst_of`), as a frame under `tag | direct` — whichever of the two
+    /// that destination (`dst_of`), as a frame under `tag | DIRECT_BIT` — whichever of the two
     /// comes first in the stream is this message (the next one of the tag comes after it).
     pub(crate) fn recv<S: ByteStream>(
         &mut self,
         framed: &mut Framed<S>,
         tag: u32,
-        direct: u32,
         dst_of: impl Fn(&D) -> Region,
         f: &mut dyn FnMut(&Meta, Region),
     ) -> Result<bool> {
         let got = match self.offered_for_next(tag).map(dst_of) {
             Some(dst) => {
-                framed.recv_first(&[tag, tag | direct], &mut |t, m, r| f(m, if t == tag { r } else { dst }))?
+                framed.recv_first(&[tag, tag | DIRECT_BIT], &mut |t, m, r| f(m, if t == tag { r } else { dst }))?
             }
             None => framed.recv_with(tag, f)?,
         };

@@ -8,8 +8,8 @@
 //! further: the receiver offers the destination ([`Connection::offer`]), and the sender puts a
 //! large payload straight there and signals with a frame that carries none, one copy in all.
 //!
-//! Tags with the top bit set are this module's: offers travel as [`OFFER_TAG`], and a message
-//! put straight into its destination arrives as its tag with [`DIRECT_BIT`]. Offers and puts are
+//! Tags with the top bit set are this module's: offers travel as `OFFER_TAG`, and a message
+//! put straight into its destination arrives as its tag with `DIRECT_BIT` (both in `numbered`). Offers and puts are
 //! numbered per tag (the n-th message of a tag), so an offer the sender sees too late is simply
 //! not used: that message went through the ring.
 
@@ -21,15 +21,11 @@ use super::direct::{self, DIRECT_MIN_BYTES};
 use super::ring::{Corrupt, Ring};
 use crate::error::{Error, Result};
 use crate::framing::{ByteStream, Framed, Peeked};
-use crate::numbered::{decode_offer, encode_offer, Numbered};
+use crate::numbered::{decode_offer, encode_offer, reserved, Numbered, DIRECT_BIT, OFFER_TAG};
 use crate::{Connection, Meta, Region, Ticket, WaitFd, MAX_MESSAGE_BYTES};
 
 /// How many empty reads between two checks of the liveness line.
 const LIVENESS_EVERY: u32 = 512;
-/// The tag offers travel under.
-const OFFER_TAG: u32 = u32::MAX;
-/// Marks a message that was put straight into its offered destination.
-const DIRECT_BIT: u32 = 1 << 31;
 
 pub(crate) struct ShmByteStream {
     pub(crate) tx: Ring,
@@ -119,13 +115,6 @@ pub struct ShmConnection {
     direct: Option<u32>,
     /// Messages numbered per tag, and the destinations offered for them each way.
     numbered: Numbered<Region>,
-}
-
-fn reserved(tag: u32) -> Result<()> {
-    if tag & DIRECT_BIT != 0 {
-        return Err(Error::Unsupported(format!("tag {tag:#x}: tags with the top bit set are reserved")));
-    }
-    Ok(())
 }
 
 impl ShmConnection {
@@ -245,7 +234,7 @@ impl Connection for ShmConnection {
             // Nothing is numbered without direct puts.
             return self.framed.recv_one(tag, f);
         }
-        self.numbered.recv(&mut self.framed, tag, DIRECT_BIT, |d| *d, f)
+        self.numbered.recv(&mut self.framed, tag, |d| *d, f)
     }
 
     unsafe fn offer(&mut self, tag: u32, dst: Region) -> Result<()> {

@@ -29,7 +29,7 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::framing::Framed;
-use crate::numbered::{decode_offer, encode_offer, Numbered};
+use crate::numbered::{decode_offer, encode_offer, reserved, Numbered, DIRECT_BIT, OFFER_TAG};
 use crate::{
     Connected, Connection, Locality, MemSpace, Meta, PeerSetup, Region, Ticket, Transport, WaitFd, MAX_MESSAGE_BYTES,
 };
@@ -284,21 +284,10 @@ struct Offered {
     _registration: Option<Arc<device::MemoryRegion>>,
 }
 
-/// The tag offers travel under.
-const OFFER_TAG: u32 = u32::MAX;
-/// Marks a message that was written straight into its offered destination.
-const DIRECT_BIT: u32 = 1 << 31;
 /// Tickets of one-sided writes (numbered by the stream), apart from the framing's.
 const DIRECT_TICKET: u64 = 1 << 63;
 /// Receives smaller than this always take the ring (an offer costs a frame each way).
 pub const DIRECT_MIN_BYTES: usize = 64 << 10;
-
-fn reserved(tag: u32) -> Result<()> {
-    if tag & DIRECT_BIT != 0 {
-        return Err(Error::Unsupported(format!("tag {tag:#x}: tags with the top bit set are reserved")));
-    }
-    Ok(())
-}
 
 /// What the verbs connections of a transport have done (cumulative).
 #[derive(Debug, Default)]
@@ -402,7 +391,7 @@ impl Connection for VerbsConnection {
 
     fn recv_with(&mut self, tag: u32, f: &mut dyn FnMut(&Meta, Region)) -> Result<bool> {
         reserved(tag)?;
-        self.numbered.recv(&mut self.framed, tag, DIRECT_BIT, |o| o.dst, f)
+        self.numbered.recv(&mut self.framed, tag, |o| o.dst, f)
     }
 
     unsafe fn offer(&mut self, tag: u32, dst: Region) -> Result<()> {
