@@ -12,26 +12,13 @@ mod standin;
 
 use std::time::{Duration, Instant};
 
-use device_support::{device_and_host, matrix, stream};
+use device_support::{matrix, matrix_on, stream};
 use topoccl::cuda::{Context, DeviceMemory, StreamRef};
 use topoccl::transports::ipc::IpcCounts;
 use topoccl::{Buffer, Collective, CollectiveCall, Communicator, Config, Dtype, ReduceOp, TransportPolicy};
 
 /// One element, a small call, and one over the 512 KiB slice for every type.
 const COUNTS: [usize; 3] = [1, 1000, (600 << 10) / 8 + 3];
-
-/// Every call of the matrix on `comm`; the calls whose device result differs from the host's.
-fn matrix_on(comm: &Communicator, s: &std::sync::Arc<cudarc::driver::CudaStream>, counts: &[usize]) -> Vec<String> {
-    let mut wrong = Vec::new();
-    for (i, (call, placement)) in matrix(comm.nranks(), counts).iter().enumerate() {
-        let (dev, host) = device_and_host(comm, s, call, *placement, i).expect("call");
-        if dev != host {
-            let first = dev.iter().zip(&host).position(|(a, b)| a != b).unwrap_or(0);
-            wrong.push(format!("{call} ({placement:?}): first difference at byte {first}"));
-        }
-    }
-    wrong
-}
 
 fn assert_ipc(comm: &Communicator) {
     for (p, t) in comm.transports().iter().enumerate() {

@@ -82,8 +82,11 @@ pub(crate) fn table(cfg: &Config, me: &PeerInfo) -> Result<(TransportTable, Coun
     // This communicator's own counters, on the process's port.
     let verbs = verbs.map(|v| {
         let every_pair = cfg.transport == TransportPolicy::Ib;
+        // Receives into this rank's GPU memory go straight there where the port and the driver
+        // allow it (dma-buf); a device that cannot be opened leaves them to host staging.
+        let device = me.device.and_then(|d| crate::cuda::ipc_access(d).ok());
         // Under auto, a pair that declines goes on to TCP with the streams it opened.
-        Arc::new(v.for_pairs(every_pair, if every_pair { 1 } else { tcp.streams() }))
+        Arc::new(v.for_pairs(every_pair, if every_pair { 1 } else { tcp.streams() }).with_device(device))
     });
     let counted = Counted { ipc, verbs: verbs.clone() };
     let builtin = match (cfg.transport, verbs) {

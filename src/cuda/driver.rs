@@ -59,6 +59,8 @@ const SYMBOLS: &[&str] = &[
     "cuMemHostUnregister",
     "cuMemcpyDtoDAsync_v2",
     "cuStreamSynchronize",
+    // RDMA into device memory (the verbs transport's dma-buf registrations).
+    "cuMemGetHandleForAddressRange",
 ];
 
 /// The driver, once found and initialised.

@@ -6,7 +6,8 @@
 //! Everything runs in the device's primary context (the one PyTorch and the CUDA runtime use):
 //! the executor's own operations, in the communicator's context, read the windows from there.
 
-use std::sync::{Arc, Mutex};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::sys::{self, CUdevice, CUdevice_attribute, CUresult, CUuuid};
 use topoccl_transports::ipc::device::IPC_HANDLE_BYTES;
@@ -73,15 +74,17 @@ pub fn device_at_init(requested: Option<u32>) -> Option<DeviceId> {
     device_id(ordinal).ok()
 }
 
-/// A device as the IPC transport uses it.
+/// A device as the IPC and verbs transports use it.
 struct CudaIpc {
     ctx: Arc<Context>,
     id: DeviceId,
+    /// Whether the device exports dma-bufs (`CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED`), asked once.
+    dmabuf: OnceLock<bool>,
 }
 
 /// The IPC transport's access to device `id` of this process.
 pub fn ipc_access(id: DeviceId) -> Result<Arc<dyn DeviceAccess>> {
-    Ok(Arc::new(CudaIpc { ctx: Context::primary(id.ordinal)?, id }))
+    Ok(Arc::new(CudaIpc { ctx: Context::primary(id.ordinal)?, id, dmabuf: OnceLock::new() }))
 }
 
 struct Window {
@@ -301,5 +304,33 @@ impl DeviceAccess for CudaIpc {
     fn queue(&self) -> TResult<Box<dyn DeviceQueue>> {
         let stream = Stream::new(&self.ctx).map_err(transport_error)?;
         Ok(Box::new(Queue { stream, ctx: self.ctx.clone() }))
+    }
+
+    fn dmabuf(&self, base: u64, len: u64) -> TResult<Option<OwnedFd>> {
+        let supported = *self.dmabuf.get_or_init(|| {
+            let Ok(dev) = device_handle(self.id.ordinal) else { return false };
+            let mut v = 0;
+            let a = CUdevice_attribute::CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED;
+            // SAFETY: a device of the initialised driver; the out-pointer is a local.
+            let r = unsafe { sys::cuDeviceGetAttribute(&mut v, a, dev) };
+            r == CUresult::CUDA_SUCCESS && v == 1
+        });
+        if !supported {
+            return Ok(None);
+        }
+        let Ok(len) = usize::try_from(len) else { return Ok(None) };
+        let _current = self.ctx.enter().map_err(transport_error)?;
+        let mut fd: std::ffi::c_int = -1;
+        let kind = sys::CUmemRangeHandleType::CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD;
+        // SAFETY: the context is current; the out-pointer is a local `int`, as the handle type
+        // asks; the driver checks the range (page aligned, inside its memory).
+        let r =
+            unsafe { sys::cuMemGetHandleForAddressRange((&mut fd as *mut std::ffi::c_int).cast(), base, len, kind, 0) };
+        // Memory the driver does not export (an error) is received through host memory.
+        if r != CUresult::CUDA_SUCCESS || fd < 0 {
+            return Ok(None);
+        }
+        // SAFETY: a descriptor the driver just opened for the caller, owned by nothing else.
+        Ok(Some(unsafe { OwnedFd::from_raw_fd(fd) }))
     }
 }

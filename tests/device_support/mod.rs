@@ -158,3 +158,17 @@ pub fn matrix(n: u32, counts: &[usize]) -> Vec<(CollectiveCall, Placement)> {
     }
     calls
 }
+
+/// Every call of the matrix on `comm` with `counts`; the calls whose device result differs from
+/// the host's.
+pub fn matrix_on(comm: &Communicator, s: &Arc<CudaStream>, counts: &[usize]) -> Vec<String> {
+    let mut wrong = Vec::new();
+    for (i, (call, placement)) in matrix(comm.nranks(), counts).iter().enumerate() {
+        let (dev, host) = device_and_host(comm, s, call, *placement, i).expect("call");
+        if dev != host {
+            let first = dev.iter().zip(&host).position(|(a, b)| a != b).unwrap_or(0);
+            wrong.push(format!("{call} ({placement:?}): first difference at byte {first}"));
+        }
+    }
+    wrong
+}

@@ -111,6 +111,10 @@ impl Connection for Faulty {
         self.inner.one_sided()
     }
 
+    fn offers_into(&self, space: crate::MemSpace) -> bool {
+        self.inner.offers_into(space)
+    }
+
     fn lends(&self) -> bool {
         self.inner.lends()
     }

@@ -140,6 +140,9 @@ pub(crate) struct Framed<S> {
     /// Bytes of `pending[0]` already written.
     pending_off: usize,
     backlog: usize,
+    /// Bytes of every frame ever queued or written (headers and payloads): the stream
+    /// position at which the last frame sent so far ends.
+    accepted: u64,
     /// Frames that borrowed caller memory so far, and how many of them are fully written
     /// (frames leave in order, so a send is done once this passes its sequence number).
     borrowed: u64,
@@ -187,6 +190,7 @@ impl<S: ByteStream> Framed<S> {
             pending: VecDeque::new(),
             pending_off: 0,
             backlog: 0,
+            accepted: 0,
             borrowed: 0,
             written: 0,
             staging: vec![0; STAGING_BYTES],
@@ -228,6 +232,11 @@ impl<S: ByteStream> Framed<S> {
         self.backlog
     }
 
+    /// The stream position at which the frames sent so far end.
+    pub(crate) fn accepted(&self) -> u64 {
+        self.accepted
+    }
+
     /// Whether the send that [`Framed::send`] numbered `seq` no longer needs its memory.
     pub(crate) fn sent(&self, seq: u64) -> bool {
         seq <= self.written || self.closed.is_some()
@@ -246,6 +255,7 @@ impl<S: ByteStream> Framed<S> {
         let len = u32::try_from(data.len)
             .map_err(|_| Error::Unsupported(format!("message of {} bytes exceeds {MAX_MESSAGE_BYTES}", data.len)))?;
         let header = encode_header(tag, len, meta);
+        self.accepted += (HEADER_BYTES + data.len) as u64;
         // SAFETY: valid host memory for the call (this fn's contract).
         let bytes = unsafe { data.bytes() };
         let mut written = 0;

@@ -103,10 +103,16 @@ impl Ticket {
 pub trait Connection: Send {
     /// The backend's name (`tcp`, `shm`).
     fn transport(&self) -> &'static str;
-    /// Whether the connection reads and writes memory of `space` itself (host memory only,
-    /// for now).
+    /// Whether the connection reads and writes memory of `space` itself: sends from it (the
+    /// executor stages other memory through host memory) and offers into it.
     fn reaches(&self, space: MemSpace) -> bool {
         space == MemSpace::Host
+    }
+    /// Whether [`Connection::offer`] can take memory of `space` (where [`Connection::one_sided`]).
+    /// A backend may write memory it does not send from: RDMA verbs receives into device memory
+    /// through dma-buf while its sends read host memory.
+    fn offers_into(&self, space: MemSpace) -> bool {
+        self.reaches(space)
     }
     /// Queues one message and returns at once; never blocks. Fails if the peer has gone.
     ///
@@ -135,7 +141,7 @@ pub trait Connection: Send {
     /// and an offer the peer sees too late goes unused (the message comes the usual way).
     ///
     /// # Safety
-    /// `dst` must be valid memory the connection [reaches](Connection::reaches), of exactly the
+    /// `dst` must be valid memory the connection [offers into](Connection::offers_into), of exactly the
     /// message's length to be used, that nothing else — this rank's asynchronous device work
     /// included — reads or writes until that message has been received or the connection is
     /// closed (closing revokes every offer before it returns).

@@ -478,7 +478,7 @@ impl Run<'_> {
                 }
                 if !*offered && matches!(action, Action::Recv | Action::RecvCopySend) {
                     let dst = spans(self.mem, st, off, n)?.1;
-                    if l.one_sided() && l.reaches(dst.space) {
+                    if l.one_sided() && l.offers_into(dst.space) {
                         // The peer's device writes it unordered with this rank's operations:
                         // all must be done (they run in order), else offer on a later poll.
                         if dst.space != MemSpace::Host && !self.ops.done(self.last)? {

@@ -26,6 +26,9 @@ pub struct Config {
     /// makes `MEMORY_POOLS_SUPPORTED` answer 0, as devices without them do, so cudarc
     /// allocates with `cuMemAlloc`, whose memory has IPC handles).
     pub pools: bool,
+    /// `TOPOCCL_STANDIN_DMABUF`: whether device memory exports dma-buf file descriptors
+    /// (`CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED`; default 1, 0: `CUDA_ERROR_NOT_SUPPORTED`).
+    pub dmabuf: bool,
 }
 
 static CONFIG: OnceLock<Config> = OnceLock::new();
@@ -66,6 +69,7 @@ impl Config {
             driver_version: env("TOPOCCL_STANDIN_DRIVER_VERSION").and_then(|v| v.parse().ok()).unwrap_or(12090),
             poison: env("TOPOCCL_STANDIN_POISON").and_then(|v| parse_poison(&v)).unwrap_or(Some(0xff)),
             pools: env("TOPOCCL_STANDIN_POOLS").map_or(true, |v| v != "0"),
+            dmabuf: env("TOPOCCL_STANDIN_DMABUF").map_or(true, |v| v != "0"),
         }
     }
 

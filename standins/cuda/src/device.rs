@@ -63,6 +63,7 @@ pub fn attribute(attr: u32, device: i32) -> CuResult<i32> {
     check(device)?;
     let sm = config::get()?.sm as i32;
     let pools = i32::from(config::get()?.pools);
+    let dmabuf = i32::from(config::get()?.dmabuf);
     let (domain, bus, pci_dev) = pci(device);
     Ok(match attr {
         1 => 1024,       // MAX_THREADS_PER_BLOCK
@@ -124,13 +125,14 @@ pub fn attribute(attr: u32, device: i32) -> CuResult<i32> {
         113 => 1,        // READ_ONLY_HOST_REGISTER_SUPPORTED
         114 => 0,        // TIMELINE_SEMAPHORE_INTEROP_SUPPORTED
         115 => pools,    // MEMORY_POOLS_SUPPORTED
-        116..=118 => 0,  // GPU_DIRECT_RDMA_*
+        116 => dmabuf,   // GPU_DIRECT_RDMA_SUPPORTED
+        117 | 118 => 0,  // GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS, _WRITES_ORDERING
         119 => 0,        // MEMPOOL_SUPPORTED_HANDLE_TYPES (pools have no IPC)
         120 => 0,        // CLUSTER_LAUNCH
         121 => 0,        // DEFERRED_MAPPING_CUDA_ARRAY_SUPPORTED
         122 => 0,        // CAN_USE_64_BIT_STREAM_MEM_OPS
         123 => 1,        // CAN_USE_STREAM_WAIT_VALUE_NOR
-        124 => 0,        // DMA_BUF_SUPPORTED
+        124 => dmabuf,   // DMA_BUF_SUPPORTED
         125 => 1,        // IPC_EVENT_SUPPORTED
         126 => 4,        // MEM_SYNC_DOMAIN_COUNT
         127..=129 => 0,  // TENSOR_MAP, FABRIC handles, UNIFIED_FUNCTION_POINTERS

@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::ffi::c_void;
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
@@ -382,6 +383,41 @@ pub fn release_context(ctx: usize) {
         }
         keep
     });
+}
+
+/// `cuMemGetHandleForAddressRange` for `CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD`: a file descriptor
+/// for the page-aligned range `[dptr, dptr + size)` of one device allocation of the current
+/// context's device (as the driver requires: both page aligned, the range within the pages
+/// of one `cuMemAlloc` or pool allocation).
+///
+/// A real dma-buf stands for exactly the range; here it is the allocation's memfd, opened
+/// anew through procfs (an open file description of its own) and **positioned at the range's
+/// first byte**: the stand-in libibverbs reads that position back in `ibv_reg_dmabuf_mr`.
+pub fn dmabuf(dptr: u64, size: usize) -> CuResult<OwnedFd> {
+    let ctx = context::current()?;
+    if !config::get()?.dmabuf {
+        return Err(CUresult::NOT_SUPPORTED);
+    }
+    let page = page() as u64;
+    if size == 0 || dptr % page != 0 || size as u64 % page != 0 {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    let end = dptr.checked_add(size as u64).ok_or(CUresult::INVALID_VALUE)?;
+    // The allocation whose pages hold the range's last byte (it may start inside its first page).
+    let alloc = read_map().range(..end).next_back().map(|(_, a)| a.clone()).ok_or(CUresult::INVALID_VALUE)?;
+    let backing = alloc.device_backing().ok_or(CUresult::INVALID_VALUE)?;
+    let first_page = alloc.base - backing.pad as u64;
+    let inside = first_page <= dptr && end <= first_page + backing.file.len as u64;
+    if !inside || !matches!(alloc.kind, Kind::Device | Kind::Pool) || alloc.device != ctx.device() || !alloc.is_live() {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(format!("/proc/self/fd/{}", backing.file.raw_fd()))
+        .map_err(|_| CUresult::OUT_OF_MEMORY)?;
+    std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(dptr - first_page)).map_err(|_| CUresult::UNKNOWN)?;
+    Ok(file.into())
 }
 
 /// `cuMemGetInfo_v2`: (free, total) of the current context's device.

@@ -454,3 +454,48 @@ fn child() {
         other => panic!("unknown child body {other}"),
     }
 }
+
+#[test]
+fn device_memory_exports_page_aligned_ranges_as_dma_buf() {
+    let _ctx = Ctx::new(0);
+    let page = 4096usize;
+    let len = 3 * page;
+    let data: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
+    let p = upload(&data);
+    let mut supported = 0;
+    ok!(cuDeviceGetAttribute(&mut supported, 124, 0));
+    assert_eq!(supported, 1, "DMA_BUF_SUPPORTED");
+    // The range must be page aligned, and lie within the allocation's pages.
+    let first = p / page as u64 * page as u64;
+    let mut fd: i32 = -1;
+    let h = (&mut fd as *mut i32).cast::<c_void>();
+    assert_eq!(cu!(cuMemGetHandleForAddressRange(h, p + 1, page, 1, 0)), CUresult::INVALID_VALUE);
+    assert_eq!(cu!(cuMemGetHandleForAddressRange(h, first, page + 1, 1, 0)), CUresult::INVALID_VALUE);
+    assert_eq!(cu!(cuMemGetHandleForAddressRange(h, first, 2 * len, 1, 0)), CUresult::INVALID_VALUE);
+    assert_eq!(cu!(cuMemGetHandleForAddressRange(h, first, page, 2, 0)), CUresult::INVALID_VALUE);
+    let host = pinned(page);
+    let hp = host.as_ptr() as u64 / page as u64 * page as u64;
+    assert_eq!(cu!(cuMemGetHandleForAddressRange(h, hp, page, 1, 0)), CUresult::INVALID_VALUE, "host memory");
+    // The second page of the allocation's pages: the descriptor, mapped at its position, shows
+    // the device bytes there, and writes through it are the device's.
+    ok!(cuMemGetHandleForAddressRange(h, first + page as u64, page, 1, 0));
+    assert!(fd >= 0);
+    // SAFETY: `fd` is a descriptor the driver handed over; lseek and mmap only read it.
+    let pos = unsafe { libc::lseek(fd, 0, libc::SEEK_CUR) };
+    assert_eq!(pos as u64 % page as u64, 0);
+    // SAFETY: a shared mapping of a page of the memfd at a page-aligned offset.
+    let m = unsafe { libc::mmap(null_mut(), page, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, pos) };
+    assert_ne!(m, libc::MAP_FAILED);
+    let at = (first + page as u64 - p) as usize;
+    // SAFETY: the page just mapped.
+    let view = unsafe { std::slice::from_raw_parts_mut(m.cast::<u8>(), page) };
+    assert_eq!(view, &data[at..at + page]);
+    view[0] = !view[0];
+    assert_eq!(download(p + at as u64, 1)[0], !data[at]);
+    // SAFETY: unmapping what was mapped above; closing the descriptor we own.
+    unsafe {
+        libc::munmap(m, page);
+        libc::close(fd);
+    }
+    ok!(cuMemFree_v2(p));
+}

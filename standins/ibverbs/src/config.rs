@@ -9,6 +9,7 @@ pub const DELAY_VAR: &str = "TOPOCCL_STANDIN_IB_DELAY_US";
 pub const DROP_VAR: &str = "TOPOCCL_STANDIN_IB_DROP";
 pub const BAD_RKEY_VAR: &str = "TOPOCCL_STANDIN_IB_BAD_RKEY";
 pub const ODP_VAR: &str = "TOPOCCL_STANDIN_IB_ODP";
+pub const DMABUF_VAR: &str = "TOPOCCL_STANDIN_IB_DMABUF";
 
 /// At most this many devices (the device index lives in two bits of the IPv4-mapped GID and
 /// of the LID).
@@ -36,6 +37,9 @@ pub struct Config {
     /// Whether `IBV_ACCESS_ON_DEMAND` registrations are accepted (on-demand paging, as
     /// ConnectX-5 and later offer for RC writes).
     pub odp: bool,
+    /// Whether `ibv_reg_dmabuf_mr` registers (else `EOPNOTSUPP`, as on a kernel without
+    /// dma-buf support).
+    pub dmabuf: bool,
 }
 
 /// The knobs of this process.
@@ -113,7 +117,15 @@ impl Config {
                 true
             }
         };
-        Config { devices, ib, seed, delay_us, drop, bad_rkey, odp }
+        let dmabuf = match var(DMABUF_VAR).as_deref() {
+            None | Some("1") => true,
+            Some("0") => false,
+            Some(v) => {
+                bad(DMABUF_VAR, v, "1");
+                true
+            }
+        };
+        Config { devices, ib, seed, delay_us, drop, bad_rkey, odp, dmabuf }
     }
 }
 

@@ -199,7 +199,7 @@ fn build_request(qp: &Arc<Qp>, st: &mut QpState) -> Result<Request, u32> {
                 if !*live {
                     return Err(WC_LOC_PROT_ERR);
                 }
-                if !memio::read_into(s.addr, len, &mut payload) {
+                if !memio::read_into(mr.host(s.addr), len, &mut payload) {
                     eprintln!(
                         "topoccl ibverbs stand-in: QP {:#x}: source {:#x}+{len} of a live MR is not mapped \
                          (freed before ibv_dereg_mr?)",

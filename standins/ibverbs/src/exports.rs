@@ -200,22 +200,25 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
     })
 }
 
-/// dma-buf registration is not emulated: NULL with `EOPNOTSUPP`, as rdma-core on a kernel
-/// without dma-buf support.
+/// A dma-buf registration: the descriptor is mapped (as the kernel attaches the buffer) and
+/// the NIC reaches the memory through that mapping; `iova` is the region's address on the
+/// wire. The stand-in CUDA driver's dma-bufs are memfds positioned at the range's first byte,
+/// and `offset` counts from that position. `EOPNOTSUPP` under `TOPOCCL_STANDIN_IB_DMABUF=0`.
 ///
 /// # Safety
-/// None.
+/// None: the descriptor and range are checked.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_reg_dmabuf_mr(
-    _pd: *mut ibv_pd,
-    _offset: u64,
-    _length: usize,
-    _iova: u64,
-    _fd: c_int,
-    _access: c_int,
+    pd: *mut ibv_pd,
+    offset: u64,
+    length: usize,
+    iova: u64,
+    fd: c_int,
+    access: c_int,
 ) -> *mut ibv_mr {
-    set_errno(libc::EOPNOTSUPP);
-    std::ptr::null_mut()
+    fence("ibv_reg_dmabuf_mr", std::ptr::null_mut(), || {
+        ptr_result(mr::reg_dmabuf_mr(pd, offset, length, iova, fd, access))
+    })
 }
 
 /// # Safety

@@ -43,11 +43,38 @@ pub struct Mr {
     /// True until deregistered. The NIC holds the read lock while it touches the memory, so
     /// `ibv_dereg_mr` returns only once no access is under way (as on hardware).
     pub live: RwLock<bool>,
+    /// A dma-buf region's mapping: the NIC reaches `[addr, addr + len)` (the iova) through it.
+    window: Option<Window>,
+}
+
+/// A dma-buf mapped into this process, unmapped when its region goes.
+struct Window {
+    /// The mapping's first byte, its length, and where the region's first byte lies in it.
+    map: usize,
+    map_len: usize,
+    at: usize,
+}
+
+impl Drop for Window {
+    fn drop(&mut self) {
+        // SAFETY: a mapping made in `reg_dmabuf_mr`, unmapped once, after the region is gone
+        // (the last reference) and no access holds its `live` lock.
+        unsafe { libc::munmap(self.map as *mut c_void, self.map_len) };
+    }
 }
 
 impl Mr {
     pub fn ptr(&self) -> *mut ibv_mr {
         self.public.ptr()
+    }
+
+    /// Where the NIC touches byte `addr` of the region (checked by [`Mr::covers`] first): the
+    /// address itself, or its place in a dma-buf's mapping.
+    pub fn host(&self, addr: u64) -> u64 {
+        match &self.window {
+            Some(w) => (w.map + w.at) as u64 + (addr - self.addr),
+            None => addr,
+        }
     }
 
     /// Whether `[addr, addr + len)` lies inside the region.
@@ -123,25 +150,91 @@ pub fn reg_mr(pd_ptr: *const ibv_pd, addr: *mut c_void, len: usize, access: c_in
     if access & ACCESS_ON_DEMAND == 0 && !crate::memio::mapped_with(addr as u64, len as u64, writable) {
         return Err(libc::EFAULT);
     }
+    Ok(insert(pd, addr as u64, len, access, None))
+}
+
+/// A new region of `pd` at `addr` (the address keys are checked against), reached through
+/// `window` if given.
+fn insert(pd: Arc<Pd>, addr: u64, len: usize, access: c_int, window: Option<Window>) -> *mut ibv_mr {
     let (lkey, rkey) = (new_key(), new_key());
-    let public = ibv_mr { context: pd.ctx.ptr(), pd: pd.ptr(), addr, length: len, handle: handle(), lkey, rkey };
+    let public = ibv_mr {
+        context: pd.ctx.ptr(),
+        pd: pd.ptr(),
+        addr: addr as *mut c_void,
+        length: len,
+        handle: handle(),
+        lkey,
+        rkey,
+    };
     pd.users.fetch_add(1, Ordering::Relaxed);
     let mr = Arc::new(Mr {
         public: Public::new(public),
         pd,
-        addr: addr as u64,
+        addr,
         len: len as u64,
         access,
         lkey,
         rkey,
         live: RwLock::new(true),
+        window,
     });
     let p = mr.ptr();
     let mut reg = reg_mut();
     reg.lkeys.insert(lkey, mr.clone());
     reg.rkeys.insert(rkey, mr.clone());
     reg.mrs.insert(registry::key(p), mr);
-    Ok(p)
+    p
+}
+
+/// `ibv_reg_dmabuf_mr`: `length` bytes from `offset` in the dma-buf `fd` (counted from the
+/// descriptor's file position: see the export's comment), known on the wire as `iova`.
+pub fn reg_dmabuf_mr(
+    pd_ptr: *const ibv_pd,
+    offset: u64,
+    len: usize,
+    iova: u64,
+    fd: c_int,
+    access: c_int,
+) -> Result<*mut ibv_mr, c_int> {
+    if !crate::config::config().dmabuf {
+        return Err(libc::EOPNOTSUPP);
+    }
+    let pd = registry::pd(pd_ptr).ok_or(libc::EINVAL)?;
+    let known = ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ | ACCESS_REMOTE_ATOMIC;
+    // On-demand paging has no meaning for a dma-buf (its exporter moves it, not page faults).
+    if access & !(known | ACCESS_OPTIONAL_RANGE) != 0 {
+        return Err(libc::EINVAL);
+    }
+    if access & (ACCESS_REMOTE_WRITE | ACCESS_REMOTE_ATOMIC) != 0 && access & ACCESS_LOCAL_WRITE == 0 {
+        return Err(libc::EINVAL);
+    }
+    // A bad descriptor is EBADF, before the length is looked at: NCCL's probe relies on it.
+    // SAFETY: fstat and lseek only look the descriptor up; `st` is a local.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if fd < 0 || unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(libc::EBADF);
+    }
+    if len == 0 {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: as above.
+    let position = unsafe { libc::lseek(fd, 0, libc::SEEK_CUR) };
+    let start = u64::try_from(position).ok().and_then(|p| p.checked_add(offset)).ok_or(libc::EINVAL)?;
+    let end = start.checked_add(len as u64).ok_or(libc::EINVAL)?;
+    if end > st.st_size as u64 {
+        return Err(libc::EINVAL);
+    }
+    let page = 4096u64;
+    let map_start = start / page * page;
+    let map_len = (end - map_start).next_multiple_of(page) as usize;
+    let prot = if access & ACCESS_LOCAL_WRITE != 0 { libc::PROT_READ | libc::PROT_WRITE } else { libc::PROT_READ };
+    // SAFETY: a shared mapping of a range of the descriptor checked to lie inside it.
+    let map = unsafe { libc::mmap(std::ptr::null_mut(), map_len, prot, libc::MAP_SHARED, fd, map_start as i64) };
+    if map == libc::MAP_FAILED {
+        return Err(libc::EFAULT);
+    }
+    let window = Window { map: map as usize, map_len, at: (start - map_start) as usize };
+    Ok(insert(pd, iova, len, access, Some(window)))
 }
 
 pub fn dereg_mr(p: *const ibv_mr) -> c_int {

@@ -78,7 +78,7 @@ fn execute(qp: &Arc<Qp>, st: &mut QpState, req: &Request) -> Syndrome {
                 drop(live);
                 return access_error(qp, st);
             }
-            if !memio::place(&[(req.remote_addr, len)], &req.payload, &mut rng) {
+            if !memio::place(&[(mr.host(req.remote_addr), len)], &req.payload, &mut rng) {
                 drop(live);
                 unmapped(qp, req.remote_addr, len);
                 return access_error(qp, st);
@@ -108,14 +108,16 @@ fn execute(qp: &Arc<Qp>, st: &mut QpState, req: &Request) -> Syndrome {
             }
             let take = left.min(u64::from(s.length));
             match mr::check_lkey(&qp.pd, s.lkey, s.addr, take, ACCESS_LOCAL_WRITE) {
-                Ok(mr) => mrs.push(mr),
+                Ok(mr) => {
+                    segments.push((mr.host(s.addr), take));
+                    mrs.push(mr);
+                }
                 Err(_) => {
                     qp.complete_recv(&rwqe, WC_LOC_PROT_ERR, None);
                     qp.enter_error(st);
                     return Syndrome::OpNak;
                 }
             }
-            segments.push((s.addr, take));
             left -= take;
         }
         let guards: Vec<_> = mrs.iter().map(|m| util::read(&m.live)).collect();

@@ -226,3 +226,67 @@ fn on_demand_registrations_follow_the_knob() {
         }
     }
 }
+
+#[test]
+fn dma_buf_registrations_reach_the_buffer_through_its_descriptor() {
+    match child_body().as_deref() {
+        None => {
+            run_child("dma_buf_registrations_reach_the_buffer_through_its_descriptor", "on", &[]);
+            run_child("dma_buf_registrations_reach_the_buffer_through_its_descriptor", "off", &[(DMABUF_VAR, "0")]);
+        }
+        Some("off") => {
+            let pd = v!(ibv_alloc_pd(open(0)));
+            assert!(v!(ibv_reg_dmabuf_mr(pd, 0, 0, 0, -1, 0)).is_null());
+            assert_eq!(errno(), Some(libc::EOPNOTSUPP), "NCCL's probe reads this as no dma-buf");
+        }
+        Some(_) => {
+            let (a, b) = pair(Cfg::default(), Cfg::default());
+            // NCCL's probe: a bad descriptor is EBADF where dma-buf is supported.
+            assert!(v!(ibv_reg_dmabuf_mr(b.pd, 0, 0, 0, -1, 0)).is_null());
+            assert_eq!(errno(), Some(libc::EBADF));
+            // A memfd standing in for device memory, positioned at its second page.
+            let page = 4096usize;
+            // SAFETY: a fresh memfd, sized, positioned and mapped below; closed at the end.
+            let fd = unsafe { libc::memfd_create(c"dmabuf".as_ptr(), 0) };
+            assert!(fd >= 0);
+            assert_eq!(unsafe { libc::ftruncate(fd, 3 * page as i64) }, 0);
+            assert_eq!(unsafe { libc::lseek(fd, page as i64, libc::SEEK_SET) }, page as i64);
+            let view = unsafe {
+                libc::mmap(std::ptr::null_mut(), 3 * page, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
+            };
+            assert_ne!(view, libc::MAP_FAILED);
+            // SAFETY: the mapping just made.
+            let file = unsafe { std::slice::from_raw_parts_mut(view.cast::<u8>(), 3 * page) };
+            let iova = 0x7000_0000_0000u64;
+            // Beyond the file: refused; ODP makes no sense for a dma-buf.
+            assert!(v!(ibv_reg_dmabuf_mr(b.pd, 16, 2 * page, iova, fd, ALL_ACCESS)).is_null());
+            assert!(v!(ibv_reg_dmabuf_mr(b.pd, 16, page, iova, fd, ALL_ACCESS | ACCESS_ON_DEMAND)).is_null());
+            let dmr = v!(ibv_reg_dmabuf_mr(b.pd, 16, page, iova, fd, ALL_ACCESS));
+            assert!(!dmr.is_null(), "ibv_reg_dmabuf_mr: {}", std::io::Error::last_os_error());
+            assert_eq!(v!((*dmr).addr) as u64, iova);
+            // A write to iova + 8 lands at the file's page + 16 + 8.
+            let src = Buf::new(100);
+            for i in 0..100 {
+                src.set(i, i as u8 + 1);
+            }
+            let smr = reg(a.pd, &src, ALL_ACCESS);
+            let rkey = v!((*dmr).rkey);
+            let mut sg = [sge(&src, 0, 100, smr)];
+            assert_eq!(post_send(a.qp, &mut [write_wr(1, &mut sg, iova + 8, rkey, None)]).0, 0);
+            assert_eq!(poll_one(a.scq).status, WC_SUCCESS);
+            let at = page + 16 + 8;
+            assert_eq!(&file[at..at + 100], &src.to_vec()[..]);
+            // Past the region's end: a remote access error, nothing written.
+            let mut sg = [sge(&src, 0, 100, smr)];
+            assert_eq!(post_send(a.qp, &mut [write_wr(2, &mut sg, iova + page as u64 - 50, rkey, None)]).0, 0);
+            assert_eq!(poll_one(a.scq).status, WC_REM_ACCESS_ERR);
+            assert!(file[2 * page..].iter().all(|&x| x == 0));
+            // SAFETY: unmapping and closing what this test made (the region keeps its own mapping).
+            unsafe {
+                libc::munmap(view, 3 * page);
+                libc::close(fd);
+            }
+            assert_eq!(v!(ibv_dereg_mr(dmr)), 0);
+        }
+    }
+}

@@ -92,6 +92,12 @@ pub trait DeviceAccess: Send + Sync {
     unsafe fn register(&self, addr: usize, len: usize) -> Result<Box<dyn RegisteredHost>>;
     /// A new stream of the device.
     fn queue(&self) -> Result<Box<dyn DeviceQueue>>;
+    /// A dma-buf descriptor for the page-aligned range `[base, base + len)` of this device's
+    /// memory, for a NIC to register (RDMA straight into and out of device memory); `None`
+    /// where the driver or the device exports none. The caller closes it.
+    fn dmabuf(&self, _base: u64, _len: u64) -> Result<Option<std::os::fd::OwnedFd>> {
+        Ok(None)
+    }
 }
 
 #[cfg(test)]

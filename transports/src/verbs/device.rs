@@ -241,6 +241,37 @@ impl MemoryRegion {
         }
         Ok(region)
     }
+
+    /// Registers `len` bytes of the dma-buf `fd` (device memory the GPU driver exported) from
+    /// its start, known to the NIC and the peer as `iova` (the device address), with `access`.
+    /// The descriptor may be closed once this returns (the registration holds the buffer).
+    pub fn register_dmabuf(
+        pd: Arc<ProtectionDomain>,
+        fd: std::os::fd::BorrowedFd<'_>,
+        iova: u64,
+        len: usize,
+        access: c_int,
+    ) -> Result<MemoryRegion> {
+        use std::os::fd::AsRawFd;
+        let reg = pd.ctx.verbs.reg_dmabuf_mr.ok_or_else(|| Error::Unsupported("no ibv_reg_dmabuf_mr".into()))?;
+        // SAFETY: a live domain and an open descriptor; the kernel checks the range against the
+        // buffer, and the NIC writes only through this registration, which holds the buffer.
+        let mr = unsafe { reg(pd.ptr.as_ptr(), 0, len, iova, fd.as_raw_fd(), access) };
+        let ptr = NonNull::new(mr).ok_or_else(|| failed(&format!("ibv_reg_dmabuf_mr of {len} bytes"), -1))?;
+        // SAFETY: a region just registered; its keys are filled.
+        let (lkey, rkey, got_addr, got_len) = unsafe {
+            let m = &*ptr.as_ptr();
+            (m.lkey, m.rkey, m.addr as u64, m.length)
+        };
+        let addr = usize::try_from(iova).map_err(|_| Error::Protocol(format!("an iova of {iova:#x}")))?;
+        let region = MemoryRegion { pd, ptr, addr, len, lkey, rkey };
+        if got_addr != iova || got_len != len {
+            return Err(Error::Protocol(format!(
+                "ibv_reg_dmabuf_mr registered {got_len} bytes at {got_addr:#x} for {len} at {iova:#x}"
+            )));
+        }
+        Ok(region)
+    }
 }
 
 impl Drop for MemoryRegion {

@@ -7,8 +7,10 @@
 //! retransmissions NCCL's default `NCCL_IB_TIMEOUT`/`NCCL_IB_RETRY_CNT` allow.
 //!
 //! Data goes by RDMA write into a ring the receiver owns, with credits ([`stream`]'s byte
-//! stream under the framing every backend shares). Host memory only, for now: device buffers
-//! are staged through host memory by the executor.
+//! stream under the framing every backend shares), or, where the receiver offered its buffer,
+//! straight into it ([`regions`]: host memory on demand, device memory through dma-buf, so a
+//! GPU buffer receives without a copy through host memory). Sends read host memory only: the
+//! executor stages a device buffer's bytes through host memory before sending them.
 //!
 //! Both sides of a pair must pick this backend alike: a rank says in its bootstrap record
 //! whether it has a usable port ([`Locality::rdma`]), and a pair whose set-up fails on either
@@ -22,13 +24,15 @@ pub mod select;
 mod stream;
 pub mod sys;
 
+use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::net::Shutdown;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::framing::Framed;
+use crate::framing::{Framed, HEADER_BYTES};
+use crate::ipc::DeviceAccess;
 use crate::numbered::{decode_offer, encode_offer, reserved, Numbered, DIRECT_BIT, OFFER_TAG};
 use crate::{
     Connected, Connection, Locality, MemSpace, Meta, PeerSetup, Region, Ticket, Transport, WaitFd, MAX_MESSAGE_BYTES,
@@ -41,9 +45,9 @@ use stream::{Registered, RemoteRing, VerbsByteStream, MAX_RING_BYTES, RECV_DEPTH
 use sys::ibv_gid;
 
 const HANDSHAKE_MAGIC: &[u8; 4] = b"TIBV";
-const HANDSHAKE_VERSION: u8 = 2;
+const HANDSHAKE_VERSION: u8 = 3;
 /// Magic, version, ok, then the endpoint (qpn, lid, gid, link layer, mtu), the ring (address,
-/// rkey, length) and whether the port has on-demand paging.
+/// rkey, length) and what the side registers ([`Record`]'s flags).
 const RECORD_BYTES: usize = 4 + 1 + 1 + 4 + 2 + 16 + 1 + 4 + 8 + 4 + 8 + 1;
 /// The smallest ring a peer may announce.
 const MIN_RING_BYTES: usize = 64 << 10;
@@ -60,6 +64,9 @@ pub struct VerbsTransport {
     /// Streams the bootstrap opens per pair: the next transport's count, so that a pair that
     /// declines leaves it all it needs (only the first is used here).
     streams: usize,
+    /// The GPU this rank drives, whose memory receives through dma-buf where the port and the
+    /// driver allow it.
+    device: Option<Arc<dyn DeviceAccess>>,
 }
 
 impl std::fmt::Debug for VerbsTransport {
@@ -82,7 +89,14 @@ impl VerbsTransport {
         let verbs = Arc::new(library::open(&library::candidates(settings.library.as_deref()))?);
         let nic = Nic::open(verbs, settings, choice)?;
         let ring_bytes = settings.ring_bytes.clamp(MIN_RING_BYTES, MAX_RING_BYTES);
-        Ok(VerbsTransport { nic: Arc::new(nic), ring_bytes, every_pair, streams: 1, stats: Arc::default() })
+        Ok(VerbsTransport {
+            nic: Arc::new(nic),
+            ring_bytes,
+            every_pair,
+            streams: 1,
+            stats: Arc::default(),
+            device: None,
+        })
     }
 
     /// The same port, connecting every pair (the same host's too) or only pairs on different
@@ -93,6 +107,18 @@ impl VerbsTransport {
         VerbsTransport { every_pair, streams: streams.max(1), stats: Arc::default(), ..self.clone() }
     }
 
+    /// The same, for a rank that drives `device`: receives into its memory are offered where
+    /// the port registers dma-bufs and the driver exports them.
+    pub fn with_device(self, device: Option<Arc<dyn DeviceAccess>>) -> VerbsTransport {
+        VerbsTransport { device, ..self }
+    }
+
+    /// Whether receives into this rank's device memory can be offered: the port registers
+    /// dma-bufs (probed when it opened) and the rank drives a GPU.
+    fn device_offers(&self) -> bool {
+        self.device.is_some() && self.nic.dmabuf.is_ok()
+    }
+
     /// What this transport's connections have done so far.
     pub fn counts(&self) -> VerbsCounts {
         VerbsCounts {
@@ -100,6 +126,7 @@ impl VerbsTransport {
             direct_messages: self.stats.direct_messages.load(Ordering::Relaxed),
             offers: self.stats.offers.load(Ordering::Relaxed),
             registrations: self.nic.regions.len() as u64,
+            device_registrations: self.nic.regions.device_len() as u64,
         }
     }
 
@@ -123,8 +150,11 @@ impl VerbsTransport {
 struct Record {
     endpoint: Endpoint,
     ring: RemoteRing,
-    /// Whether the port registers host memory on demand (so receives may be offered).
+    /// Whether the port registers host memory on demand (so host receives may be offered, and
+    /// host sources written from).
     odp: bool,
+    /// Whether the side offers receives into its GPU's memory (dma-buf).
+    device: bool,
 }
 
 fn encode(r: Option<&Record>) -> [u8; RECORD_BYTES] {
@@ -142,7 +172,7 @@ fn encode(r: Option<&Record>) -> [u8; RECORD_BYTES] {
         b[33..41].copy_from_slice(&r.ring.addr.to_le_bytes());
         b[41..45].copy_from_slice(&r.ring.rkey.to_le_bytes());
         b[45..53].copy_from_slice(&(r.ring.len as u64).to_le_bytes());
-        b[53] = u8::from(r.odp);
+        b[53] = u8::from(r.odp) | u8::from(r.device) << 1;
     }
     b
 }
@@ -176,7 +206,8 @@ fn decode(b: &[u8; RECORD_BYTES], peer: &str) -> Result<Option<Record>> {
             mtu: u32_at(29),
         },
         ring: RemoteRing { addr: u64_at(33), rkey: u32_at(41), len: len as usize },
-        odp: b[53] == 1,
+        odp: b[53] & 1 != 0,
+        device: b[53] & 2 != 0,
     }))
 }
 
@@ -209,6 +240,7 @@ impl Transport for VerbsTransport {
                 endpoint: self.nic.endpoint(qp.qpn),
                 ring: RemoteRing { addr: rx.buf.addr() as u64, rkey: rx.mr.rkey, len: rx.buf.len() },
                 odp: self.nic.odp.is_ok(),
+                device: self.device_offers(),
             }),
             Err(_) => None,
         };
@@ -249,13 +281,17 @@ impl Transport for VerbsTransport {
         };
         control.set_nonblocking(true).map_err(|e| hs(&peer, e))?;
         control.set_read_timeout(None).map_err(|e| hs(&peer, e))?;
-        // Offers go one way only where the sender can register its source and the receiver
-        // its destination on demand: both ports must.
-        let one_sided = mine.odp && theirs.odp;
+        // An offer is used where the sender can register its source (host memory: on demand)
+        // and the receiver its destination (host memory on demand, device memory by dma-buf).
+        let host_offers = mine.odp && theirs.odp;
+        let device = self.device.clone().filter(|_| mine.device && theirs.odp);
         Ok(Connected::Connection(Box::new(VerbsConnection {
             framed: Framed::new(stream),
             nic: self.nic.clone(),
-            one_sided,
+            host_offers,
+            device,
+            writes: mine.odp && (theirs.odp || theirs.device),
+            offer_ends: VecDeque::new(),
             numbered: Numbered::default(),
             stats: self.stats.clone(),
         })))
@@ -266,8 +302,17 @@ impl Transport for VerbsTransport {
 pub struct VerbsConnection {
     framed: Framed<VerbsByteStream>,
     nic: Arc<Nic>,
-    /// Whether receives are offered and written in place (both ports register on demand).
-    one_sided: bool,
+    /// Whether host memory receives are offered and written in place (both ports register on
+    /// demand).
+    host_offers: bool,
+    /// The GPU whose memory receives are offered (this port registers its dma-bufs, the peer's
+    /// sources on demand).
+    device: Option<Arc<dyn DeviceAccess>>,
+    /// Whether this side writes into the peer's offers (it registers its sources on demand,
+    /// and the peer makes offers).
+    writes: bool,
+    /// Where each offer frame not yet acknowledged ends in the stream (not part of the backlog).
+    offer_ends: VecDeque<u64>,
     /// Messages numbered per tag, and the offers made each way: the peer's name where its
     /// memory is (address, length, rkey), this side's keep the registration alive.
     numbered: Numbered<Offered>,
@@ -307,6 +352,8 @@ pub struct VerbsCounts {
     pub offers: u64,
     /// Host memory registrations cached for one-sided writes.
     pub registrations: u64,
+    /// Device memory registrations (dma-buf) cached for offers.
+    pub device_registrations: u64,
 }
 
 impl VerbsConnection {
@@ -324,7 +371,7 @@ impl VerbsConnection {
     /// one in time and there is room to post; the write's ticket.
     fn put(&mut self, tag: u32, data: Region) -> Result<Option<Ticket>> {
         let message = self.numbered.next_sent(tag);
-        if !self.one_sided {
+        if !self.writes {
             return Ok(None);
         }
         // Offers for this message or earlier ones are used here or never.
@@ -380,12 +427,21 @@ impl Connection for VerbsConnection {
     }
 
     /// What waits to be written, and what was written but not yet acknowledged (the call
-    /// that wrote it ends only once it is, as NCCL's does on its send completions).
+    /// that wrote it ends only once it is, as NCCL's does on its send completions) — less the
+    /// offers: a peer that finished may close before an offer of this side reaches it (the
+    /// message offered for had landed, unseen yet), and an offer needs no delivery.
     fn backlog(&self) -> usize {
-        self.framed.backlog() + self.framed.stream.unacked()
+        let pending = self.framed.backlog() + self.framed.stream.unacked();
+        let acked = self.framed.stream.acked();
+        let offers: u64 = self.offer_ends.iter().map(|&end| end.saturating_sub(acked).min(HEADER_BYTES as u64)).sum();
+        pending.saturating_sub(offers as usize)
     }
 
     fn progress(&mut self) -> Result<bool> {
+        let acked = self.framed.stream.acked();
+        while self.offer_ends.front().is_some_and(|&end| end <= acked) {
+            self.offer_ends.pop_front();
+        }
         self.framed.progress()
     }
 
@@ -396,13 +452,20 @@ impl Connection for VerbsConnection {
 
     unsafe fn offer(&mut self, tag: u32, dst: Region) -> Result<()> {
         reserved(tag)?;
-        let fits = (DIRECT_MIN_BYTES..=MAX_MESSAGE_BYTES).contains(&dst.len);
-        if !self.one_sided || !fits || dst.space != MemSpace::Host {
+        if !(DIRECT_MIN_BYTES..=MAX_MESSAGE_BYTES).contains(&dst.len) || !self.offers_into(dst.space) {
             return Ok(());
         }
-        let Ok(registration) = self.nic.regions.cover(&self.nic.pd, dst.addr, dst.len, Access::Write) else {
-            return Ok(());
+        let registration = match (dst.space, &self.device) {
+            (MemSpace::Host, _) => self.nic.regions.cover(&self.nic.pd, dst.addr, dst.len, Access::Write).ok(),
+            (MemSpace::Device(_), Some(device)) => {
+                // Memory the driver cannot export (or a failed registration): the message comes
+                // through the ring instead.
+                let r = self.nic.regions.cover_device(&self.nic.pd, device.as_ref(), dst.addr, dst.len, Access::Write);
+                r.ok().flatten()
+            }
+            (MemSpace::Device(_), None) => None,
         };
+        let Some(registration) = registration else { return Ok(()) };
         let rkey = registration.rkey;
         let Some(message) = self.numbered.offer(tag, Offered { dst, rkey, _registration: Some(registration) }) else {
             return Ok(());
@@ -410,11 +473,19 @@ impl Connection for VerbsConnection {
         self.stats.offers.fetch_add(1, Ordering::Relaxed);
         // SAFETY: an empty region.
         unsafe { self.framed.send(OFFER_TAG, &encode_offer(tag, message, dst, rkey), Region::EMPTY)? };
+        self.offer_ends.push_back(self.framed.accepted());
         Ok(())
     }
 
     fn one_sided(&self) -> bool {
-        self.one_sided
+        self.host_offers || self.device.is_some()
+    }
+
+    fn offers_into(&self, space: MemSpace) -> bool {
+        match space {
+            MemSpace::Host => self.host_offers,
+            MemSpace::Device(d) => self.device.as_ref().is_some_and(|g| g.device().ordinal == d),
+        }
     }
 
     fn closed(&self) -> Option<&str> {

@@ -6,13 +6,23 @@
 //! nobody looks. So host memory is offered only where the port supports **on-demand paging**
 //! (`IBV_ACCESS_ON_DEMAND`: the NIC follows the process's page tables, as ConnectX-5 and later
 //! do for RC writes), probed once per port; without it every message goes through the ring.
+//!
+//! Device memory is registered through **dma-buf** (`ibv_reg_dmabuf_mr` on the descriptor the
+//! GPU driver exports), a whole allocation at a time, as NCCL registers user buffers: the
+//! registration holds the memory, so a buffer freed and another allocated at the same address
+//! must not reuse it; the driver's buffer id, checked on every lookup, tells them apart (as the
+//! CUDA IPC registrations do).
 
 use std::sync::{Arc, Mutex};
+
+use std::os::fd::AsFd;
 
 use super::device::{MemoryRegion, ProtectionDomain};
 use super::stream::HostBuffer;
 use super::sys::*;
 use crate::error::Result;
+use crate::ipc::DeviceAccess;
+use crate::registration::Allocation;
 
 /// Registrations kept at most; the least recently used goes first.
 const CAPACITY: usize = 64;
@@ -37,6 +47,14 @@ impl Access {
             Access::Write => WRITE,
         }
     }
+
+    /// For a dma-buf (pinned by its exporter: no on-demand paging).
+    fn device_flags(self) -> i32 {
+        match self {
+            Access::Read => 0,
+            Access::Write => ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE,
+        }
+    }
 }
 
 /// Whether the port registers on-demand regions, or why not.
@@ -53,10 +71,18 @@ struct Entry {
     used: u64,
 }
 
+struct DeviceEntry {
+    allocation: Allocation,
+    mr: Arc<MemoryRegion>,
+    access: Access,
+    used: u64,
+}
+
 /// The cache, shared by the connections of one port.
 #[derive(Default)]
 pub(crate) struct Regions {
     entries: Mutex<(Vec<Entry>, u64)>,
+    device: Mutex<(Vec<DeviceEntry>, u64)>,
 }
 
 impl Regions {
@@ -94,8 +120,54 @@ impl Regions {
         Ok(mr)
     }
 
-    /// How many registrations are cached.
+    /// How many host memory registrations are cached.
     pub(crate) fn len(&self) -> usize {
         self.entries.lock().map_or(0, |g| g.0.len())
+    }
+
+    /// A registration of the device allocation `[addr, addr + len)` lies in, through dma-buf:
+    /// a cached one of the same allocation (same buffer id), or a new one of its whole pages;
+    /// `None` where the memory is not `device`'s or the driver exports no dma-buf for it.
+    pub(crate) fn cover_device(
+        &self,
+        pd: &Arc<ProtectionDomain>,
+        device: &dyn DeviceAccess,
+        addr: usize,
+        len: usize,
+        access: Access,
+    ) -> Result<Option<Arc<MemoryRegion>>> {
+        let Some(a) = device.allocation(addr as u64)? else { return Ok(None) };
+        let end = (addr as u64).saturating_add(len as u64);
+        if (addr as u64) < a.base || end > a.base.saturating_add(a.len) {
+            return Ok(None);
+        }
+        let mut guard = self.device.lock().unwrap_or_else(|p| p.into_inner());
+        let (entries, clock) = &mut *guard;
+        *clock += 1;
+        // Registrations of memory freed since (another allocation overlaps them) go; writes in
+        // flight keep their own reference.
+        entries.retain(|e| e.allocation == a || !e.allocation.overlaps(a.base, a.len));
+        if let Some(e) = entries.iter_mut().find(|e| e.allocation == a && e.access == access) {
+            e.used = *clock;
+            return Ok(Some(e.mr.clone()));
+        }
+        let page = PAGE as u64;
+        let first = a.base / page * page;
+        let span = a.base.saturating_add(a.len).next_multiple_of(page) - first;
+        let Some(fd) = device.dmabuf(first, span)? else { return Ok(None) };
+        let span = usize::try_from(span).map_err(|_| crate::Error::Unsupported(format!("{span} bytes")))?;
+        let mr = Arc::new(MemoryRegion::register_dmabuf(pd.clone(), fd.as_fd(), first, span, access.device_flags())?);
+        if entries.len() >= CAPACITY {
+            if let Some(i) = entries.iter().enumerate().min_by_key(|(_, e)| e.used).map(|(i, _)| i) {
+                entries.swap_remove(i);
+            }
+        }
+        entries.push(DeviceEntry { allocation: a, mr: mr.clone(), access, used: *clock });
+        Ok(Some(mr))
+    }
+
+    /// How many device memory registrations are cached.
+    pub(crate) fn device_len(&self) -> usize {
+        self.device.lock().map_or(0, |g| g.0.len())
     }
 }

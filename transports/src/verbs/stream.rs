@@ -453,6 +453,12 @@ impl VerbsByteStream {
         self.unacked
     }
 
+    /// Ring bytes whose writes have completed: the stream position the peer's NIC has
+    /// acknowledged.
+    pub(crate) fn acked(&self) -> u64 {
+        self.tx_acked
+    }
+
     /// The received bytes at the read position that lie contiguously, and how many there are
     /// in all.
     fn readable(&self) -> (usize, usize) {
@@ -512,10 +518,13 @@ impl ByteStream for VerbsByteStream {
     }
 
     fn read(&mut self, buf: &mut [u8]) -> Result<usize> {
-        self.pump()?;
+        // Bytes that landed before a failure (a peer that finished and closed while this side
+        // still wrote to it) are read first; the failure is reported once none are left.
+        let pumped = self.pump();
         let (at, avail) = self.readable();
         let n = avail.min(buf.len());
         if n == 0 {
+            pumped?;
             if !buf.is_empty() {
                 self.check_peer()?;
             }
@@ -531,7 +540,9 @@ impl ByteStream for VerbsByteStream {
         }
         self.rx_tail += n as u64;
         self.idle = 0;
-        self.credit()?;
+        if self.failed.is_none() {
+            self.credit()?;
+        }
         Ok(n)
     }
 

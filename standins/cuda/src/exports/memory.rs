@@ -203,3 +203,28 @@ pub unsafe extern "C" fn cuPointerGetAttributes(
         Ok(())
     })
 }
+
+/// `CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD`.
+const RANGE_HANDLE_DMA_BUF_FD: u32 = 1;
+/// `CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE` (CUDA 12.8): the only flag there is.
+const RANGE_FLAG_MAPPING_TYPE_PCIE: u64 = 1;
+
+/// The caller owns the descriptor written to `handle` (an `int`) and closes it.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetHandleForAddressRange(
+    handle: *mut c_void,
+    dptr: CUdeviceptr,
+    size: usize,
+    handle_type: c_uint,
+    flags: u64,
+) -> CUresult {
+    edge(|| {
+        if handle_type != RANGE_HANDLE_DMA_BUF_FD || flags & !RANGE_FLAG_MAPPING_TYPE_PCIE != 0 {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        // SAFETY: the caller's out-pointer, an `int` for this handle type.
+        let out = unsafe { Out::new(handle.cast::<std::ffi::c_int>()) }?;
+        out.set(std::os::fd::IntoRawFd::into_raw_fd(memory::dmabuf(dptr, size)?));
+        Ok(())
+    })
+}

@@ -37,7 +37,7 @@ pub const CHILD: &str = "TOPOCCL_STANDIN_IB_TEST_CHILD";
 pub fn run_child(entry: &str, body: &str, env: &[(&str, &str)]) -> String {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     cmd.args([entry, "--exact", "--nocapture", "--test-threads=1"]).env(CHILD, body);
-    for var in [DEVICES_VAR, LINK_VAR, SEED_VAR, DELAY_VAR, DROP_VAR, BAD_RKEY_VAR, ODP_VAR] {
+    for var in [DEVICES_VAR, LINK_VAR, SEED_VAR, DELAY_VAR, DROP_VAR, BAD_RKEY_VAR, ODP_VAR, DMABUF_VAR] {
         cmd.env_remove(var);
     }
     for (k, val) in env {
