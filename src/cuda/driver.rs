@@ -61,6 +61,7 @@ const SYMBOLS: &[&str] = &[
     "cuStreamSynchronize",
     // RDMA into device memory (the verbs transport's dma-buf registrations).
     "cuMemGetHandleForAddressRange",
+    "cuFlushGPUDirectRDMAWrites",
 ];
 
 /// The driver, once found and initialised.

@@ -80,11 +80,13 @@ struct CudaIpc {
     id: DeviceId,
     /// Whether the device exports dma-bufs (`CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED`), asked once.
     dmabuf: OnceLock<bool>,
+    /// Whether NIC writes into its memory need a flush before its work reads them, asked once.
+    flush: OnceLock<bool>,
 }
 
 /// The IPC transport's access to device `id` of this process.
 pub fn ipc_access(id: DeviceId) -> Result<Arc<dyn DeviceAccess>> {
-    Ok(Arc::new(CudaIpc { ctx: Context::primary(id.ordinal)?, id, dmabuf: OnceLock::new() }))
+    Ok(Arc::new(CudaIpc { ctx: Context::primary(id.ordinal)?, id, dmabuf: OnceLock::new(), flush: OnceLock::new() }))
 }
 
 struct Window {
@@ -307,14 +309,9 @@ impl DeviceAccess for CudaIpc {
     }
 
     fn dmabuf(&self, base: u64, len: u64) -> TResult<Option<OwnedFd>> {
-        let supported = *self.dmabuf.get_or_init(|| {
-            let Ok(dev) = device_handle(self.id.ordinal) else { return false };
-            let mut v = 0;
-            let a = CUdevice_attribute::CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED;
-            // SAFETY: a device of the initialised driver; the out-pointer is a local.
-            let r = unsafe { sys::cuDeviceGetAttribute(&mut v, a, dev) };
-            r == CUresult::CUDA_SUCCESS && v == 1
-        });
+        let supported = *self
+            .dmabuf
+            .get_or_init(|| self.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED) == Some(1));
         if !supported {
             return Ok(None);
         }
@@ -332,5 +329,38 @@ impl DeviceAccess for CudaIpc {
         }
         // SAFETY: a descriptor the driver just opened for the caller, owned by nothing else.
         Ok(Some(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    fn flush_rdma_writes(&self) -> TResult<()> {
+        // A device that orders GPUDirect RDMA writes for its own work needs no flush (NCCL asks
+        // the same two attributes); one that does not, and cannot flush from the host, is left
+        // as it is (NCCL's fallback, an RDMA read through a loopback queue pair, is not built).
+        let needed = *self.flush.get_or_init(|| {
+            let ordering = self.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING);
+            let options = self.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS);
+            let owner = sys::CUGPUDirectRDMAWritesOrdering::CU_GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER as i32;
+            let host = sys::CUflushGPUDirectRDMAWritesOptions::CU_FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_HOST as i32;
+            ordering.is_some_and(|o| o < owner) && options.is_some_and(|o| o & host != 0)
+        });
+        if !needed {
+            return Ok(());
+        }
+        let _current = self.ctx.enter().map_err(transport_error)?;
+        let target = sys::CUflushGPUDirectRDMAWritesTarget::CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX;
+        let scope = sys::CUflushGPUDirectRDMAWritesScope::CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER;
+        // SAFETY: the context is current; the call takes no pointers.
+        check(unsafe { sys::cuFlushGPUDirectRDMAWrites(target, scope) }, "cuFlushGPUDirectRDMAWrites")
+            .map_err(transport_error)
+    }
+}
+
+impl CudaIpc {
+    /// Device attribute `a`, if the driver answers.
+    fn attribute(&self, a: CUdevice_attribute) -> Option<i32> {
+        let dev = device_handle(self.id.ordinal).ok()?;
+        let mut v = 0;
+        // SAFETY: a device of the initialised driver; the out-pointer is a local.
+        let r = unsafe { sys::cuDeviceGetAttribute(&mut v, a, dev) };
+        (r == CUresult::CUDA_SUCCESS).then_some(v)
     }
 }

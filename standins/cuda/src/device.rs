@@ -126,7 +126,8 @@ pub fn attribute(attr: u32, device: i32) -> CuResult<i32> {
         114 => 0,        // TIMELINE_SEMAPHORE_INTEROP_SUPPORTED
         115 => pools,    // MEMORY_POOLS_SUPPORTED
         116 => dmabuf,   // GPU_DIRECT_RDMA_SUPPORTED
-        117 | 118 => 0,  // GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS, _WRITES_ORDERING
+        117 => dmabuf,   // GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS: HOST (cuFlushGPUDirectRDMAWrites)
+        118 => 0,        // GPU_DIRECT_RDMA_WRITES_ORDERING: NONE (a flush is needed)
         119 => 0,        // MEMPOOL_SUPPORTED_HANDLE_TYPES (pools have no IPC)
         120 => 0,        // CLUSTER_LAUNCH
         121 => 0,        // DEFERRED_MAPPING_CUDA_ARRAY_SUPPORTED

@@ -420,6 +420,18 @@ pub fn dmabuf(dptr: u64, size: usize) -> CuResult<OwnedFd> {
     Ok(file.into())
 }
 
+static RDMA_FLUSHES: AtomicU64 = AtomicU64::new(0);
+
+/// Counts a `cuFlushGPUDirectRDMAWrites`.
+pub fn count_rdma_flush() {
+    RDMA_FLUSHES.fetch_add(1, Ordering::Relaxed);
+}
+
+/// How many `cuFlushGPUDirectRDMAWrites` calls this process made.
+pub fn rdma_flushes() -> u64 {
+    RDMA_FLUSHES.load(Ordering::Relaxed)
+}
+
 /// `cuMemGetInfo_v2`: (free, total) of the current context's device.
 pub fn info() -> CuResult<(usize, usize)> {
     let ctx = context::current()?;

@@ -499,3 +499,25 @@ fn device_memory_exports_page_aligned_ranges_as_dma_buf() {
     }
     ok!(cuMemFree_v2(p));
 }
+
+#[test]
+fn gpudirect_writes_are_flushed_from_a_context() {
+    let mut v = -1;
+    init();
+    ok!(cuDeviceGetAttribute(&mut v, 117, 0));
+    assert_eq!(v, 1, "the HOST flush option");
+    ok!(cuDeviceGetAttribute(&mut v, 118, 0));
+    assert_eq!(v, 0, "writes not ordered: a flush is needed");
+    std::thread::spawn(|| {
+        assert_eq!(cu!(cuFlushGPUDirectRDMAWrites(0, 100)), CUresult::INVALID_CONTEXT);
+    })
+    .join()
+    .unwrap();
+    let _ctx = Ctx::new(0);
+    let before = cuda_standin::memory::rdma_flushes();
+    assert_eq!(cu!(cuFlushGPUDirectRDMAWrites(1, 100)), CUresult::INVALID_VALUE);
+    assert_eq!(cu!(cuFlushGPUDirectRDMAWrites(0, 7)), CUresult::INVALID_VALUE);
+    ok!(cuFlushGPUDirectRDMAWrites(0, 100));
+    ok!(cuFlushGPUDirectRDMAWrites(0, 200));
+    assert!(cuda_standin::memory::rdma_flushes() >= before + 2);
+}

@@ -98,6 +98,12 @@ pub trait DeviceAccess: Send + Sync {
     fn dmabuf(&self, _base: u64, _len: u64) -> Result<Option<std::os::fd::OwnedFd>> {
         Ok(None)
     }
+    /// Makes the NIC's writes into this device's memory that have completed visible to work
+    /// the device runs next, where the device does not order them itself (GPUDirect RDMA's
+    /// flush); nothing to do where it does.
+    fn flush_rdma_writes(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 #[cfg(test)]

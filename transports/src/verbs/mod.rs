@@ -447,7 +447,21 @@ impl Connection for VerbsConnection {
 
     fn recv_with(&mut self, tag: u32, f: &mut dyn FnMut(&Meta, Region)) -> Result<bool> {
         reserved(tag)?;
-        self.numbered.recv(&mut self.framed, tag, |o| o.dst, f)
+        let device = &self.device;
+        let mut flushed = Ok(());
+        let got = self.numbered.recv(&mut self.framed, tag, |o| o.dst, &mut |m, r| {
+            // Written by the NIC into GPU memory: visible to the device's next work only once
+            // flushed, where the device does not order such writes itself.
+            if let (MemSpace::Device(_), Some(d)) = (r.space, device) {
+                flushed = d.flush_rdma_writes();
+                if flushed.is_err() {
+                    return;
+                }
+            }
+            f(m, r)
+        })?;
+        flushed?;
+        Ok(got)
     }
 
     unsafe fn offer(&mut self, tag: u32, dst: Region) -> Result<()> {

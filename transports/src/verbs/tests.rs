@@ -278,6 +278,7 @@ struct MemfdDevice {
     len: usize,
     buffer_id: u64,
     exports: std::sync::atomic::AtomicUsize,
+    flushes: std::sync::atomic::AtomicUsize,
 }
 
 impl MemfdDevice {
@@ -299,7 +300,14 @@ impl MemfdDevice {
             )
         };
         assert_ne!(map, libc::MAP_FAILED);
-        MemfdDevice { file, map: map as usize, len, buffer_id, exports: Default::default() }
+        MemfdDevice {
+            file,
+            map: map as usize,
+            len,
+            buffer_id,
+            exports: Default::default(),
+            flushes: Default::default(),
+        }
     }
 
     fn bytes(&self) -> &[u8] {
@@ -363,6 +371,10 @@ impl DeviceAccess for MemfdDevice {
         self.exports.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(Some(f.into()))
     }
+    fn flush_rdma_writes(&self) -> Result<()> {
+        self.flushes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
 }
 
 #[test]
@@ -397,6 +409,7 @@ fn device_receives_are_written_through_dma_buf_and_registered_once_per_allocatio
     assert_eq!((c.offers, c.device_registrations), (3, 1), "{c:?}");
     assert_eq!(plain.counts().direct_messages, 3);
     assert_eq!(device.exports.load(std::sync::atomic::Ordering::Relaxed), 1, "one registration per allocation");
+    assert_eq!(device.flushes.load(std::sync::atomic::Ordering::Relaxed), 3, "each message flushed before use");
 }
 
 #[test]
@@ -415,6 +428,7 @@ fn a_freed_and_reallocated_device_buffer_is_registered_anew() {
         len: first.len,
         buffer_id: 2,
         exports: Default::default(),
+        flushes: Default::default(),
     };
     let b = regions.cover_device(pd, &fake, first.map + 64, 4096, Access::Write).unwrap().expect("registered");
     assert!(!Arc::ptr_eq(&a, &b), "a stale registration was reused");

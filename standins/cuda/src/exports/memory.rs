@@ -228,3 +228,23 @@ pub unsafe extern "C" fn cuMemGetHandleForAddressRange(
         Ok(())
     })
 }
+
+/// `CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX`, `_TO_OWNER`, `_TO_ALL_DEVICES`.
+const FLUSH_TARGET_CURRENT_CTX: c_uint = 0;
+const FLUSH_TO_OWNER: c_uint = 100;
+const FLUSH_TO_ALL_DEVICES: c_uint = 200;
+
+/// The stand-in NIC's writes land in the memfd at once: nothing to wait for, but the rules of
+/// the call are the driver's (a current context, known target and scope), and calls are
+/// counted (`memory::rdma_flushes`).
+#[no_mangle]
+pub unsafe extern "C" fn cuFlushGPUDirectRDMAWrites(target: c_uint, scope: c_uint) -> CUresult {
+    edge(|| {
+        crate::context::current()?;
+        if target != FLUSH_TARGET_CURRENT_CTX || !matches!(scope, FLUSH_TO_OWNER | FLUSH_TO_ALL_DEVICES) {
+            return Err(CUresult::INVALID_VALUE);
+        }
+        memory::count_rdma_flush();
+        Ok(())
+    })
+}
