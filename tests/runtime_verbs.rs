@@ -12,6 +12,7 @@ mod verbs_standin;
 
 use std::time::Instant;
 
+use topoccl::transports::verbs::VerbsCounts;
 use topoccl::{Communicator, ReduceOp};
 
 fn matrix_on_threads(n: u32) {
@@ -47,7 +48,7 @@ fn on_host(host: &str, extra: &[(&str, &str)]) -> Vec<(String, String)> {
 
 /// This rank's part of a job the parent launched: the transports its table chose (checked
 /// against `host_of`), then the matrix.
-fn matrix_in_this_process(host_of: impl Fn(u32) -> u32, full: bool) {
+fn matrix_in_this_process(host_of: impl Fn(u32) -> u32, full: bool) -> VerbsCounts {
     let t = Instant::now();
     let mut comm = Communicator::from_env().expect("join");
     let me = comm.rank();
@@ -69,16 +70,20 @@ fn matrix_in_this_process(host_of: impl Fn(u32) -> u32, full: bool) {
     // sees after it sent goes unused); the rest came through the rings.
     assert!(c.offers > 0 && c.direct_messages > 0 && c.ring_messages > 0, "{c:?}");
     comm.destroy().expect("destroy");
+    c
 }
 
 #[test]
 fn four_processes_on_two_hosts_use_verbs_across_and_shared_memory_within() {
     let name = "four_processes_on_two_hosts_use_verbs_across_and_shared_memory_within";
     let host_of = |r: u32| r / 2;
-    if let Some(out) = standin::ranks_each(name, 4, u32::MAX, &|r| on_host(&format!("host{}", host_of(r)), &[]), 300) {
+    // Three queue pairs per connection: large writes striped over them.
+    let env = |r: u32| on_host(&format!("host{}", host_of(r)), &[("NCCL_IB_QPS_PER_CONNECTION", "3")]);
+    if let Some(out) = standin::ranks_each(name, 4, u32::MAX, &env, 300) {
         print!("{out}");
     } else {
-        matrix_in_this_process(host_of, true);
+        let c = matrix_in_this_process(host_of, true);
+        assert!(c.striped_messages > 0, "{c:?}");
     }
 }
 
@@ -88,7 +93,8 @@ fn eight_processes_on_eight_hosts() {
     if let Some(out) = standin::ranks_each(name, 8, u32::MAX, &|r| on_host(&format!("host{r}"), &[]), 300) {
         print!("{out}");
     } else {
-        matrix_in_this_process(|r| r, false);
+        let c = matrix_in_this_process(|r| r, false);
+        assert_eq!(c.striped_messages, 0, "one queue pair per connection: {c:?}");
     }
 }
 

@@ -10,6 +10,7 @@
 //! | `NCCL_IB_GID_INDEX` | the GID a RoCE port is addressed by | the first IPv4-mapped GID (RoCE v2), 0 on InfiniBand |
 //! | `NCCL_IB_TC`, `NCCL_IB_SL` | traffic class (RoCE), service level (InfiniBand) | 0, 0 |
 //! | `NCCL_IB_TIMEOUT`, `NCCL_IB_RETRY_CNT` | local ACK timeout (4.096 µs × 2^n) and retransmissions | 20, 7 |
+//! | `NCCL_IB_QPS_PER_CONNECTION` | queue pairs per RDMA connection (1–16), large one-sided writes striped over them | 1 |
 //! | `TOPOCCL_IB_BYTES` | RDMA receive ring per peer and direction (registered host memory) | 4 MiB |
 //! | `TOPOCCL_ALGO` | force an algorithm (`ring`, `tree`, `rhd`, `rd`, `hier`, `pairwise`, `blink`, `tacos`) | the tuner's choice |
 //! | `TOPOCCL_TOPOLOGY` | the machine the ranks run on (a library name, family or file; see `topoccl_synth::topology::resolve`), rank i on its rank i; `detect` (or `detect[0-3]`) asks NVML, rank i on NVML's GPU i, and falls back to the default where there is no NVML (see `crate::detect`) | all-to-all links (`host:N` on one host, `full:N` across hosts) |
@@ -150,6 +151,10 @@ fn verbs_from_env() -> Result<Option<VerbsSettings>> {
     }
     if let Some(r) = number("NCCL_IB_RETRY_CNT", 0.0, 7.0)? {
         v.retry_cnt = r as u8;
+    }
+    let max_qps = f64::from(topoccl_transports::verbs::MAX_QPS);
+    if let Some(q) = number("NCCL_IB_QPS_PER_CONNECTION", 1.0, max_qps)? {
+        v.qps_per_connection = q as u8;
     }
     if let Some(b) = number("TOPOCCL_IB_BYTES", 65536.0, (1u64 << 29) as f64)? {
         v.ring_bytes = b as usize;

@@ -17,38 +17,36 @@
 //! side (a port the peer cannot reach: InfiniBand against RoCE) declines together and goes on
 //! to TCP.
 
+mod connection;
 pub mod device;
+mod lanes;
 pub mod library;
 mod regions;
 pub mod select;
 mod stream;
 pub mod sys;
 
-use std::collections::VecDeque;
 use std::io::{Read, Write};
-use std::net::Shutdown;
-use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::framing::{Framed, HEADER_BYTES};
+use crate::framing::Framed;
 use crate::ipc::DeviceAccess;
-use crate::numbered::{decode_offer, encode_offer, reserved, Numbered, DIRECT_BIT, OFFER_TAG};
-use crate::{
-    Connected, Connection, Locality, MemSpace, Meta, PeerSetup, Region, Ticket, Transport, WaitFd, MAX_MESSAGE_BYTES,
-};
+use crate::{Connected, Locality, PeerSetup, Transport};
+pub use connection::{VerbsConnection, VerbsCounts, VerbsStats, DIRECT_MIN_BYTES};
 use device::{CompletionQueue, Endpoint, QueuePair};
-use regions::Access;
+use lanes::Lanes;
+pub use lanes::MAX_QPS;
 pub use select::{HcaFilter, Nic, VerbsSettings};
-use std::sync::atomic::{AtomicU64, Ordering};
 use stream::{Registered, RemoteRing, VerbsByteStream, MAX_RING_BYTES, RECV_DEPTH, SEND_DEPTH};
 use sys::ibv_gid;
 
 const HANDSHAKE_MAGIC: &[u8; 4] = b"TIBV";
-const HANDSHAKE_VERSION: u8 = 3;
+const HANDSHAKE_VERSION: u8 = 4;
 /// Magic, version, ok, then the endpoint (qpn, lid, gid, link layer, mtu), the ring (address,
-/// rkey, length) and what the side registers ([`Record`]'s flags).
-const RECORD_BYTES: usize = 4 + 1 + 1 + 4 + 2 + 16 + 1 + 4 + 8 + 4 + 8 + 1;
+/// rkey, length), what the side registers ([`Record`]'s flags), and its lanes (a count, then
+/// room for every lane's queue pair number).
+const RECORD_BYTES: usize = 4 + 1 + 1 + 4 + 2 + 16 + 1 + 4 + 8 + 4 + 8 + 1 + 1 + 4 * (MAX_QPS as usize - 1);
 /// The smallest ring a peer may announce.
 const MIN_RING_BYTES: usize = 64 << 10;
 
@@ -67,6 +65,8 @@ pub struct VerbsTransport {
     /// The GPU this rank drives, whose memory receives through dma-buf where the port and the
     /// driver allow it.
     device: Option<Arc<dyn DeviceAccess>>,
+    /// Queue pairs per connection (`NCCL_IB_QPS_PER_CONNECTION`): the first and its lanes.
+    qps: u8,
 }
 
 impl std::fmt::Debug for VerbsTransport {
@@ -96,6 +96,7 @@ impl VerbsTransport {
             streams: 1,
             stats: Arc::default(),
             device: None,
+            qps: settings.qps_per_connection.clamp(1, MAX_QPS),
         })
     }
 
@@ -122,31 +123,34 @@ impl VerbsTransport {
     /// What this transport's connections have done so far.
     pub fn counts(&self) -> VerbsCounts {
         VerbsCounts {
-            ring_messages: self.stats.ring_messages.load(Ordering::Relaxed),
-            direct_messages: self.stats.direct_messages.load(Ordering::Relaxed),
-            offers: self.stats.offers.load(Ordering::Relaxed),
             registrations: self.nic.regions.len() as u64,
             device_registrations: self.nic.regions.device_len() as u64,
+            ..self.stats.counts()
         }
     }
 
     /// The port in use: `mlx5_0:1 (RoCE, GID 1, MTU 4096)`, and the library.
     pub fn describe(&self) -> String {
-        format!("{} via {}", self.nic.describe(), self.nic.pd.ctx.verbs.path)
+        let qps = match self.qps {
+            1 => String::new(),
+            n => format!(", {n} queue pairs per connection"),
+        };
+        format!("{}{qps} via {}", self.nic.describe(), self.nic.pd.ctx.verbs.path)
     }
 
-    /// This side's queue pair, ring and completion queue, the queue pair in INIT.
-    fn prepare(&self) -> Result<(QueuePair, Registered)> {
+    /// This side's queue pair, ring, completion queue and lanes, the queue pairs in INIT.
+    fn prepare(&self) -> Result<(QueuePair, Registered, Vec<QueuePair>)> {
         let cq = CompletionQueue::new(self.nic.pd.ctx.clone(), (SEND_DEPTH + RECV_DEPTH + 16) as usize)?;
         let qp = QueuePair::new(self.nic.pd.clone(), Arc::new(cq), SEND_DEPTH, RECV_DEPTH)?;
         qp.init(&self.nic.path)?;
         let rx = Registered::new(self.nic.pd.clone(), self.ring_bytes, true)?;
-        Ok((qp, rx))
+        let lanes = lanes::prepare(&self.nic.pd, &self.nic.path, usize::from(self.qps) - 1)?;
+        Ok((qp, rx, lanes))
     }
 }
 
 /// What one side tells the other at set-up.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Record {
     endpoint: Endpoint,
     ring: RemoteRing,
@@ -155,6 +159,8 @@ struct Record {
     odp: bool,
     /// Whether the side offers receives into its GPU's memory (dma-buf).
     device: bool,
+    /// The queue pair numbers of its lanes (a pair uses as many as the side with fewer has).
+    lanes: Vec<u32>,
 }
 
 fn encode(r: Option<&Record>) -> [u8; RECORD_BYTES] {
@@ -173,6 +179,11 @@ fn encode(r: Option<&Record>) -> [u8; RECORD_BYTES] {
         b[41..45].copy_from_slice(&r.ring.rkey.to_le_bytes());
         b[45..53].copy_from_slice(&(r.ring.len as u64).to_le_bytes());
         b[53] = u8::from(r.odp) | u8::from(r.device) << 1;
+        let lanes = &r.lanes[..r.lanes.len().min(MAX_QPS as usize - 1)];
+        b[54] = lanes.len() as u8;
+        for (i, qpn) in lanes.iter().enumerate() {
+            b[55 + 4 * i..59 + 4 * i].copy_from_slice(&qpn.to_le_bytes());
+        }
     }
     b
 }
@@ -208,6 +219,7 @@ fn decode(b: &[u8; RECORD_BYTES], peer: &str) -> Result<Option<Record>> {
         ring: RemoteRing { addr: u64_at(33), rkey: u32_at(41), len: len as usize },
         odp: b[53] & 1 != 0,
         device: b[53] & 2 != 0,
+        lanes: (0..usize::from(b[54]).min(MAX_QPS as usize - 1)).map(|i| u32_at(55 + 4 * i)).collect(),
     }))
 }
 
@@ -236,11 +248,12 @@ impl Transport for VerbsTransport {
         control.set_read_timeout(Some(setup.timeout)).map_err(|e| hs(&peer, e))?;
         let prepared = self.prepare();
         let mine = match &prepared {
-            Ok((qp, rx)) => Some(Record {
+            Ok((qp, rx, lanes)) => Some(Record {
                 endpoint: self.nic.endpoint(qp.qpn),
                 ring: RemoteRing { addr: rx.buf.addr() as u64, rkey: rx.mr.rkey, len: rx.buf.len() },
                 odp: self.nic.odp.is_ok(),
                 device: self.device_offers(),
+                lanes: lanes.iter().map(|l| l.qpn).collect(),
             }),
             Err(_) => None,
         };
@@ -248,8 +261,8 @@ impl Transport for VerbsTransport {
         let mut theirs = [0u8; RECORD_BYTES];
         control.read_exact(&mut theirs).map_err(|e| hs(&peer, e))?;
         let theirs = decode(&theirs, &peer)?;
-        let (qp, rx, mine, theirs) = match (prepared, mine, theirs) {
-            (Ok((qp, rx)), Some(m), Some(t)) if m.endpoint.link_layer == t.endpoint.link_layer => (qp, rx, m, t),
+        let (qp, rx, mut lane_qps, mine, theirs) = match (prepared, mine, theirs) {
+            (Ok((qp, rx, l)), Some(m), Some(t)) if m.endpoint.link_layer == t.endpoint.link_layer => (qp, rx, l, m, t),
             (Ok(_), Some(m), Some(t)) => {
                 let why =
                     format!("link layers differ ({} here, {} at {peer})", m.endpoint.link_layer, t.endpoint.link_layer);
@@ -262,19 +275,21 @@ impl Transport for VerbsTransport {
         };
         // The rest can still fail on either side (an address that does not resolve, memory
         // that does not register): both say whether they are ready, and decline together.
-        let built = (|| -> Result<VerbsByteStream> {
+        let built = (|| -> Result<(VerbsByteStream, Lanes)> {
             qp.connect(&self.nic.path, &mine.endpoint, &theirs.endpoint)?;
+            lane_qps.truncate(theirs.lanes.len());
+            let lanes = Lanes::connect(lane_qps, &theirs.lanes, &self.nic.path, &mine.endpoint, &theirs.endpoint)?;
             let tx = Registered::new(self.nic.pd.clone(), theirs.ring.len, false)?;
             let liveness = setup.streams[0].try_clone().map_err(|e| hs(&peer, e))?;
-            VerbsByteStream::new(qp, rx, tx, theirs.ring, liveness, peer.clone())
+            Ok((VerbsByteStream::new(qp, rx, tx, theirs.ring, liveness, peer.clone())?, lanes))
         })();
         // Both queue pairs are ready to receive before either writes.
         let control = &mut setup.streams[0];
         control.write_all(&[u8::from(built.is_ok())]).map_err(|e| hs(&peer, e))?;
         let mut ready = [0u8; 1];
         control.read_exact(&mut ready).map_err(|e| hs(&peer, e))?;
-        let stream = match (built, ready[0]) {
-            (Ok(stream), 1) => stream,
+        let (stream, lanes) = match (built, ready[0]) {
+            (Ok(built), 1) => built,
             (Err(e), _) => return Ok(Connected::Declined { setup, why: format!("this side could not connect: {e}") }),
             (Ok(_), 0) => return Ok(Connected::Declined { setup, why: format!("{peer} could not connect its side") }),
             (Ok(_), b) => return Err(Error::Protocol(format!("{peer} sent {b} instead of its RDMA ready byte"))),
@@ -285,243 +300,14 @@ impl Transport for VerbsTransport {
         // and the receiver its destination (host memory on demand, device memory by dma-buf).
         let host_offers = mine.odp && theirs.odp;
         let device = self.device.clone().filter(|_| mine.device && theirs.odp);
-        Ok(Connected::Connection(Box::new(VerbsConnection {
-            framed: Framed::new(stream),
-            nic: self.nic.clone(),
-            host_offers,
-            device,
-            writes: mine.odp && (theirs.odp || theirs.device),
-            offer_ends: VecDeque::new(),
-            numbered: Numbered::default(),
-            stats: self.stats.clone(),
-        })))
-    }
-}
-
-/// A connection over RDMA verbs.
-pub struct VerbsConnection {
-    framed: Framed<VerbsByteStream>,
-    nic: Arc<Nic>,
-    /// Whether host memory receives are offered and written in place (both ports register on
-    /// demand).
-    host_offers: bool,
-    /// The GPU whose memory receives are offered (this port registers its dma-bufs, the peer's
-    /// sources on demand).
-    device: Option<Arc<dyn DeviceAccess>>,
-    /// Whether this side writes into the peer's offers (it registers its sources on demand,
-    /// and the peer makes offers).
-    writes: bool,
-    /// Where each offer frame not yet acknowledged ends in the stream (not part of the backlog).
-    offer_ends: VecDeque<u64>,
-    /// Messages numbered per tag, and the offers made each way: the peer's name where its
-    /// memory is (address, length, rkey), this side's keep the registration alive.
-    numbered: Numbered<Offered>,
-    stats: Arc<VerbsStats>,
-}
-
-/// One side of an offer.
-#[derive(Clone)]
-struct Offered {
-    /// Where the message goes (in the receiver's address space).
-    dst: Region,
-    rkey: u32,
-    /// The receiver's own registration of `dst`, held until the message is in.
-    _registration: Option<Arc<device::MemoryRegion>>,
-}
-
-/// Tickets of one-sided writes (numbered by the stream), apart from the framing's.
-const DIRECT_TICKET: u64 = 1 << 63;
-/// Receives smaller than this always take the ring (an offer costs a frame each way).
-pub const DIRECT_MIN_BYTES: usize = 64 << 10;
-
-/// What the verbs connections of a transport have done (cumulative).
-#[derive(Debug, Default)]
-pub struct VerbsStats {
-    ring_messages: AtomicU64,
-    direct_messages: AtomicU64,
-    offers: AtomicU64,
-}
-
-/// A snapshot of [`VerbsStats`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct VerbsCounts {
-    /// Messages through the receiver's ring, and written straight into an offered buffer.
-    pub ring_messages: u64,
-    pub direct_messages: u64,
-    /// Receives this side offered.
-    pub offers: u64,
-    /// Host memory registrations cached for one-sided writes.
-    pub registrations: u64,
-    /// Device memory registrations (dma-buf) cached for offers.
-    pub device_registrations: u64,
-}
-
-impl VerbsConnection {
-    /// Takes the offers that have arrived (never spilling a frame left in the ring for the
-    /// executor: an offer stuck behind one is used late or not at all).
-    fn take_offers(&mut self) {
-        let numbered = &mut self.numbered;
-        while self.framed.recv_queued(OFFER_TAG, &mut |m, _| {
-            let (tag, message, dst, rkey) = decode_offer(m);
-            numbered.peer_offered(tag, message, Offered { dst, rkey, _registration: None });
-        }) {}
-    }
-
-    /// Writes `data` straight into the peer's offer for the next message of `tag`, if it made
-    /// one in time and there is room to post; the write's ticket.
-    fn put(&mut self, tag: u32, data: Region) -> Result<Option<Ticket>> {
-        let message = self.numbered.next_sent(tag);
-        if !self.writes {
-            return Ok(None);
-        }
-        // Offers for this message or earlier ones are used here or never.
-        self.take_offers();
-        if data.len < DIRECT_MIN_BYTES || data.space != MemSpace::Host || !self.framed.stream.direct_room(data.len) {
-            self.numbered.take_offer(tag, message, |_| false);
-            return Ok(None);
-        }
-        let Ok(source) = self.nic.regions.cover(&self.nic.pd, data.addr, data.len, Access::Read) else {
-            self.numbered.take_offer(tag, message, |_| false);
-            return Ok(None);
-        };
-        let Some(to) = self.numbered.take_offer(tag, message, |o| o.dst.len == data.len) else { return Ok(None) };
-        // SAFETY: host memory valid and unchanged until the ticket is done (`send`'s contract),
-        // inside `source`; the destination is the peer's offer of exactly this length.
-        let number =
-            unsafe { self.framed.stream.write_direct(data.addr, data.len, &source, to.dst.addr as u64, to.rkey)? };
-        Ok(number.map(|n| Ticket(DIRECT_TICKET | n)))
-    }
-}
-
-impl Connection for VerbsConnection {
-    fn transport(&self) -> &'static str {
-        "ib"
-    }
-
-    unsafe fn send(&mut self, tag: u32, meta: &Meta, data: Region) -> Result<Ticket> {
-        reserved(tag)?;
-        if let Some(why) = self.framed.closed() {
-            return Err(Error::PeerClosed(why.to_string()));
-        }
-        if let Some(ticket) = self.put(tag, data)? {
-            // Written in place at the peer: the frame, behind the write on the same queue
-            // pair, only says so (it lands after the data).
-            // SAFETY: an empty region.
-            unsafe { self.framed.send(tag | DIRECT_BIT, meta, Region::EMPTY)? };
-            self.stats.direct_messages.fetch_add(1, Ordering::Relaxed);
-            return Ok(ticket);
-        }
-        self.stats.ring_messages.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: host memory valid and unchanged until the ticket is done (this fn's contract,
-        // passed on).
-        let seq = unsafe { self.framed.send(tag, meta, data)? };
-        Ok(if seq == 0 { Ticket::DONE } else { Ticket(seq) })
-    }
-
-    fn sent(&self, t: Ticket) -> bool {
-        match t {
-            Ticket::DONE => true,
-            Ticket(n) if n & DIRECT_TICKET != 0 => self.framed.stream.write_done(n & !DIRECT_TICKET),
-            Ticket(seq) => self.framed.sent(seq),
-        }
-    }
-
-    /// What waits to be written, and what was written but not yet acknowledged (the call
-    /// that wrote it ends only once it is, as NCCL's does on its send completions) — less the
-    /// offers: a peer that finished may close before an offer of this side reaches it (the
-    /// message offered for had landed, unseen yet), and an offer needs no delivery.
-    fn backlog(&self) -> usize {
-        let pending = self.framed.backlog() + self.framed.stream.unacked();
-        let acked = self.framed.stream.acked();
-        let offers: u64 = self.offer_ends.iter().map(|&end| end.saturating_sub(acked).min(HEADER_BYTES as u64)).sum();
-        pending.saturating_sub(offers as usize)
-    }
-
-    fn progress(&mut self) -> Result<bool> {
-        let acked = self.framed.stream.acked();
-        while self.offer_ends.front().is_some_and(|&end| end <= acked) {
-            self.offer_ends.pop_front();
-        }
-        self.framed.progress()
-    }
-
-    fn recv_with(&mut self, tag: u32, f: &mut dyn FnMut(&Meta, Region)) -> Result<bool> {
-        reserved(tag)?;
-        let device = &self.device;
-        let mut flushed = Ok(());
-        let got = self.numbered.recv(&mut self.framed, tag, |o| o.dst, &mut |m, r| {
-            // Written by the NIC into GPU memory: visible to the device's next work only once
-            // flushed, where the device does not order such writes itself.
-            if let (MemSpace::Device(_), Some(d)) = (r.space, device) {
-                flushed = d.flush_rdma_writes();
-                if flushed.is_err() {
-                    return;
-                }
-            }
-            f(m, r)
-        })?;
-        flushed?;
-        Ok(got)
-    }
-
-    unsafe fn offer(&mut self, tag: u32, dst: Region) -> Result<()> {
-        reserved(tag)?;
-        if !(DIRECT_MIN_BYTES..=MAX_MESSAGE_BYTES).contains(&dst.len) || !self.offers_into(dst.space) {
-            return Ok(());
-        }
-        let registration = match (dst.space, &self.device) {
-            (MemSpace::Host, _) => self.nic.regions.cover(&self.nic.pd, dst.addr, dst.len, Access::Write).ok(),
-            (MemSpace::Device(_), Some(device)) => {
-                // Memory the driver cannot export (or a failed registration): the message comes
-                // through the ring instead.
-                let r = self.nic.regions.cover_device(&self.nic.pd, device.as_ref(), dst.addr, dst.len, Access::Write);
-                r.ok().flatten()
-            }
-            (MemSpace::Device(_), None) => None,
-        };
-        let Some(registration) = registration else { return Ok(()) };
-        let rkey = registration.rkey;
-        let Some(message) = self.numbered.offer(tag, Offered { dst, rkey, _registration: Some(registration) }) else {
-            return Ok(());
-        };
-        self.stats.offers.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: an empty region.
-        unsafe { self.framed.send(OFFER_TAG, &encode_offer(tag, message, dst, rkey), Region::EMPTY)? };
-        self.offer_ends.push_back(self.framed.accepted());
-        Ok(())
-    }
-
-    fn one_sided(&self) -> bool {
-        self.host_offers || self.device.is_some()
-    }
-
-    fn offers_into(&self, space: MemSpace) -> bool {
-        match space {
-            MemSpace::Host => self.host_offers,
-            MemSpace::Device(d) => self.device.as_ref().is_some_and(|g| g.device().ordinal == d),
-        }
-    }
-
-    fn closed(&self) -> Option<&str> {
-        self.framed.closed()
-    }
-
-    fn wait_fds(&self, out: &mut Vec<WaitFd>) {
-        if self.framed.closed().is_none() {
-            out.push(WaitFd { fd: self.framed.stream.control.as_raw_fd(), write: false });
-        }
-    }
-
-    fn needs_spin(&self) -> bool {
-        self.framed.closed().is_none()
-    }
-
-    fn close(&mut self) {
-        // No write of the peer's lands in memory this side offered once this returns.
-        self.framed.stream.stop();
-        self.numbered.clear_offered();
-        let _ = self.framed.stream.control.shutdown(Shutdown::Both);
-        self.framed.mark_closed("closed locally".to_string());
+        let writes = mine.odp && (theirs.odp || theirs.device);
+        Ok(Connected::Connection(Box::new(VerbsConnection::new(
+            Framed::new(stream),
+            lanes,
+            self.nic.clone(),
+            connection::Offers { host: host_offers, device, writes },
+            self.stats.clone(),
+        ))))
     }
 }
 

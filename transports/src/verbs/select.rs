@@ -1,6 +1,6 @@
 //! Which device and port a rank uses, and how its queue pairs are addressed: NCCL's settings
 //! (`NCCL_IB_HCA`, `NCCL_IB_GID_INDEX`, `NCCL_IB_TC`, `NCCL_IB_SL`, `NCCL_IB_TIMEOUT`,
-//! `NCCL_IB_RETRY_CNT`) with NCCL's meanings, read by the core and handed over as
+//! `NCCL_IB_RETRY_CNT`, `NCCL_IB_QPS_PER_CONNECTION`) with NCCL's meanings, read by the core and handed over as
 //! [`VerbsSettings`].
 
 use std::sync::Arc;
@@ -30,6 +30,10 @@ pub struct VerbsSettings {
     pub timeout: u8,
     /// `NCCL_IB_RETRY_CNT`: retransmissions before a send fails (7).
     pub retry_cnt: u8,
+    /// `NCCL_IB_QPS_PER_CONNECTION`: queue pairs per connection, 1 to
+    /// [`MAX_QPS`](super::MAX_QPS) (NCCL's default 1); large one-sided writes are striped
+    /// over them.
+    pub qps_per_connection: u8,
     /// Receive ring per peer and direction, registered host memory.
     pub ring_bytes: usize,
 }
@@ -44,6 +48,7 @@ impl Default for VerbsSettings {
             service_level: 0,
             timeout: 20,
             retry_cnt: 7,
+            qps_per_connection: 1,
             ring_bytes: 4 << 20,
         }
     }

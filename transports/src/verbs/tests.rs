@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use super::*;
 use crate::tcp::tests::socket_pairs;
 use crate::testing::{recv, Kept};
+use crate::{Connection, MemSpace};
 use crate::{Message, Region, META_BYTES};
+use regions::Access;
 
 /// The stand-in's shared library, built if cargo has not yet.
 fn standin() -> String {
@@ -29,9 +31,12 @@ fn standin() -> String {
     lib.display().to_string()
 }
 
+fn verbs_settings(ring_bytes: usize) -> VerbsSettings {
+    VerbsSettings { library: Some(standin()), ring_bytes, ..VerbsSettings::default() }
+}
+
 fn transport(ring_bytes: usize) -> VerbsTransport {
-    let settings = VerbsSettings { library: Some(standin()), ring_bytes, ..VerbsSettings::default() };
-    VerbsTransport::open(&settings, 0, true).expect("the stand-in opens")
+    VerbsTransport::open(&verbs_settings(ring_bytes), 0, true).expect("the stand-in opens")
 }
 
 fn setup(stream: TcpStream, creator: bool) -> PeerSetup {
@@ -164,9 +169,10 @@ fn records_round_trip_and_impossible_rings_are_refused() {
         ring: RemoteRing { addr: 0x1000, rkey: 42, len: 1 << 20 },
         odp: true,
         device: false,
+        lanes: vec![],
     };
-    assert_eq!(decode(&encode(Some(&r)), "p").unwrap(), Some(r));
-    let d = Record { odp: false, device: true, ..r };
+    assert_eq!(decode(&encode(Some(&r)), "p").unwrap(), Some(r.clone()));
+    let d = Record { odp: false, device: true, lanes: (100..115).collect(), ..r.clone() };
     assert_eq!(decode(&encode(Some(&d)), "p").unwrap(), Some(d));
     assert_eq!(decode(&encode(None), "p").unwrap(), None);
     let mut tiny = encode(Some(&r));
@@ -438,4 +444,39 @@ fn a_freed_and_reallocated_device_buffer_is_registered_anew() {
     assert!(regions.cover_device(pd, &first, host.as_ptr() as usize, 4096, Access::Write).unwrap().is_none());
     // `first` unmaps the memory they share.
     std::mem::forget(fake);
+}
+
+#[test]
+fn large_writes_are_striped_over_the_lanes_and_later_sends_of_their_tag_wait_for_the_frame() {
+    let mut kept = Kept::default();
+    let settings = VerbsSettings { qps_per_connection: 4, ..verbs_settings(256 << 10) };
+    let t = VerbsTransport::open(&settings, 0, true).expect("the stand-in opens");
+    let (mut a, mut b, _) = pair_of(&t);
+    let len = 1 << 20;
+    let mut dst = vec![0u8; len];
+    let mut tickets = Vec::new();
+    for round in 0..8u8 {
+        let region = Region::of_mut(&mut dst);
+        // SAFETY: `dst` outlives the connections and is only read here after the receive.
+        unsafe { b.offer(6, region).unwrap() };
+        settle(a.as_mut(), b.as_mut());
+        // The striped message, then two of the same tag right behind it (held until its frame
+        // is out), one small, one large without an offer.
+        tickets.push(kept.send(a.as_mut(), 6, &[round; META_BYTES], &pattern(len, round)).unwrap());
+        tickets.push(kept.send(a.as_mut(), 6, &[round; META_BYTES], &pattern(100, round + 1)).unwrap());
+        tickets.push(kept.send(a.as_mut(), 6, &[round; META_BYTES], &pattern(len, round + 2)).unwrap());
+        let (at, bytes) = received(a.as_mut(), b.as_mut(), 6);
+        assert_eq!(at, region, "round {round}: written in place");
+        assert!(bytes == pattern(len, round), "round {round}: a part had not landed when the frame came");
+        assert!(received(a.as_mut(), b.as_mut(), 6).1 == pattern(100, round + 1), "round {round}");
+        assert!(received(a.as_mut(), b.as_mut(), 6).1 == pattern(len, round + 2), "round {round}");
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !tickets.iter().all(|&tk| a.sent(tk)) || a.backlog() > 0 {
+        assert!(Instant::now() < deadline, "sends never completed");
+        a.progress().unwrap();
+        b.progress().unwrap();
+    }
+    let c = t.counts();
+    assert_eq!((c.direct_messages, c.striped_messages, c.ring_messages), (8, 8, 16), "{c:?}");
 }
