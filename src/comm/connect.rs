@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use topoccl_transports::ipc::{DeviceId, IpcTransport};
 use topoccl_transports::shm::ShmTransport;
 use topoccl_transports::tcp::TcpTransport;
-use topoccl_transports::verbs::VerbsTransport;
+use topoccl_transports::verbs::{PortChoice, VerbsTransport};
 use topoccl_transports::{Connection, Locality, PeerSetup, Transport, TransportTable};
 
 use super::bootstrap::{connect_retry, PeerInfo};
@@ -47,10 +47,10 @@ pub(crate) struct Auth {
     pub comm_id: [u8; 16],
 }
 
-/// Which of a host's RDMA ports a rank uses: round robin by the GPU it drives, so ranks of
-/// one host spread over its NICs.
-pub(crate) fn nic_choice(device: Option<DeviceId>) -> usize {
-    device.map_or(0, |d| d.ordinal as usize)
+/// Which of a host's RDMA ports a rank uses: the nearest its GPU on the PCI tree, round robin
+/// by the GPU's ordinal among equally near ones, so ranks of one host spread over its NICs.
+pub(crate) fn nic_choice(device: Option<DeviceId>) -> PortChoice {
+    PortChoice { index: device.map_or(0, |d| d.ordinal as usize), gpu_pci: device.map(|d| d.pci_bus) }
 }
 
 /// The table a communicator connects with: the user's transports first, then the built-in

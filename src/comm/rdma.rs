@@ -8,13 +8,13 @@
 
 use std::sync::{Arc, Mutex};
 
-use topoccl_transports::verbs::{VerbsSettings, VerbsTransport};
+use topoccl_transports::verbs::{PortChoice, VerbsSettings, VerbsTransport};
 
 use super::config::{Config, TransportPolicy};
 use crate::env::var;
 use crate::error::{Error, Result};
 
-type Opened = (VerbsSettings, usize, std::result::Result<Arc<VerbsTransport>, String>);
+type Opened = (VerbsSettings, PortChoice, std::result::Result<Arc<VerbsTransport>, String>);
 
 static OPENED: Mutex<Vec<Opened>> = Mutex::new(Vec::new());
 
@@ -25,9 +25,9 @@ fn info_wanted() -> bool {
         .is_some_and(|v| v.eq_ignore_ascii_case("info") || v.eq_ignore_ascii_case("trace"))
 }
 
-/// The verbs transport of `settings`' port (the `choice`-th usable one), or why there is none;
+/// The verbs transport of `settings`' port (as `choice` picks it), or why there is none;
 /// opened on first use and remembered.
-pub(crate) fn open(settings: &VerbsSettings, choice: usize) -> std::result::Result<Arc<VerbsTransport>, String> {
+pub(crate) fn open(settings: &VerbsSettings, choice: PortChoice) -> std::result::Result<Arc<VerbsTransport>, String> {
     let mut opened = OPENED.lock().unwrap_or_else(|p| p.into_inner());
     if let Some((_, _, r)) = opened.iter().find(|(s, c, _)| s == settings && *c == choice) {
         return r.clone();
@@ -45,7 +45,7 @@ pub(crate) fn open(settings: &VerbsSettings, choice: usize) -> std::result::Resu
 
 /// The verbs transport this rank uses, if the policy allows RDMA and a port opened; under
 /// `TOPOCCL_TRANSPORT=ib`, an error where none did.
-pub(crate) fn transport(cfg: &Config, choice: usize) -> Result<Option<Arc<VerbsTransport>>> {
+pub(crate) fn transport(cfg: &Config, choice: PortChoice) -> Result<Option<Arc<VerbsTransport>>> {
     let wanted = matches!(cfg.transport, TransportPolicy::Auto | TransportPolicy::Ib);
     let Some(settings) = cfg.verbs.as_ref().filter(|_| wanted) else {
         if cfg.transport == TransportPolicy::Ib {
@@ -66,5 +66,5 @@ pub(crate) fn transport(cfg: &Config, choice: usize) -> Result<Option<Arc<VerbsT
 /// there is none: for tools that check before they start ranks.
 pub fn port(cfg: &Config) -> std::result::Result<String, String> {
     let settings = cfg.verbs.as_ref().ok_or("RDMA is disabled (IB_DISABLE)")?;
-    open(settings, 0).map(|t| t.describe())
+    open(settings, PortChoice::default()).map(|t| t.describe())
 }

@@ -37,7 +37,7 @@ pub use connection::{VerbsConnection, VerbsCounts, VerbsStats, DIRECT_MIN_BYTES}
 use device::{CompletionQueue, Endpoint, QueuePair};
 use lanes::Lanes;
 pub use lanes::MAX_QPS;
-pub use select::{HcaFilter, Nic, VerbsSettings};
+pub use select::{HcaFilter, Nic, PortChoice, VerbsSettings};
 use stream::{Registered, RemoteRing, VerbsByteStream, MAX_RING_BYTES, RECV_DEPTH, SEND_DEPTH};
 use sys::ibv_gid;
 
@@ -79,15 +79,16 @@ impl std::fmt::Debug for VerbsTransport {
 }
 
 impl VerbsTransport {
-    /// Loads the library and opens the port `settings` choose (the `choice`-th usable one,
-    /// round robin); why not where there is no library, no device or no active port.
+    /// Loads the library and opens the port `settings` allow and `choice` picks (near the
+    /// rank's GPU, round robin among equals); why not where there is no library, no device or
+    /// no active port.
     pub fn open(
         settings: &VerbsSettings,
-        choice: usize,
+        choice: impl Into<PortChoice>,
         every_pair: bool,
     ) -> std::result::Result<VerbsTransport, String> {
         let verbs = Arc::new(library::open(&library::candidates(settings.library.as_deref()))?);
-        let nic = Nic::open(verbs, settings, choice)?;
+        let nic = Nic::open(verbs, settings, choice.into())?;
         let ring_bytes = settings.ring_bytes.clamp(MIN_RING_BYTES, MAX_RING_BYTES);
         Ok(VerbsTransport {
             nic: Arc::new(nic),

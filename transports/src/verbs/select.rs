@@ -3,6 +3,7 @@
 //! `NCCL_IB_RETRY_CNT`, `NCCL_IB_QPS_PER_CONNECTION`) with NCCL's meanings, read by the core and handed over as
 //! [`VerbsSettings`].
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::device::{device_names, Context, Endpoint, PathSettings, ProtectionDomain};
@@ -119,10 +120,51 @@ impl std::fmt::Debug for Nic {
     }
 }
 
+/// Which of the usable ports a rank takes: among those nearest its GPU on the PCI tree (as
+/// NCCL pairs each GPU with the NICs behind the same PCIe switch), the `index`-th, round robin,
+/// so ranks of one host spread over its NICs. Where the paths are unknown (no GPU, no sysfs),
+/// every port is as near as any other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PortChoice {
+    pub index: usize,
+    /// The GPU's PCI address, as `DeviceId::pci_bus` gives it (`domain << 16 | bus << 8 |
+    /// device`).
+    pub gpu_pci: Option<u64>,
+}
+
+impl From<usize> for PortChoice {
+    fn from(index: usize) -> PortChoice {
+        PortChoice { index, gpu_pci: None }
+    }
+}
+
+/// Where the PCI device at `pci` (`domain << 16 | bus << 8 | device`, function 0) sits in
+/// sysfs's device tree, if it is there.
+fn gpu_pci_path(pci: u64) -> Option<PathBuf> {
+    let bdf = format!("{:04x}:{:02x}:{:02x}.0", pci >> 16, (pci >> 8) & 0xff, pci & 0xff);
+    std::fs::canonicalize(format!("/sys/bus/pci/devices/{bdf}")).ok()
+}
+
+/// Where RDMA device `name` sits in sysfs's device tree, if it is there.
+fn nic_pci_path(name: &str) -> Option<PathBuf> {
+    std::fs::canonicalize(format!("/sys/class/infiniband/{name}/device")).ok()
+}
+
+/// The indices of `nics` nearest `gpu`: those whose device path shares the most components
+/// with the GPU's (the PCIe switch or root port they share); every index where the GPU's
+/// path is unknown.
+fn nearest(gpu: Option<&Path>, nics: &[Option<PathBuf>]) -> Vec<usize> {
+    let Some(gpu) = gpu else { return (0..nics.len()).collect() };
+    let shared = |nic: &Option<PathBuf>| {
+        nic.as_ref().map_or(0, |n| n.components().zip(gpu.components()).take_while(|(a, b)| a == b).count())
+    };
+    let best = nics.iter().map(shared).max().unwrap_or(0);
+    (0..nics.len()).filter(|&i| shared(&nics[i]) == best).collect()
+}
+
 impl Nic {
-    /// The first active port of the devices `settings` allows (or the `choice`-th of them,
-    /// round robin, so ranks of one host spread over its NICs).
-    pub fn open(verbs: Arc<Verbs>, settings: &VerbsSettings, choice: usize) -> std::result::Result<Nic, String> {
+    /// An active port of the devices `settings` allows, as `choice` picks it.
+    pub fn open(verbs: Arc<Verbs>, settings: &VerbsSettings, choice: PortChoice) -> std::result::Result<Nic, String> {
         let filter = HcaFilter::parse(settings.hca.as_deref().unwrap_or(""));
         let names = device_names(&verbs)?;
         let mut candidates = Vec::new();
@@ -150,7 +192,10 @@ impl Nic {
             let filter = settings.hca.as_deref().map(|h| format!(" matching NCCL_IB_HCA={h}")).unwrap_or_default();
             return Err(format!("no active RDMA port{filter} (devices: {}; {})", names.join(", "), seen.join("; ")));
         }
-        let (ctx, port, attr) = candidates.swap_remove(choice % candidates.len());
+        let gpu = choice.gpu_pci.and_then(gpu_pci_path);
+        let paths: Vec<Option<PathBuf>> = candidates.iter().map(|(ctx, _, _)| nic_pci_path(&ctx.name)).collect();
+        let near = nearest(gpu.as_deref(), &paths);
+        let (ctx, port, attr) = candidates.swap_remove(near[choice.index % near.len()]);
         let gid_index = match settings.gid_index {
             Some(i) => i,
             None if attr.link_layer == LINK_LAYER_INFINIBAND => 0,
@@ -226,6 +271,27 @@ fn choose_gid(gids: &[(u8, ibv_gid, Option<String>)]) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_nics_behind_the_gpus_pcie_switch_are_nearest() {
+        let p = |s: &str| Some(PathBuf::from(s));
+        // Two GPUs' worth of a DGX-like tree: root complexes 0000:17 and 0000:a0, a switch
+        // under each, and a storage NIC on the root port.
+        let nics = [
+            p("/sys/devices/pci0000:a0/0000:a0:01.0/0000:a1:00.0/0000:a2:00.0/0000:a3:00.0"),
+            p("/sys/devices/pci0000:17/0000:17:01.0/0000:18:00.0/0000:19:00.0/0000:1a:00.0"),
+            p("/sys/devices/pci0000:17/0000:17:02.0/0000:30:00.0"),
+            None,
+            p("/sys/devices/pci0000:17/0000:17:01.0/0000:18:00.0/0000:19:04.0/0000:1c:00.0"),
+        ];
+        let gpu = PathBuf::from("/sys/devices/pci0000:17/0000:17:01.0/0000:18:00.0/0000:19:01.0/0000:1b:00.0");
+        assert_eq!(nearest(Some(&gpu), &nics), vec![1, 4], "the two behind its switch");
+        let other = PathBuf::from("/sys/devices/pci0000:a0/0000:a0:01.0/0000:a1:00.0/0000:a2:04.0/0000:a4:00.0");
+        assert_eq!(nearest(Some(&other), &nics), vec![0]);
+        assert_eq!(nearest(None, &nics), vec![0, 1, 2, 3, 4], "no GPU path: round robin over all");
+        let alone = PathBuf::from("/sys/devices/pci0000:c0/0000:c0:01.0/0000:c1:00.0");
+        assert_eq!(nearest(Some(&alone), &nics), vec![0, 1, 2, 4], "no NIC nearer than the root: every known one");
+    }
 
     #[test]
     fn roce_ports_are_addressed_by_their_ipv4_roce_v2_gid() {
