@@ -270,6 +270,18 @@ impl LocalOps for CudaOps {
         unsafe { copy_async(out.as_mut_ptr() as usize, src.addr, src.len, self.stream.handle()) }
     }
 
+    fn mark(&mut self) -> Result<Fence> {
+        let fence = self.submitted();
+        let ev = match self.spare.pop() {
+            Some(e) => e,
+            None => Event::new(&self.ctx)?,
+        };
+        let _current = self.ctx.enter()?;
+        ev.record(self.stream.handle())?;
+        self.events.push_back((fence.0, ev));
+        Ok(fence)
+    }
+
     fn done(&mut self, fence: Fence) -> Result<bool> {
         if fence.0 <= self.completed {
             return Ok(true);

@@ -65,6 +65,11 @@ impl InFlight {
         self.posted.is_empty() && self.staged.is_empty()
     }
 
+    /// How many sends of `tag` to `peer` wait here to be handed to its connection.
+    pub(crate) fn queued(&self, peer: u32, tag: u32) -> u32 {
+        self.staged.iter().filter(|s| s.peer == peer && s.tag == tag).count() as u32
+    }
+
     /// Whether sends, or lent messages, wait for local operations (the run must poll them, not
     /// sleep).
     pub(crate) fn staging(&self) -> bool {

@@ -19,7 +19,7 @@ use topoccl_transports::{Connection, MemSpace, Meta, Region};
 
 use super::engine::{self, Resources};
 use super::memory::{MemId, Memory, Span, INPUT, OUTPUT, SCRATCH};
-use super::ops::{CpuOps, Fence, LocalOps, Workspace};
+use super::ops::{CpuOps, LocalOps, Workspace};
 use super::program::Program;
 use super::wire::CallHeader;
 use super::{DeviceSide, Executor, Settings, Space, SpaceRef};
@@ -221,8 +221,8 @@ impl Parts<'_> {
         let mut mem = Memory::new();
         mem.writable(SCRATCH, scratch.unwrap_or(Region::EMPTY));
         // The last operation writing what the run reads (a connection that reads device
-        // memory itself waits for it).
-        let mut written = Fence::DONE;
+        // memory itself waits for it): at first, the work before the call on its stream.
+        let mut written = ops.mark()?;
         if stage_in && !input.is_empty() {
             let w = grow(ops, sp.stage_in, in_blocks * stride)?;
             for b in 0..in_blocks {
@@ -342,8 +342,8 @@ impl Parts<'_> {
         let res = Resources {
             mem: &mem,
             links: self.links,
+            written: sp.ops.mark()?,
             ops: sp.ops,
-            written: Fence::DONE,
             forward: sp.forward,
             staging: sp.staging,
         };

@@ -107,6 +107,13 @@ pub trait LocalOps: Send {
     unsafe fn read(&mut self, out: &mut [u8], src: Region) -> Result<()>;
     /// Whether the operation `fence` names, and so every one submitted before it, has completed.
     fn done(&mut self, fence: Fence) -> Result<bool>;
+    /// A fence for everything queued on these operations so far, submitting nothing: for a run
+    /// on a stream, the work before the call (a connection that reads device memory itself,
+    /// from the host, waits for it). Operations that complete as they are submitted have
+    /// nothing to wait for.
+    fn mark(&mut self) -> Result<Fence> {
+        Ok(Fence::DONE)
+    }
     /// Memory of at least `bytes` bytes in this space, aligned for every element type.
     fn alloc(&mut self, bytes: usize) -> Result<Workspace>;
     /// Host memory of at least `bytes` bytes that these operations read and write

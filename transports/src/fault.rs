@@ -115,6 +115,10 @@ impl Connection for Faulty {
         self.inner.offers_into(space)
     }
 
+    fn sends_from(&mut self, tag: u32, data: Region, ahead: u32) -> bool {
+        self.inner.sends_from(tag, data, ahead)
+    }
+
     fn lends(&self) -> bool {
         self.inner.lends()
     }

@@ -108,6 +108,14 @@ pub trait Connection: Send {
     fn reaches(&self, space: MemSpace) -> bool {
         space == MemSpace::Host
     }
+    /// Whether a send of `data` under `tag`, made after `ahead` more sends of the tag that the
+    /// caller has yet to hand over, reads `data` itself (else the caller stages it through host
+    /// memory): where the connection [reaches](Connection::reaches) its memory; a backend that
+    /// reads some memory only for some sends (RDMA verbs: device memory straight into the
+    /// peer's offer) answers for this one, and a yes holds until that send.
+    fn sends_from(&mut self, _tag: u32, data: Region, _ahead: u32) -> bool {
+        self.reaches(data.space)
+    }
     /// Whether [`Connection::offer`] can take memory of `space` (where [`Connection::one_sided`]).
     /// A backend may write memory it does not send from: RDMA verbs receives into device memory
     /// through dma-buf while its sends read host memory.
@@ -117,7 +125,8 @@ pub trait Connection: Send {
     /// Queues one message and returns at once; never blocks. Fails if the peer has gone.
     ///
     /// # Safety
-    /// `data` must be memory the connection [reaches](Connection::reaches), valid for reads,
+    /// `data` must be memory the connection [reaches](Connection::reaches) (or said it sends
+    /// from, [`Connection::sends_from`], for this send), valid for reads,
     /// and left unchanged until [`Connection::sent`] says so for the returned ticket (or the
     /// connection is closed or dropped).
     unsafe fn send(&mut self, tag: u32, meta: &Meta, data: Region) -> Result<Ticket>;

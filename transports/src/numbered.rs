@@ -83,6 +83,16 @@ impl<D> Numbered<D> {
         message
     }
 
+    /// The number the next message of `tag` sent will have.
+    pub(crate) fn next_to_send(&mut self, tag: u32) -> u32 {
+        *count(&mut self.sent, tag)
+    }
+
+    /// Whether the peer offered a destination that `fits` for message `message` of `tag`.
+    pub(crate) fn has_offer(&self, tag: u32, message: u32, fits: impl Fn(&D) -> bool) -> bool {
+        self.offers.iter().any(|o| o.0 == tag && o.1 == message && fits(&o.2))
+    }
+
     /// Records the peer's offer of `dst` for message `message` of `tag`.
     pub(crate) fn peer_offered(&mut self, tag: u32, message: u32, dst: D) {
         self.offers.push((tag, message, dst));

@@ -415,9 +415,9 @@ impl Run<'_> {
         } else {
             Region::EMPTY
         };
-        // A payload the connection cannot reach goes through a host staging slice, taken now:
+        // A payload the connection cannot read goes through a host staging slice, taken now:
         // once the message is received there is no waiting for one.
-        let stage = if action.sends() && !self.reaches(st.to, self.payload_space(st, off, n, tmp)?)? {
+        let stage = if action.sends() && !self.sends_itself(st, off, n, tmp, tag)? {
             let ops = &mut *self.ops;
             match self.inflight.free_slice(
                 self.links,
@@ -540,21 +540,19 @@ impl Run<'_> {
         Ok(true)
     }
 
-    /// Whether the connection to `peer` reaches memory of `space`.
-    fn reaches(&self, peer: u32, space: topoccl_transports::MemSpace) -> Result<bool> {
-        match self.links.get(peer as usize).and_then(Option::as_ref) {
-            Some(l) => Ok(l.reaches(space)),
-            None => Err(Error::Internal(format!("no connection to rank {peer}"))),
-        }
-    }
-
-    /// The memory space of what step `st` sends of bytes `[off, off + n)`.
-    fn payload_space(&self, st: &XStep, off: usize, n: usize, tmp: Region) -> Result<topoccl_transports::MemSpace> {
-        Ok(match st.action {
-            Action::RecvReduceSend => tmp.space,
-            Action::Send => self.mem.span(st.src.slice(off, n), false)?.space,
-            _ => self.mem.span(st.dst.slice(off, n), true)?.space,
-        })
+    /// Whether the connection to `st.to` reads what step `st` sends of bytes `[off, off + n)`
+    /// itself: memory it reaches, or memory it reads for this one send (RDMA verbs, from
+    /// device memory straight into the peer's offer for this very message, which is the tag's
+    /// next after those waiting here).
+    fn sends_itself(&mut self, st: &XStep, off: usize, n: usize, tmp: Region, tag: u32) -> Result<bool> {
+        let data = match st.action {
+            Action::RecvReduceSend => tmp,
+            Action::Send => self.mem.span(st.src.slice(off, n), false)?,
+            _ => self.mem.span(st.dst.slice(off, n), true)?,
+        };
+        let ahead = self.inflight.queued(st.to, tag);
+        let l = link(self.links, st.to)?;
+        Ok(l.reaches(data.space) || l.sends_from(tag, data, ahead))
     }
 }
 

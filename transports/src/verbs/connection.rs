@@ -31,6 +31,8 @@ pub(super) struct Offers {
     /// This side writes into the peer's offers (it registers its sources on demand, and the
     /// peer makes offers).
     pub(super) writes: bool,
+    /// The GPU whose memory this side's writes may read (dma-buf), wherever it writes.
+    pub(super) sources: Option<Arc<dyn DeviceAccess>>,
 }
 
 /// A connection over RDMA verbs.
@@ -52,6 +54,8 @@ pub struct VerbsConnection {
     /// memory is (address, length, rkey), this side's keep the registration alive.
     numbered: Numbered<Offered>,
     stats: Arc<VerbsStats>,
+    /// The GPU whose memory this side's writes may read (the port registers dma-bufs).
+    sources: Option<Arc<dyn DeviceAccess>>,
     /// The extra queue pairs one-sided writes are striped over.
     lanes: Lanes,
     /// Sends not handed to the stream yet, in order: a striped message's frame waiting for its
@@ -80,6 +84,8 @@ enum Sent {
     /// Written in place over the lanes and the first queue pair: the frame waits for the
     /// lanes' marks.
     Waits(Vec<u64>, Ticket),
+    /// Not yet: a send from device memory waits for room to post its writes.
+    Later,
 }
 
 /// One side of an offer.
@@ -105,6 +111,7 @@ pub struct VerbsStats {
     ring_messages: AtomicU64,
     direct_messages: AtomicU64,
     striped_messages: AtomicU64,
+    device_sends: AtomicU64,
     offers: AtomicU64,
 }
 
@@ -114,6 +121,7 @@ impl VerbsStats {
             ring_messages: self.ring_messages.load(Ordering::Relaxed),
             direct_messages: self.direct_messages.load(Ordering::Relaxed),
             striped_messages: self.striped_messages.load(Ordering::Relaxed),
+            device_sends: self.device_sends.load(Ordering::Relaxed),
             offers: self.offers.load(Ordering::Relaxed),
             ..VerbsCounts::default()
         }
@@ -126,8 +134,10 @@ pub struct VerbsCounts {
     /// Messages through the receiver's ring, and written straight into an offered buffer.
     pub ring_messages: u64,
     pub direct_messages: u64,
-    /// Of the direct messages, those striped over more than one queue pair.
+    /// Of the direct messages, those striped over more than one queue pair, and those read
+    /// straight from device memory (dma-buf).
     pub striped_messages: u64,
+    pub device_sends: u64,
     /// Receives this side offered.
     pub offers: u64,
     /// Host memory registrations cached for one-sided writes.
@@ -160,6 +170,7 @@ impl VerbsConnection {
             host_offers: offers.host,
             device: offers.device,
             writes: offers.writes,
+            sources: offers.sources,
             offer_ends: VecDeque::new(),
             numbered: Numbered::default(),
             stats,
@@ -172,30 +183,54 @@ impl VerbsConnection {
 
     /// Writes `data` straight into the peer's offer for the next message of `tag`, if it made
     /// one in time and there is room to post (striped over the lanes where it is large
-    /// enough); `None` where it goes through the ring.
+    /// enough); `None` where it goes through the ring. Device memory goes only this way (the
+    /// executor asked [`Connection::sends_from`] first): without room it is [`Sent::Later`],
+    /// with nothing used up.
     fn put(&mut self, tag: u32, data: Region) -> Result<Option<Sent>> {
-        let message = self.numbered.next_sent(tag);
+        let message = self.numbered.next_to_send(tag);
+        let from_device = data.space != MemSpace::Host;
+        let promised = || Error::Protocol(format!("a send from {} without the offer it was promised", data.space));
         if !self.writes {
+            if from_device {
+                return Err(promised());
+            }
+            self.numbered.next_sent(tag);
             return Ok(None);
         }
         // Offers for this message or earlier ones are used here or never.
         self.take_offers();
         let (part, parts) = lanes::split(data.len, self.lanes.len());
         let room = self.framed.stream.direct_room(part) && self.lanes.room(parts - 1);
-        if data.len < DIRECT_MIN_BYTES || data.space != MemSpace::Host || !room {
-            self.numbered.take_offer(tag, message, |_| false);
-            return Ok(None);
-        }
-        let Ok(source) = self.nic.regions.cover(&self.nic.pd, data.addr, data.len, Access::Read) else {
-            self.numbered.take_offer(tag, message, |_| false);
-            return Ok(None);
+        let source = if from_device {
+            if !room {
+                return Ok(Some(Sent::Later));
+            }
+            let device = self.device_source(data.space).ok_or_else(promised)?;
+            let covered =
+                self.nic.regions.cover_device(&self.nic.pd, device.as_ref(), data.addr, data.len, Access::Read);
+            covered?.ok_or_else(promised)?
+        } else {
+            let source = (data.len >= DIRECT_MIN_BYTES && room)
+                .then(|| self.nic.regions.cover(&self.nic.pd, data.addr, data.len, Access::Read).ok())
+                .flatten();
+            match source {
+                Some(s) => s,
+                None => {
+                    self.numbered.next_sent(tag);
+                    self.numbered.take_offer(tag, message, |_| false);
+                    return Ok(None);
+                }
+            }
         };
-        let Some(to) = self.numbered.take_offer(tag, message, |o| o.dst.len == data.len) else { return Ok(None) };
+        self.numbered.next_sent(tag);
+        let Some(to) = self.numbered.take_offer(tag, message, |o| o.dst.len == data.len) else {
+            return if from_device { Err(promised()) } else { Ok(None) };
+        };
         // The first part on the first queue pair (its frame follows it there), the others on
         // the lanes.
         let first = part.min(data.len);
-        // SAFETY: inside `data` (host memory valid and unchanged until the ticket is done:
-        // `send`'s contract) and `source`; the destination is inside the peer's offer.
+        // SAFETY: inside `data` (memory valid and unchanged until the ticket is done: `send`'s
+        // contract) and `source`; the destination is inside the peer's offer.
         let number =
             unsafe { self.framed.stream.write_direct(data.addr, first, &source, to.dst.addr as u64, to.rkey)? };
         let number = number.ok_or_else(|| Error::Protocol("no room for a write checked to fit".into()))?;
@@ -210,12 +245,21 @@ impl VerbsConnection {
         }
         let ticket = Ticket(DIRECT_TICKET | number);
         self.stats.direct_messages.fetch_add(1, Ordering::Relaxed);
+        if from_device {
+            self.stats.device_sends.fetch_add(1, Ordering::Relaxed);
+        }
         Ok(Some(if marks.is_empty() {
             Sent::Now(ticket)
         } else {
             self.stats.striped_messages.fetch_add(1, Ordering::Relaxed);
             Sent::Waits(marks, ticket)
         }))
+    }
+
+    /// The GPU whose memory of `space` this side's writes read through dma-buf, if it has one.
+    fn device_source(&self, space: MemSpace) -> Option<Arc<dyn DeviceAccess>> {
+        let d = self.sources.as_ref()?;
+        (space == MemSpace::Device(d.device().ordinal)).then(|| d.clone())
     }
 
     /// Sends now: in place where the peer offered (the frame sent too unless it must wait for
@@ -232,7 +276,7 @@ impl VerbsConnection {
                 unsafe { self.framed.send(tag | DIRECT_BIT, meta, Region::EMPTY)? };
                 Ok(Sent::Now(ticket))
             }
-            Some(waits) => Ok(waits),
+            Some(other) => Ok(other),
             None => {
                 self.stats.ring_messages.fetch_add(1, Ordering::Relaxed);
                 // SAFETY: host memory valid and unchanged until the ticket is done (this fn's
@@ -277,6 +321,10 @@ impl VerbsConnection {
                     Sent::Waits(marks, ticket) => {
                         self.held.push_front(Held { waits: Some((marks, ticket)), data: Region::EMPTY, ..h })
                     }
+                    Sent::Later => {
+                        self.held.push_front(h);
+                        break;
+                    }
                 },
             }
         }
@@ -312,6 +360,7 @@ impl Connection for VerbsConnection {
         Ok(match unsafe { self.send_now(tag, meta, data)? } {
             Sent::Now(ticket) => ticket,
             Sent::Waits(marks, ticket) => self.hold(tag, meta, Region::EMPTY, Some((marks, ticket))),
+            Sent::Later => self.hold(tag, meta, data, None),
         })
     }
 
@@ -395,6 +444,27 @@ impl Connection for VerbsConnection {
 
     fn one_sided(&self) -> bool {
         self.host_offers || self.device.is_some()
+    }
+
+    fn sends_from(&mut self, tag: u32, data: Region, ahead: u32) -> bool {
+        if data.space == MemSpace::Host {
+            return true;
+        }
+        // From device memory only into the peer's offer for this very message: the tag's next
+        // after the sends held here unnumbered and the `ahead` the caller has yet to hand over.
+        let Some(device) = self.device_source(data.space).filter(|_| self.writes) else { return false };
+        // Offers that came since the last progress are read first.
+        if self.framed.progress().is_err() || self.framed.closed().is_some() {
+            return false;
+        }
+        self.take_offers();
+        let held = self.held.iter().filter(|h| h.tag == tag && h.waits.is_none()).count() as u32;
+        let message = self.numbered.next_to_send(tag).wrapping_add(held).wrapping_add(ahead);
+        self.numbered.has_offer(tag, message, |o| o.dst.len == data.len)
+            && matches!(
+                self.nic.regions.cover_device(&self.nic.pd, device.as_ref(), data.addr, data.len, Access::Read),
+                Ok(Some(_))
+            )
     }
 
     fn offers_into(&self, space: MemSpace) -> bool {

@@ -306,7 +306,12 @@ impl Transport for VerbsTransport {
             Framed::new(stream),
             lanes,
             self.nic.clone(),
-            connection::Offers { host: host_offers, device, writes },
+            connection::Offers {
+                host: host_offers,
+                device,
+                writes,
+                sources: self.device.clone().filter(|_| mine.device),
+            },
             self.stats.clone(),
         ))))
     }

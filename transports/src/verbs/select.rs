@@ -229,17 +229,14 @@ impl Nic {
         };
         let mtu = 128u32 << self.port.active_mtu.clamp(1, 5);
         let dmabuf = match &self.dmabuf {
-            Ok(()) => "device receives offered where the GPU driver exports dma-bufs".to_string(),
-            Err(why) => format!("device receives staged through host memory: no dma-buf ({why})"),
+            Ok(()) => "GPU memory written and read by the NIC where the driver exports dma-bufs".to_string(),
+            Err(why) => format!("GPU memory staged through host memory: no dma-buf ({why})"),
         };
         let odp = match &self.odp {
             Ok(()) => "host receives offered (on-demand paging)".to_string(),
             Err(why) => format!("host receives through the ring: {why}"),
         };
-        format!(
-            "{}:{} ({link}, MTU {mtu}; {odp}; {dmabuf}; device sends staged through host memory)",
-            self.pd.ctx.name, self.path.port
-        )
+        format!("{}:{} ({link}, MTU {mtu}; {odp}; {dmabuf})", self.pd.ctx.name, self.path.port)
     }
 }
 

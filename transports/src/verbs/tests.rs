@@ -189,7 +189,7 @@ fn the_port_is_described_with_the_dmabuf_probe_answer() {
     // The stand-in registers dma-bufs unless told otherwise (TOPOCCL_STANDIN_IB_DMABUF=0: the
     // runtime_verbs fallback test reads the other answer).
     assert!(
-        d.starts_with("mlx5_0:1 (RoCE, GID 1, MTU 4096; host receives offered (on-demand paging); device receives offered where the GPU driver exports dma-bufs; device sends staged"),
+        d.starts_with("mlx5_0:1 (RoCE, GID 1, MTU 4096; host receives offered (on-demand paging); GPU memory written and read by the NIC where the driver exports dma-bufs)"),
         "{d}"
     );
     assert!(d.ends_with("libibverbs_standin.so"), "{d}");
@@ -479,4 +479,39 @@ fn large_writes_are_striped_over_the_lanes_and_later_sends_of_their_tag_wait_for
     }
     let c = t.counts();
     assert_eq!((c.direct_messages, c.striped_messages, c.ring_messages), (8, 8, 16), "{c:?}");
+}
+
+#[test]
+fn sends_from_device_memory_go_straight_into_the_peers_offer_and_only_there() {
+    let plain = transport(256 << 10);
+    let device = Arc::new(MemfdDevice::new(2 << 20, 1));
+    let with_gpu = plain.for_pairs(true, 1).with_device(Some(device.clone()));
+    let (mut a, mut b) = pair_between(&with_gpu, &plain);
+    let len = 1 << 20;
+    let src = Region::new(MemSpace::Device(0), device.map + 4096, len);
+    // SAFETY: the test's own mapping, written before any send reads it.
+    unsafe { std::slice::from_raw_parts_mut(src.addr as *mut u8, len) }.copy_from_slice(&pattern(len, 3));
+    assert!(!a.reaches(MemSpace::Device(0)), "device memory is not read for every send");
+    assert!(!a.sends_from(7, src, 0), "no offer yet: the executor stages it");
+    assert!(!a.sends_from(7, Region::new(MemSpace::Device(1), src.addr, len), 0), "another GPU's memory");
+    let mut dst = vec![0u8; len];
+    let region = Region::of_mut(&mut dst);
+    // SAFETY: `dst` outlives the connections, untouched until the message is received.
+    unsafe { b.offer(7, region).unwrap() };
+    settle(a.as_mut(), b.as_mut());
+    assert!(!a.sends_from(7, src.sub(0, len / 2).unwrap(), 0), "the offer is for another length");
+    assert!(!a.sends_from(7, src, 1), "the offer is for the tag's next message, not the one after");
+    assert!(a.sends_from(7, src, 0), "offered: the NIC reads the GPU memory itself");
+    // SAFETY: the mapping outlives the connections and is not written again.
+    let ticket = unsafe { a.send(7, &[9; META_BYTES], src).unwrap() };
+    let (at, bytes) = received(a.as_mut(), b.as_mut(), 7);
+    assert_eq!(at, region);
+    assert!(bytes == pattern(len, 3));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !a.sent(ticket) {
+        assert!(Instant::now() < deadline, "the write never completed");
+        a.progress().unwrap();
+    }
+    let c = with_gpu.counts();
+    assert_eq!((c.device_sends, c.direct_messages, c.ring_messages, c.device_registrations), (1, 1, 0, 1), "{c:?}");
 }
