@@ -39,27 +39,19 @@ pub(super) struct Offers {
 pub struct VerbsConnection {
     framed: Framed<VerbsByteStream>,
     nic: Arc<Nic>,
-    /// Whether host memory receives are offered and written in place (both ports register on
-    /// demand).
-    host_offers: bool,
-    /// The GPU whose memory receives are offered (this port registers its dma-bufs, the peer's
-    /// sources on demand).
-    device: Option<Arc<dyn DeviceAccess>>,
-    /// Whether this side writes into the peer's offers (it registers its sources on demand,
-    /// and the peer makes offers).
-    writes: bool,
+    /// What this side offers, and writes from and into.
+    offers: Offers,
     /// Where each offer frame not yet acknowledged ends in the stream (not part of the backlog).
     offer_ends: VecDeque<u64>,
     /// Messages numbered per tag, and the offers made each way: the peer's name where its
     /// memory is (address, length, rkey), this side's keep the registration alive.
     numbered: Numbered<Offered>,
     stats: Arc<VerbsStats>,
-    /// The GPU whose memory this side's writes may read (the port registers dma-bufs).
-    sources: Option<Arc<dyn DeviceAccess>>,
     /// The extra queue pairs one-sided writes are striped over.
     lanes: Lanes,
     /// Sends not handed to the stream yet, in order: a striped message's frame waiting for its
-    /// lanes, and the sends of its tag behind it.
+    /// lanes, a send from device memory waiting for room to post, and the sends of their tag
+    /// behind them.
     held: VecDeque<Held>,
     /// What each held send became once handed over, by its id (until that is done).
     released: Vec<(u64, Ticket)>,
@@ -167,10 +159,7 @@ impl VerbsConnection {
         VerbsConnection {
             framed,
             nic,
-            host_offers: offers.host,
-            device: offers.device,
-            writes: offers.writes,
-            sources: offers.sources,
+            offers,
             offer_ends: VecDeque::new(),
             numbered: Numbered::default(),
             stats,
@@ -190,7 +179,7 @@ impl VerbsConnection {
         let message = self.numbered.next_to_send(tag);
         let from_device = data.space != MemSpace::Host;
         let promised = || Error::Protocol(format!("a send from {} without the offer it was promised", data.space));
-        if !self.writes {
+        if !self.offers.writes {
             if from_device {
                 return Err(promised());
             }
@@ -258,7 +247,7 @@ impl VerbsConnection {
 
     /// The GPU whose memory of `space` this side's writes read through dma-buf, if it has one.
     fn device_source(&self, space: MemSpace) -> Option<Arc<dyn DeviceAccess>> {
-        let d = self.sources.as_ref()?;
+        let d = self.offers.sources.as_ref()?;
         (space == MemSpace::Device(d.device().ordinal)).then(|| d.clone())
     }
 
@@ -398,7 +387,7 @@ impl Connection for VerbsConnection {
 
     fn recv_with(&mut self, tag: u32, f: &mut dyn FnMut(&Meta, Region)) -> Result<bool> {
         reserved(tag)?;
-        let device = &self.device;
+        let device = &self.offers.device;
         let mut flushed = Ok(());
         let got = self.numbered.recv(&mut self.framed, tag, |o| o.dst, &mut |m, r| {
             // Written by the NIC into GPU memory: visible to the device's next work only once
@@ -420,7 +409,7 @@ impl Connection for VerbsConnection {
         if !(DIRECT_MIN_BYTES..=MAX_MESSAGE_BYTES).contains(&dst.len) || !self.offers_into(dst.space) {
             return Ok(());
         }
-        let registration = match (dst.space, &self.device) {
+        let registration = match (dst.space, &self.offers.device) {
             (MemSpace::Host, _) => self.nic.regions.cover(&self.nic.pd, dst.addr, dst.len, Access::Write).ok(),
             (MemSpace::Device(_), Some(device)) => {
                 // Memory the driver cannot export (or a failed registration): the message comes
@@ -443,7 +432,7 @@ impl Connection for VerbsConnection {
     }
 
     fn one_sided(&self) -> bool {
-        self.host_offers || self.device.is_some()
+        self.offers.host || self.offers.device.is_some()
     }
 
     fn sends_from(&mut self, tag: u32, data: Region, ahead: u32) -> bool {
@@ -452,7 +441,7 @@ impl Connection for VerbsConnection {
         }
         // From device memory only into the peer's offer for this very message: the tag's next
         // after the sends held here unnumbered and the `ahead` the caller has yet to hand over.
-        let Some(device) = self.device_source(data.space).filter(|_| self.writes) else { return false };
+        let Some(device) = self.device_source(data.space).filter(|_| self.offers.writes) else { return false };
         // Offers that came since the last progress are read first.
         if self.framed.progress().is_err() || self.framed.closed().is_some() {
             return false;
@@ -469,8 +458,8 @@ impl Connection for VerbsConnection {
 
     fn offers_into(&self, space: MemSpace) -> bool {
         match space {
-            MemSpace::Host => self.host_offers,
-            MemSpace::Device(d) => self.device.as_ref().is_some_and(|g| g.device().ordinal == d),
+            MemSpace::Host => self.offers.host,
+            MemSpace::Device(d) => self.offers.device.as_ref().is_some_and(|g| g.device().ordinal == d),
         }
     }
 

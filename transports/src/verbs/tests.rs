@@ -51,26 +51,11 @@ fn setup(stream: TcpStream, creator: bool) -> PeerSetup {
 
 /// Two connected ends.
 fn pair(ring_bytes: usize) -> (Box<dyn Connection>, Box<dyn Connection>) {
-    let (a, b, _) = pair_of(&transport(ring_bytes));
-    (a, b)
+    let t = transport(ring_bytes);
+    pair_between(&t, &t)
 }
 
-/// Two ends connected by `t`, and `t` (for its counts).
-fn pair_of(t: &VerbsTransport) -> (Box<dyn Connection>, Box<dyn Connection>, VerbsCounts) {
-    let (mut a, mut b) = socket_pairs(1);
-    let (a, b) = (a.remove(0), b.remove(0));
-    let connected = |r: Result<Connected>| match r.expect("connect") {
-        Connected::Connection(c) => c,
-        Connected::Declined { why, .. } => panic!("declined: {why}"),
-    };
-    std::thread::scope(|s| {
-        let peer = s.spawn(|| connected(t.connect(setup(b, false))));
-        let me = connected(t.connect(setup(a, true)));
-        (me, peer.join().expect("peer thread"), t.counts())
-    })
-}
-
-/// Two ends of different transports (`ta` connects `a`, `tb` connects `b`).
+/// Two connected ends, `a` made by `ta` and `b` by `tb`.
 fn pair_between(ta: &VerbsTransport, tb: &VerbsTransport) -> (Box<dyn Connection>, Box<dyn Connection>) {
     let (mut a, mut b) = socket_pairs(1);
     let (a, b) = (a.remove(0), b.remove(0));
@@ -223,7 +208,7 @@ fn received(a: &mut dyn Connection, b: &mut dyn Connection, tag: u32) -> (Region
 fn offered_receives_are_written_in_place_and_late_offers_go_unused() {
     let mut kept = Kept::default();
     let t = transport(256 << 10);
-    let (mut a, mut b, _) = pair_of(&t);
+    let (mut a, mut b) = pair_between(&t, &t);
     assert!(a.one_sided() && b.one_sided());
     let mut dst = vec![0u8; 1 << 20];
     let region = Region::of_mut(&mut dst);
@@ -451,7 +436,7 @@ fn large_writes_are_striped_over_the_lanes_and_later_sends_of_their_tag_wait_for
     let mut kept = Kept::default();
     let settings = VerbsSettings { qps_per_connection: 4, ..verbs_settings(256 << 10) };
     let t = VerbsTransport::open(&settings, 0, true).expect("the stand-in opens");
-    let (mut a, mut b, _) = pair_of(&t);
+    let (mut a, mut b) = pair_between(&t, &t);
     let len = 1 << 20;
     let mut dst = vec![0u8; len];
     let mut tickets = Vec::new();
