@@ -9,8 +9,10 @@
 //! Data goes by RDMA write into a ring the receiver owns, with credits ([`stream`]'s byte
 //! stream under the framing every backend shares), or, where the receiver offered its buffer,
 //! straight into it ([`regions`]: host memory on demand, device memory through dma-buf, so a
-//! GPU buffer receives without a copy through host memory). Sends read host memory only: the
-//! executor stages a device buffer's bytes through host memory before sending them.
+//! GPU buffer receives without a copy through host memory), striped over the connection's
+//! extra queue pairs where it has some ([`lanes`]). A send from GPU memory is read by the NIC
+//! itself only into such an offer (the ring is host memory whose frames the CPU parses); the
+//! executor stages it through host memory otherwise ([`connection`]).
 //!
 //! Both sides of a pair must pick this backend alike: a rank says in its bootstrap record
 //! whether it has a usable port ([`Locality::rdma`]), and a pair whose set-up fails on either
