@@ -6,13 +6,13 @@
 //! keeps it): a peer whose process dies is noticed in milliseconds, not after the ~30 s of
 //! retransmissions NCCL's default `NCCL_IB_TIMEOUT`/`NCCL_IB_RETRY_CNT` allow.
 //!
-//! Data goes by RDMA write into a ring the receiver owns, with credits ([`stream`]'s byte
+//! Data goes by RDMA write into a ring the receiver owns, with credits (`stream`'s byte
 //! stream under the framing every backend shares), or, where the receiver offered its buffer,
-//! straight into it ([`regions`]: host memory on demand, device memory through dma-buf, so a
+//! straight into it (`regions`: host memory on demand, device memory through dma-buf, so a
 //! GPU buffer receives without a copy through host memory), striped over the connection's
-//! extra queue pairs where it has some ([`lanes`]). A send from GPU memory is read by the NIC
+//! extra queue pairs where it has some (`lanes`). A send from GPU memory is read by the NIC
 //! itself only into such an offer (the ring is host memory whose frames the CPU parses); the
-//! executor stages it through host memory otherwise ([`connection`]).
+//! executor stages it through host memory otherwise (`connection`).
 //!
 //! Both sides of a pair must pick this backend alike: a rank says in its bootstrap record
 //! whether it has a usable port ([`Locality::rdma`]), and a pair whose set-up fails on either
