@@ -110,7 +110,19 @@ impl Selector {
         let registry = Registry::builtin();
         check_algorithm(&registry, options.forced.as_deref())?;
         let fingerprint = topology.fingerprint();
-        let stored = options.cache.decisions(fingerprint);
+        let mut stored = options.cache.decisions(fingerprint);
+        // Another build sharing the cache (an upgrade, a downgrade, a shared home directory)
+        // may have stored an algorithm this one lacks: such a decision is made again.
+        let unknown: Vec<String> =
+            stored.values().filter(|c| registry.get(&c.algorithm).is_err()).map(|c| c.algorithm.clone()).collect();
+        if !unknown.is_empty() {
+            stored.retain(|_, c| registry.get(&c.algorithm).is_ok());
+            eprintln!(
+                "topoccl WARN tuner: ignoring {} cached decision(s) naming algorithms this build lacks ({}); deciding them again",
+                unknown.len(),
+                unknown.join(", ")
+            );
+        }
         let schedules = BuiltSchedules::new(fingerprint, options.cache.clone(), options.sim.follow_paths);
         Ok(Selector {
             topology,
@@ -554,6 +566,22 @@ mod tests {
         assert_eq!(got.collective, Collective::ReduceScatter);
         assert_ne!(got.name, "misfiled");
         topoccl_synth::verify::verify(&got).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_cached_decision_naming_an_unknown_algorithm_is_decided_again() {
+        let dir = std::env::temp_dir().join(format!("topoccl-selector-unknown-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let opts = || SelectorOptions { cache: DiskCache::at(&dir), ..Default::default() };
+        let topology = resolve("dgx1").unwrap();
+        let key = DecisionKey::new(None, Collective::AllReduce, 1 << 24, &SimConfig::default());
+        // What another build with the same version string could have written.
+        DiskCache::at(&dir).store_decision(topology.fingerprint(), &key.to_string(), &Choice::new("warp-drive", 1, 0));
+        let mut s = Selector::new(topology, opts()).unwrap();
+        let c = s.choose(Collective::AllReduce, 1 << 24).expect("decided again, not failed");
+        assert_ne!(c.algorithm, "warp-drive");
+        assert!(Registry::builtin().get(&c.algorithm).is_ok(), "{c}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
