@@ -91,6 +91,24 @@ impl DiskCache {
             .unwrap_or_default()
     }
 
+    /// [`DiskCache::decisions`] less those naming an algorithm this build lacks (`known` says):
+    /// another build sharing the cache (an upgrade, a downgrade, a shared home directory) may
+    /// have stored one. They are said once, on standard error, and decided again.
+    pub fn known_decisions(&self, fingerprint: u64, known: impl Fn(&str) -> bool) -> BTreeMap<String, Choice> {
+        let mut decisions = self.decisions(fingerprint);
+        let unknown: Vec<String> =
+            decisions.values().filter(|c| !known(&c.algorithm)).map(|c| c.algorithm.clone()).collect();
+        if !unknown.is_empty() {
+            decisions.retain(|_, c| known(&c.algorithm));
+            eprintln!(
+                "topoccl WARN tuner: ignoring {} cached decision(s) naming algorithms this build lacks ({}); deciding them again",
+                unknown.len(),
+                unknown.join(", ")
+            );
+        }
+        decisions
+    }
+
     /// Adds one decision (merged with what another process may have written meanwhile).
     pub fn store_decision(&self, fingerprint: u64, key: &str, choice: &Choice) {
         let Some(path) = self.decision_path(fingerprint) else { return };

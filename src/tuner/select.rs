@@ -110,19 +110,7 @@ impl Selector {
         let registry = Registry::builtin();
         check_algorithm(&registry, options.forced.as_deref())?;
         let fingerprint = topology.fingerprint();
-        let mut stored = options.cache.decisions(fingerprint);
-        // Another build sharing the cache (an upgrade, a downgrade, a shared home directory)
-        // may have stored an algorithm this one lacks: such a decision is made again.
-        let unknown: Vec<String> =
-            stored.values().filter(|c| registry.get(&c.algorithm).is_err()).map(|c| c.algorithm.clone()).collect();
-        if !unknown.is_empty() {
-            stored.retain(|_, c| registry.get(&c.algorithm).is_ok());
-            eprintln!(
-                "topoccl WARN tuner: ignoring {} cached decision(s) naming algorithms this build lacks ({}); deciding them again",
-                unknown.len(),
-                unknown.join(", ")
-            );
-        }
+        let stored = options.cache.known_decisions(fingerprint, |a| registry.get(a).is_ok());
         let schedules = BuiltSchedules::new(fingerprint, options.cache.clone(), options.sim.follow_paths);
         Ok(Selector {
             topology,

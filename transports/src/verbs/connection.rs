@@ -285,6 +285,10 @@ impl VerbsConnection {
 
     /// Hands over what is held, in order, as far as the lanes allow.
     fn release(&mut self) -> Result<()> {
+        // A closed connection hands nothing over (its closing is what `closed` reports).
+        if self.framed.closed().is_some() {
+            return Ok(());
+        }
         if let Err(why) = self.lanes.poll() {
             self.framed.mark_closed(why);
             return Ok(());
