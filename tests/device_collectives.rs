@@ -10,7 +10,7 @@ mod standin;
 
 use std::time::Instant;
 
-use device_support::{device_and_host, matrix, stream};
+use device_support::{device_and_host, device_config, matrix, stream};
 use topoccl::cuda::StreamRef;
 use topoccl::{Communicator, ReduceOp, TransportPolicy};
 
@@ -19,7 +19,7 @@ fn all_reduce_of_device_buffers_on_two_threads() {
     if !standin::child("all_reduce_of_device_buffers_on_two_threads", &[]) {
         return;
     }
-    let cfg = common::config(TransportPolicy::Auto, 20.0);
+    let cfg = device_config(TransportPolicy::Auto, 20.0);
     let results = common::on_ranks(2, &cfg, |comm| {
         let s = stream();
         let n = 300_000;
@@ -52,7 +52,7 @@ fn matrix_on(comm: &Communicator) -> Vec<String> {
 }
 
 fn every_call_on(n: u32, transport: TransportPolicy) {
-    let cfg = common::config(transport, 30.0);
+    let cfg = device_config(transport, 30.0);
     let t = Instant::now();
     let results = common::on_ranks(n, &cfg, |comm| matrix_on(comm));
     let calls = matrix(n, &COUNTS).len();
@@ -119,7 +119,7 @@ fn sends_and_receives_of_device_buffers_in_a_group() {
     if !standin::child("sends_and_receives_of_device_buffers_in_a_group", &[]) {
         return;
     }
-    let cfg = common::config(TransportPolicy::Auto, 20.0);
+    let cfg = device_config(TransportPolicy::Auto, 20.0);
     let results = common::on_ranks(3, &cfg, |comm| {
         let s = stream();
         let (r, n) = (comm.rank(), comm.nranks());

@@ -11,7 +11,7 @@ mod standin;
 use std::time::Duration;
 
 use cudarc::driver::DevicePtr;
-use device_support::stream;
+use device_support::{device_config, stream};
 use topoccl::cuda::{Context, Pinned, StreamRef};
 use topoccl::{Buffer, Collective, CollectiveCall, Dtype, ReduceOp, TransportPolicy};
 
@@ -20,7 +20,7 @@ fn a_call_waits_for_the_work_before_it_on_its_stream() {
     if !standin::child("a_call_waits_for_the_work_before_it_on_its_stream", &[]) {
         return;
     }
-    let cfg = common::config(TransportPolicy::Auto, 30.0);
+    let cfg = device_config(TransportPolicy::Auto, 30.0);
     let n = 50_000;
     let results = common::on_ranks(2, &cfg, |comm| {
         let s = stream();
@@ -48,7 +48,7 @@ fn the_stream_waits_for_the_call_before_its_later_work() {
     if !standin::child("the_stream_waits_for_the_call_before_its_later_work", &[]) {
         return;
     }
-    let cfg = common::config(TransportPolicy::Auto, 30.0);
+    let cfg = device_config(TransportPolicy::Auto, 30.0);
     let n = 50_000;
     let results = common::on_ranks(2, &cfg, |comm| {
         let s = stream();

@@ -19,8 +19,8 @@
 #   1. here:  benches/gpu/run.sh --build-only
 #             (builds, stages stripped binaries in target/gpu-bench/, prints the carry list)
 #   2. there: run(command="benches/gpu/run.sh --prebuilt", carry=["target/gpu-bench"])
-#      Logs go to $OUT when it is set (the device tool brings that folder back), else to
-#      target/gpu-bench-logs/. Time limits: T_TESTS, T_IPC, T_KERNELS, T_SWEEP (seconds; defaults
+#      Logs go to target/gpu-bench-logs/, packed into $OUT/gpu-bench-logs.tgz at the end when
+#      OUT is set (the device tool brings that folder back, at most 8 files). Time limits: T_TESTS, T_IPC, T_KERNELS, T_SWEEP (seconds; defaults
 #      keep the whole run under the device tool's 10 minutes per command).
 #
 # Environment: T_TESTS / T_IPC / T_KERNELS / T_SWEEP (time limits), NP_LIST (default "2 4"),
@@ -81,7 +81,8 @@ NP_LIST=${NP_LIST:-2 4}
 # What the GPU machine needs, in one carried folder laid out as a cargo profile directory
 # (the test binary finds the stand-in from its own path: <dir>/deps/<test> → <dir>/cuda-standin).
 BIN=target/gpu-bench
-LOGS=${OUT:-target/gpu-bench-logs}
+LOGS=${GPU_BENCH_LOGS:-target/gpu-bench-logs}
+rm -rf "$LOGS"
 mkdir -p "$LOGS"
 
 if [ "$PREBUILT" = 0 ]; then
@@ -148,6 +149,30 @@ else
 fi
 echo "driver: $banner"
 
+# stacks_at SECONDS NAME PATTERN: SECONDS later, every thread's stack of the first two
+# processes whose command line matches PATTERN, into $LOGS/stacks.NAME.txt: what a step that is
+# about to time out was waiting for (a GPU machine has cuda-gdb, which attaches to host
+# programs; without cuda-gdb or gdb nothing is written). Run in the background; killed when
+# the step ends in time.
+stacks_at() {
+    local after=$1 name=$2 pattern=$3 dbg pid
+    dbg=$(command -v cuda-gdb || command -v gdb) || return 0
+    sleep "$after"
+    for pid in $(pgrep -f "$pattern" | head -n 2); do
+        echo "=== pid $pid: $(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null)"
+        timeout -k 5 40 "$dbg" -p "$pid" -batch -ex 'info threads' -ex 'thread apply all bt 30' 2>&1 |
+            grep -vE '^\[New LWP|^warning:'
+    done >"$LOGS/stacks.$name.txt" 2>&1
+    echo "   (stacks of the step's processes, ${after}s in: $LOGS/stacks.$name.txt)"
+}
+# watch LIMIT NAME PATTERN: starts stacks_at shortly before LIMIT; its pid in WATCHER.
+watch() {
+    local at=$(($1 > 90 ? $1 - 50 : $1 / 2))
+    stacks_at "$at" "$2" "$3" &
+    WATCHER=$!
+}
+unwatch() { kill "$WATCHER" 2>/dev/null; wait "$WATCHER" 2>/dev/null; }
+
 declare -a SUMMARY
 FAILED=0
 record() { # record NAME STATUS SECONDS [NOTE]
@@ -165,8 +190,10 @@ run_tests() {
     local step=$1 name=$2 limit=$3 lines=$4 log="$LOGS/$2.log" t0=$SECONDS rc
     echo
     echo "== ($step) tests/$name.rs on the $([ "$STANDIN" = 1 ] && echo stand-in || echo real) driver, limit ${limit}s =="
+    watch "$limit" "$name" "$BIN/deps/$name"
     "${TEST_ENV[@]}" timeout -k 10 "$limit" "$BIN/deps/$name" --test-threads=$TEST_THREADS >"$log" 2>&1
     rc=$?
+    unwatch
     grep -E "$lines" "$log" | sed 's/^/   /'
     [ "$rc" = 0 ] || { echo "   --- last lines of $log ---"; tail -n 40 "$log" | sed 's/^/   /'; }
     record "($step) $name" "$rc" $((SECONDS - t0)) "$(grep -o 'test result: [a-zA-Z]*\. [0-9]* passed; [0-9]* failed' "$log" | tail -1)"
@@ -199,7 +226,9 @@ sweep() { # sweep NP [ALLOC]: one process per rank; rank 0's lines in $LOGS/swee
             >"$LOGS/$name.$r" 2>&1 &
         pids+=($!)
     done
+    watch "$T_SWEEP" "$name" "$BIN/device_sweep"
     for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+    unwatch
     grep -E '^[0-9]+ ' "$LOGS/$name.0" >"$LOGS/$name.txt"
     if [ "$rc" != 0 ]; then
         for r in $(seq 0 $((np - 1))); do
@@ -260,6 +289,10 @@ echo
 echo "== summary ($banner) =="
 for line in "${SUMMARY[@]}"; do echo "   $line"; done
 echo "   logs: $LOGS/"
+if [ -n "${OUT:-}" ]; then
+    tar -C "$(dirname "$LOGS")" -czf "$OUT/gpu-bench-logs.tgz" "$(basename "$LOGS")" &&
+        echo "   packed: \$OUT/gpu-bench-logs.tgz"
+fi
 if [ "$FAILED" != 0 ]; then
     echo "FAILED"
     exit 1

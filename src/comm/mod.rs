@@ -220,9 +220,12 @@ impl Communicator {
             device,
             rdma,
         };
+        // Before the rendezvous: binding loads the device's kernels, which may wait for all of
+        // the context's work, and no call of this communicator may be waiting by then.
+        let binding = device_binding(&config)?;
         let peers = bootstrap::rendezvous(id, rank, nranks, me, deadline)?;
         let auth = Auth { secret: id.secret(), comm_id: comm_id(&[&id.to_bytes()]) };
-        Communicator::connect(rank, peers, listener, auth, config, deadline)
+        Communicator::connect(rank, peers, listener, auth, config, binding, deadline)
     }
 
     /// Joins the job the launcher started: torchrun (`RANK`, `WORLD_SIZE`), mpirun
@@ -250,6 +253,7 @@ impl Communicator {
         listener: TcpListener,
         auth: Auth,
         config: Config,
+        binding: Option<Arc<crate::cuda::Binding>>,
         deadline: Instant,
     ) -> Result<Communicator> {
         let nranks = peers.len() as u32;
@@ -303,12 +307,10 @@ impl Communicator {
             put_sent: vec![0; nranks as usize],
             put_received: vec![0; nranks as usize],
             splits: 0,
-            binding: match config.cuda_device {
-                Some(d) => Some(crate::cuda::Binding::new(crate::cuda::Context::primary(d)?)?),
-                None => None,
-            },
+            binding,
         };
-        Ok(Communicator {
+        let bound = front.binding.is_some();
+        let comm = Communicator {
             rank,
             nranks,
             peers,
@@ -321,7 +323,15 @@ impl Communicator {
             shared,
             progress: Some(progress),
             listener: Mutex::new(Some(listener)),
-        })
+        };
+        if bound {
+            // As NCCL's init, return only once every rank has connected: a rank still making
+            // its device resources (CUDA IPC streams) would wait, on a GPU, for another rank
+            // thread of this process sitting in a blocking copy that waits for a first call
+            // needing this rank (`crate::cuda::Binding` says why).
+            comm.all_reduce_in_place(&mut [0u8], crate::ReduceOp::Max)?;
+        }
+        Ok(comm)
     }
 
     fn front(&self) -> MutexGuard<'_, Front> {
@@ -400,6 +410,7 @@ impl Communicator {
         let mine = self.peers[self.rank as usize];
         bootstrap::encode_peer(&PeerInfo { addr, ..mine }, &mut record);
         record.resize(SPLIT_RECORD, 0);
+        let binding = if color.is_some() { device_binding(&self.config)? } else { None };
         let mut all = vec![0u8; SPLIT_RECORD * self.nranks as usize];
         self.all_gather(&record, &mut all)?;
         let split_no = {
@@ -422,7 +433,7 @@ impl Communicator {
         let peers = members.into_iter().map(|m| m.2).collect();
         let id = comm_id(&[&self.auth.comm_id, &split_no.to_le_bytes(), &color.to_le_bytes()]);
         let auth = Auth { secret: self.auth.secret, comm_id: id };
-        Communicator::connect(new_rank, peers, listener, auth, self.config.clone(), deadline).map(Some)
+        Communicator::connect(new_rank, peers, listener, auth, self.config.clone(), binding, deadline).map(Some)
     }
 
     /// Ends the communicator at once (`ncclCommAbort`): the running call fails with
@@ -496,6 +507,15 @@ impl Communicator {
 }
 
 /// Color, key, the rank's entry.
+/// The device binding [`Config::cuda_device`] asks for at init (`None`: the first call on a
+/// stream binds to the stream's context).
+fn device_binding(config: &Config) -> Result<Option<Arc<crate::cuda::Binding>>> {
+    match config.cuda_device {
+        Some(d) => Ok(Some(crate::cuda::Binding::new(crate::cuda::Context::primary(d)?)?)),
+        None => Ok(None),
+    }
+}
+
 const SPLIT_RECORD: usize = 8 + bootstrap::PEER_BYTES;
 
 impl Drop for Communicator {

@@ -44,7 +44,8 @@ impl Communicator {
         let list: Vec<u8> = excluded.iter().flat_map(|r| r.to_le_bytes()).collect();
         let auth = Auth { secret: self.auth.secret, comm_id: comm_id(&[&self.auth.comm_id, b"shrink", &list]) };
         let deadline = Instant::now() + self.config.timeout;
-        Communicator::connect(new_rank, peers, listener, auth, self.config.clone(), deadline)
+        let binding = super::device_binding(&self.config)?;
+        Communicator::connect(new_rank, peers, listener, auth, self.config.clone(), binding, deadline)
     }
 
     /// This communicator's ranks, with the same numbers, joined by new ranks into a

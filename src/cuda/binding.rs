@@ -20,6 +20,17 @@
 //! Each call has its own word (ticket modulo [`SLOTS`]), so a host write can never be undone
 //! by the device's late write of an earlier call's ticket, whatever order they land in.
 //!
+//! **Nothing is created while a call may be waited for.** A copy into pageable host memory
+//! (`cudaMemcpy` to a `std::vector`, `tensor.cpu()` on some paths) waits for its stream inside
+//! the driver holding a lock of the context that `cuStreamCreate` and `cuEventCreate` also
+//! take (seen on an H200, driver 580: a rank thread in `cuMemcpyDtoHAsync` waiting for its
+//! call, the executor in `cuStreamCreate`, the other rank thread in `cuEventCreate`, for
+//! ever). A caller may well be in such a copy, waiting for a call, while that call's executor
+//! or another rank's thread has yet to do its part. So the binding makes, before any call can
+//! be waited for, the kernels ([`Kernels::of`]), the executor's device operations with their
+//! stream and events ([`Binding::take_ops`]) and a pool of events the calls draw from and
+//! give back ([`EVENTS`]); a call creates nothing while the pool lasts.
+//!
 //! Why not the alternatives: a host function (`cuLaunchHostFunc`) that blocks until the call
 //! ends ties up the driver's callback thread, which serialises every host function of the
 //! process, and may not call the driver; a kernel spinning on a flag holds a multiprocessor
@@ -34,17 +45,26 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::context::Context;
+use super::kernels::Kernels;
 use super::memory::Pinned;
+use super::ops::CudaOps;
 use super::stream::{Event, StreamRef};
 use crate::error::{Error, Result};
 
 /// Completion words per communicator: calls more than this many apart share a word.
 pub const SLOTS: u32 = 4096;
 
+/// Events made with the binding: one per call in flight and one per caller stream. Beyond
+/// that a call makes one (which may wait for a caller's blocking copy: module documentation).
+pub const EVENTS: usize = 32;
+
 /// A communicator's device context and the words its calls' completions are written to.
 #[derive(Debug)]
 pub struct Binding {
     ctx: Arc<Context>,
+    /// The context's kernels, loaded before any stream can wait on this binding (loading may
+    /// synchronise the context: [`Kernels::of`]) and kept loaded while it lives.
+    _kernels: Arc<Kernels>,
     /// The words (freed by `drop` only once no stream can still read them).
     flag: ManuallyDrop<Pinned>,
     /// The last ticket handed out (the front of the queue); tickets go out in call order.
@@ -52,12 +72,46 @@ pub struct Binding {
     /// Per caller stream, an event recorded just after its latest wait on the word: the word
     /// is freed only once every stream is past its waits.
     passed: Mutex<Vec<(StreamRef, Event)>>,
+    /// Events no call holds (the module documentation says why they are made in advance).
+    spare: Mutex<Vec<Event>>,
+    /// The executor's device operations, made with the binding, until the executor takes them.
+    ops: Mutex<Option<CudaOps>>,
 }
 
 impl Binding {
+    /// Binds to `ctx`. Loading the kernels may wait for all of the context's work: call it
+    /// before this process can have a call of the communicator waited for.
     pub fn new(ctx: Arc<Context>) -> Result<Arc<Binding>> {
+        let kernels = Kernels::of(&ctx)?;
+        let ops = CudaOps::new(&ctx)?;
+        let spare = (0..EVENTS).map(|_| Event::new(&ctx)).collect::<Result<Vec<_>>>()?;
         let flag = ManuallyDrop::new(Pinned::new(&ctx, SLOTS as usize * 4)?);
-        Ok(Arc::new(Binding { ctx, flag, issued: AtomicU32::new(0), passed: Mutex::new(Vec::new()) }))
+        Ok(Arc::new(Binding {
+            ctx,
+            _kernels: kernels,
+            flag,
+            issued: AtomicU32::new(0),
+            passed: Mutex::new(Vec::new()),
+            spare: Mutex::new(spare),
+            ops: Mutex::new(Some(ops)),
+        }))
+    }
+
+    /// The executor's device operations: those made with the binding, the first time (later,
+    /// should an executor need them again, made now).
+    pub fn take_ops(&self) -> Result<CudaOps> {
+        match self.ops.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            Some(ops) => Ok(ops),
+            None => CudaOps::new(&self.ctx),
+        }
+    }
+
+    /// An event from the pool, or a new one when it is empty.
+    fn event(&self) -> Result<Event> {
+        match self.spare.lock().unwrap_or_else(|p| p.into_inner()).pop() {
+            Some(e) => Ok(e),
+            None => Event::new(&self.ctx),
+        }
     }
 
     pub fn context(&self) -> &Arc<Context> {
@@ -78,7 +132,7 @@ impl Binding {
     /// and the stream's later work waits for the call's end. Must be called in call order.
     pub fn attach(self: &Arc<Binding>, stream: StreamRef) -> Result<StreamSync> {
         let _current = self.ctx.enter()?;
-        let start = Event::new(&self.ctx)?;
+        let start = self.event()?;
         start.record(stream)?;
         let ticket = self.issued.load(Ordering::Relaxed).wrapping_add(1);
         // SAFETY: the word is device-mapped pinned memory that lives until every stream has
@@ -88,14 +142,22 @@ impl Binding {
         let mut passed = self.passed.lock().unwrap_or_else(|p| p.into_inner());
         let i = match passed.iter().position(|(s, _)| *s == stream) {
             Some(i) => i,
-            None => {
-                passed.push((stream, Event::new(&self.ctx)?));
-                passed.len() - 1
-            }
+            // A stream past all its waits needs no entry: its event serves the new stream (so
+            // a caller making a stream per call keeps a few entries, not one per stream ever).
+            None => match passed.iter().position(|(_, ev)| ev.done().unwrap_or(false)) {
+                Some(i) => {
+                    passed[i].0 = stream;
+                    i
+                }
+                None => {
+                    passed.push((stream, self.event()?));
+                    passed.len() - 1
+                }
+            },
         };
         passed[i].1.record(stream)?;
         drop(passed);
-        Ok(StreamSync { binding: self.clone(), start, ticket })
+        Ok(StreamSync { binding: self.clone(), start: ManuallyDrop::new(start), ticket })
     }
 
     /// Marks a call done from the host (a failed call, one never run, or one on host memory).
@@ -152,8 +214,17 @@ impl Drop for Binding {
 #[derive(Debug)]
 pub struct StreamSync {
     pub binding: Arc<Binding>,
-    /// Recorded on the caller's stream at the call.
-    pub start: Event,
+    /// Recorded on the caller's stream at the call; back to the binding's pool when the call
+    /// is over (the executor's stream waited for it, or the host saw it complete, by then).
+    pub start: ManuallyDrop<Event>,
     /// Written into the binding's word when the call has ended.
     pub ticket: u32,
+}
+
+impl Drop for StreamSync {
+    fn drop(&mut self) {
+        // SAFETY: taken once, here; the field is never used again.
+        let start = unsafe { ManuallyDrop::take(&mut self.start) };
+        self.binding.spare.lock().unwrap_or_else(|p| p.into_inner()).push(start);
+    }
 }

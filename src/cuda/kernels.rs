@@ -4,10 +4,20 @@
 //!
 //! Every kernel takes one argument block ([`KernelArgs`], `topoccl_args` in the source) and
 //! runs a grid-stride loop, so any grid covers any count.
+//!
+//! **Loaded once per context, every function at once, before any call waits.** Since CUDA
+//! 12.2 the driver loads a module's kernels lazily, at `cuModuleGetFunction`, and loading one
+//! may synchronise the whole context (CUDA's "Lazy Loading: potential hazards"). A caller's
+//! stream waits for the executor's completion word from the call on ([`super::Binding`]), so a
+//! kernel looked up by the executor after that wait was queued waits for the caller's stream,
+//! which waits for the executor: every device call hung so on an H200, where the stand-in
+//! driver (which then loaded without synchronising) passed. [`Kernels::of`] looks every
+//! function up when a communicator binds to its device (before any wait on the binding exists)
+//! and shares them among the communicators of one context; nothing is loaded during a call.
 
 use std::collections::HashMap;
 use std::ffi::CString;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 
 use cudarc::driver::sys::{self, CUfunction, CUmodule};
 
@@ -87,6 +97,15 @@ impl Kernel {
     }
 }
 
+impl Kernel {
+    /// Every kernel the executor launches (an average is a sum's kernel under another key).
+    fn all() -> impl Iterator<Item = Kernel> {
+        Dtype::ALL.into_iter().flat_map(|d| {
+            ReduceOp::ALL.into_iter().map(move |op| Kernel::Reduce(d, op)).chain([Kernel::Scale(d), Kernel::Divide(d)])
+        })
+    }
+}
+
 /// The image for a device of compute capability `sm`.
 fn image_for(sm: (i32, i32)) -> Result<(&'static [u8], &'static str)> {
     match sm.0 {
@@ -100,10 +119,11 @@ fn image_for(sm: (i32, i32)) -> Result<(&'static [u8], &'static str)> {
     }
 }
 
-/// The kernels loaded into one context, their functions looked up on first use.
+/// The kernels loaded into one context, every function looked up.
 #[derive(Debug)]
 pub struct Kernels {
     module: CUmodule,
+    /// Every [`Kernel::all`], filled at load and never changed.
     functions: HashMap<Kernel, CUfunction>,
     /// Blocks a launch may use at most (a few per multiprocessor).
     max_blocks: u32,
@@ -111,8 +131,13 @@ pub struct Kernels {
 }
 
 // SAFETY: module and function handles are driver handles usable from any thread of their
-// context; `Kernels` is used by one thread at a time (the executor's runner).
+// context (each launch enters it); the map is only read after `load`.
 unsafe impl Send for Kernels {}
+// SAFETY: as above: shared use only reads the handles.
+unsafe impl Sync for Kernels {}
+
+/// The kernels of each context of the process that some communicator still uses.
+static LOADED: Mutex<Vec<(usize, Weak<Kernels>)>> = Mutex::new(Vec::new());
 
 /// Threads per block of every launch.
 const BLOCK: u32 = 256;
@@ -120,8 +145,24 @@ const BLOCK: u32 = 256;
 const PER_THREAD: u64 = 8;
 
 impl Kernels {
-    /// Loads the image that suits the context's device.
-    pub fn load(ctx: &Arc<Context>) -> Result<Kernels> {
+    /// The kernels of `ctx`: those another user of the context loaded, or loaded now (which
+    /// may wait for all of the context's work: call it before queueing any wait on this
+    /// process's calls, as a binding does).
+    pub fn of(ctx: &Arc<Context>) -> Result<Arc<Kernels>> {
+        let mut loaded = LOADED.lock().unwrap_or_else(|p| p.into_inner());
+        loaded.retain(|(_, k)| k.strong_count() > 0);
+        // A live entry holds its context, so its handle cannot have been reused.
+        let key = ctx.raw() as usize;
+        if let Some(k) = loaded.iter().find(|(c, _)| *c == key).and_then(|(_, k)| k.upgrade()) {
+            return Ok(k);
+        }
+        let k = Arc::new(Kernels::load(ctx)?);
+        loaded.push((key, Arc::downgrade(&k)));
+        Ok(k)
+    }
+
+    /// Loads the image that suits the context's device and looks up every kernel.
+    fn load(ctx: &Arc<Context>) -> Result<Kernels> {
         let (image, what) = image_for(ctx.sm)?;
         if image.is_empty() {
             return Err(Error::Cuda(format!("the {what} of the kernels is missing from this build")));
@@ -139,21 +180,28 @@ impl Kernels {
         // SAFETY: the context is current; `image` is a complete image that outlives the call.
         check(unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr().cast()) }, "cuModuleLoadData")
             .map_err(|e| Error::Cuda(format!("loading the kernels' {what}: {e}")))?;
-        Ok(Kernels { module, functions: HashMap::new(), max_blocks: ctx.multiprocessors * 4, ctx: ctx.clone() })
-    }
-
-    fn function(&mut self, k: Kernel) -> Result<CUfunction> {
-        if let Some(f) = self.functions.get(&k) {
-            return Ok(*f);
+        // Unloads the module should a lookup fail.
+        let mut kernels =
+            Kernels { module, functions: HashMap::new(), max_blocks: ctx.multiprocessors * 4, ctx: ctx.clone() };
+        let mut by_name: HashMap<String, CUfunction> = HashMap::new();
+        for k in Kernel::all() {
+            let name = k.name();
+            let f = match by_name.get(&name) {
+                Some(f) => *f,
+                None => {
+                    let c = CString::new(name.clone()).map_err(|e| Error::Internal(e.to_string()))?;
+                    let mut f: CUfunction = std::ptr::null_mut();
+                    // SAFETY: a live module of the current context (entered above); the name
+                    // is NUL-terminated.
+                    check(unsafe { sys::cuModuleGetFunction(&mut f, module, c.as_ptr()) }, "cuModuleGetFunction")
+                        .map_err(|e| Error::Cuda(format!("kernel {name}: {e}")))?;
+                    by_name.insert(name, f);
+                    f
+                }
+            };
+            kernels.functions.insert(k, f);
         }
-        let name = CString::new(k.name()).map_err(|e| Error::Internal(e.to_string()))?;
-        let mut f: CUfunction = std::ptr::null_mut();
-        // SAFETY: a live module of the current context (the caller entered it); the name is
-        // NUL-terminated.
-        check(unsafe { sys::cuModuleGetFunction(&mut f, self.module, name.as_ptr()) }, "cuModuleGetFunction")
-            .map_err(|e| Error::Cuda(format!("kernel {}: {e}", k.name())))?;
-        self.functions.insert(k, f);
-        Ok(f)
+        Ok(kernels)
     }
 
     /// Launches `k` over `args.count` elements on `stream`.
@@ -161,11 +209,11 @@ impl Kernels {
     /// # Safety
     /// The context must be current; the pointers in `args` must be memory the device reaches,
     /// valid for the elements the kernel reads and writes until it has run.
-    pub unsafe fn launch(&mut self, k: Kernel, args: KernelArgs, stream: StreamRef) -> Result<()> {
+    pub unsafe fn launch(&self, k: Kernel, args: KernelArgs, stream: StreamRef) -> Result<()> {
         if args.count == 0 {
             return Ok(());
         }
-        let f = self.function(k)?;
+        let f = *self.functions.get(&k).ok_or_else(|| Error::Internal(format!("kernel {} not loaded", k.name())))?;
         let per_block = u64::from(BLOCK) * PER_THREAD;
         let grid = args.count.div_ceil(per_block).clamp(1, u64::from(self.max_blocks)) as u32;
         let mut block_args = args;
@@ -202,6 +250,7 @@ mod tests {
         assert_eq!(Kernel::Scale(Dtype::Uint64).name(), "topoccl_scale_u64");
         assert_eq!(Kernel::Divide(Dtype::Int8).name(), "topoccl_divide_i8");
         assert_eq!(std::mem::size_of::<KernelArgs>(), 48);
+        assert_eq!(Kernel::all().count(), 12 * 7);
         assert!(image_for((7, 5)).is_err());
         assert_eq!(image_for((8, 9)).unwrap().1, "sm_80 cubin");
         assert_eq!(image_for((12, 0)).unwrap().1, "compute_90 PTX");

@@ -21,6 +21,11 @@ use crate::error::{Error, Result};
 use crate::exec::ops::{Fence, LocalOps, Workspace};
 use crate::types::{Dtype, ReduceOp};
 
+/// Events made with the operations. A fence with no event left re-records the newest one
+/// (a later point covers every earlier fence) rather than make one: making an event may wait
+/// for a caller's blocking copy, itself waiting for this executor ([`super::Binding`]).
+const EVENTS: usize = 16;
+
 /// Bytes of the device staging ring at least (it grows to four times the largest operand
 /// asked, so the two operands of one kernel never share a slot).
 const RING_BYTES: usize = 4 << 20;
@@ -50,7 +55,7 @@ impl Drop for Retired {
 pub struct CudaOps {
     ctx: Arc<Context>,
     stream: Stream,
-    kernels: Kernels,
+    kernels: Arc<Kernels>,
     ring: Option<DeviceMemory>,
     ring_at: usize,
     /// Operations submitted so far (the last one's fence).
@@ -70,18 +75,19 @@ impl std::fmt::Debug for CudaOps {
 }
 
 impl CudaOps {
-    /// Operations on `ctx`'s device: a stream of their own and the kernels loaded.
+    /// Operations on `ctx`'s device: a stream of their own and the context's kernels (loaded
+    /// by the communicator's binding already, so nothing loads here: see [`Kernels::of`]).
     pub fn new(ctx: &Arc<Context>) -> Result<CudaOps> {
         Ok(CudaOps {
             ctx: ctx.clone(),
             stream: Stream::new(ctx)?,
-            kernels: Kernels::load(ctx)?,
+            kernels: Kernels::of(ctx)?,
             ring: None,
             ring_at: 0,
             submitted: 0,
             completed: 0,
             events: VecDeque::new(),
-            spare: Vec::new(),
+            spare: (0..EVENTS).map(|_| Event::new(ctx)).collect::<Result<Vec<_>>>()?,
             grave: Graveyard::default(),
         })
     }
@@ -140,6 +146,23 @@ impl CudaOps {
         // use behind every kernel that reads this copy.
         unsafe { copy_async(slot.addr, r.addr, r.len, self.stream.handle())? };
         Ok(slot)
+    }
+
+    /// Records an event after every operation submitted so far: a spare one, else the newest
+    /// one again (see [`EVENTS`]).
+    fn record_now(&mut self) -> Result<()> {
+        let _current = self.ctx.enter()?;
+        let stream = self.stream.handle();
+        if let Some(ev) = self.spare.pop() {
+            ev.record(stream)?;
+            self.events.push_back((self.submitted, ev));
+        } else if let Some((at, ev)) = self.events.back_mut() {
+            ev.record(stream)?;
+            *at = self.submitted;
+        } else {
+            return Err(Error::Internal("no event to record".into()));
+        }
+        Ok(())
     }
 
     /// Launches `k` with the arguments, counting it as one operation.
@@ -272,13 +295,7 @@ impl LocalOps for CudaOps {
 
     fn mark(&mut self) -> Result<Fence> {
         let fence = self.submitted();
-        let ev = match self.spare.pop() {
-            Some(e) => e,
-            None => Event::new(&self.ctx)?,
-        };
-        let _current = self.ctx.enter()?;
-        ev.record(self.stream.handle())?;
-        self.events.push_back((fence.0, ev));
+        self.record_now()?;
         Ok(fence)
     }
 
@@ -288,13 +305,7 @@ impl LocalOps for CudaOps {
         }
         if self.events.back().map_or(true, |(at, _)| *at < fence.0) {
             // No event covers the fence yet: record one after everything submitted so far.
-            let ev = match self.spare.pop() {
-                Some(e) => e,
-                None => Event::new(&self.ctx)?,
-            };
-            let _current = self.ctx.enter()?;
-            ev.record(self.stream.handle())?;
-            self.events.push_back((self.submitted, ev));
+            self.record_now()?;
         }
         while let Some((at, ev)) = self.events.front() {
             let _current = self.ctx.enter()?;

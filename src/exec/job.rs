@@ -26,7 +26,7 @@ use super::{DeviceSide, Executor, Settings, Space, SpaceRef};
 use crate::comm::call::{Checked, Placement};
 use crate::comm::plan::Plan;
 use crate::comm::work::Job;
-use crate::cuda::{CudaOps, StreamSync};
+use crate::cuda::StreamSync;
 use crate::diag::Board;
 use crate::error::{Error, Result};
 use crate::types::{Dtype, ReduceOp, Reduction, Scalar};
@@ -368,7 +368,7 @@ fn device_for<'d>(device: &'d mut Option<DeviceSide>, sync: &StreamSync, ordinal
             return Err(Error::Internal("a call tied to another device binding".into()));
         }
     } else {
-        *device = Some(DeviceSide { binding: sync.binding.clone(), space: Space::new(CudaOps::new(ctx)?) });
+        *device = Some(DeviceSide { binding: sync.binding.clone(), space: Space::new(sync.binding.take_ops()?) });
     }
     device.as_mut().ok_or_else(|| Error::Internal("no device side".into()))
 }

@@ -12,6 +12,20 @@ use topoccl::cuda::StreamRef;
 use topoccl::fp8::Fp8;
 use topoccl::{Buffer, Collective, CollectiveCall, Communicator, Dtype, ReduceOp, Reduction, Scalar};
 
+/// Settings for ranks that run as threads of one process on device 0: bound to the device at
+/// init. A rank whose first call bound it would make its device resources (a stream, events)
+/// then, and making them waits, on a GPU, while another rank thread sits in a copy into
+/// pageable memory waiting for its own call, which waits for this rank: a deadlock (seen on an
+/// H200; the stand-in driver has that lock too).
+pub fn device_config(transport: topoccl::TransportPolicy, timeout_s: f64) -> topoccl::Config {
+    topoccl::Config {
+        cuda_device: Some(0),
+        transport,
+        timeout: std::time::Duration::from_secs_f64(timeout_s),
+        ..topoccl::Config::default()
+    }
+}
+
 /// A stream of device 0's primary context, for one rank. cudarc synchronises the whole
 /// context when a context object makes its first stream while it tracks events — with several
 /// ranks in one process that waits for the other ranks' streams, which wait for this rank's

@@ -29,6 +29,11 @@ pub struct Config {
     /// `TOPOCCL_STANDIN_DMABUF`: whether device memory exports dma-buf file descriptors
     /// (`CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED`; default 1, 0: `CUDA_ERROR_NOT_SUPPORTED`).
     pub dmabuf: bool,
+    /// `CUDA_MODULE_LOADING` (CUDA's own variable): `LAZY` (the default since CUDA 12.2) loads
+    /// a kernel at its first `cuModuleGetFunction`, `EAGER` every kernel at `cuModuleLoadData`;
+    /// either load waits for all of the context's work, the synchronisation CUDA warns lazy
+    /// loading may need.
+    pub lazy_loading: bool,
 }
 
 static CONFIG: OnceLock<Config> = OnceLock::new();
@@ -70,6 +75,7 @@ impl Config {
             poison: env("TOPOCCL_STANDIN_POISON").and_then(|v| parse_poison(&v)).unwrap_or(Some(0xff)),
             pools: env("TOPOCCL_STANDIN_POOLS").map_or(true, |v| v != "0"),
             dmabuf: env("TOPOCCL_STANDIN_DMABUF").map_or(true, |v| v != "0"),
+            lazy_loading: env("CUDA_MODULE_LOADING").map_or(true, |v| !v.eq_ignore_ascii_case("EAGER")),
         }
     }
 

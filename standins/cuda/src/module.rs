@@ -2,15 +2,22 @@
 //! of another SM major or a newer SM, PTX for a newer SM or of a newer ISA than the driver
 //! knows); `cuModuleGetFunction` finds only kernels that are both in the image and among the
 //! host-compiled kernels (`topoccl_kernels_host::find`).
+//!
+//! Loading kernels synchronises the context, as CUDA's lazy loading may ("Lazy Loading:
+//! potential hazards"): the first `cuModuleGetFunction` of each kernel waits for all of the
+//! context's work (with `CUDA_MODULE_LOADING=EAGER`, `cuModuleLoadData` does, once). A library
+//! that looks a kernel up while a stream of the context waits for that library's own later
+//! work hangs here as it does on a GPU.
 
+use std::collections::HashSet;
 use std::ffi::CStr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use topoccl_kernels_host::HostKernel;
 
 use crate::config;
 use crate::context;
-use crate::handle::{fresh, Registry};
+use crate::handle::{fresh, lock, Registry};
 use crate::image::{self, Image};
 use crate::sys::{CUresult, CuResult};
 
@@ -18,6 +25,8 @@ pub struct Module {
     pub handle: usize,
     pub ctx: usize,
     names: Vec<String>,
+    /// Kernels loaded so far (all of them once loaded eagerly).
+    loaded: Mutex<HashSet<String>>,
 }
 
 pub struct Function {
@@ -52,8 +61,15 @@ pub unsafe fn load_data(image: *const u8) -> CuResult<usize> {
     let img = unsafe { image::read(image) }?;
     let c = config::get()?;
     check_target(&img, c.sm, c.max_ptx_isa())?;
+    let names = img.names().to_vec();
+    let loaded = if c.lazy_loading {
+        HashSet::new()
+    } else {
+        ctx.drain();
+        names.iter().cloned().collect()
+    };
     let handle = fresh();
-    MODULES.insert(handle, Arc::new(Module { handle, ctx: ctx.handle(), names: img.names().to_vec() }));
+    MODULES.insert(handle, Arc::new(Module { handle, ctx: ctx.handle(), names, loaded: Mutex::new(loaded) }));
     Ok(handle)
 }
 
@@ -67,6 +83,11 @@ pub fn get_function(module: usize, name: &CStr) -> CuResult<usize> {
         return Err(CUresult::NOT_FOUND);
     }
     let kernel = topoccl_kernels_host::find(name).ok_or(CUresult::NOT_FOUND)?;
+    let first = lock(&m.loaded).insert(name.to_string());
+    if first {
+        // Loading the kernel: every stream of the module's context runs dry first.
+        context::lookup(m.ctx)?.drain();
+    }
     let handle = fresh();
     FUNCTIONS.insert(handle, Arc::new(Function { handle, module, ctx: m.ctx, kernel }));
     Ok(handle)
