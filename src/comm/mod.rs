@@ -506,7 +506,6 @@ impl Communicator {
     }
 }
 
-/// Color, key, the rank's entry.
 /// The device binding [`Config::cuda_device`] asks for at init (`None`: the first call on a
 /// stream binds to the stream's context).
 fn device_binding(config: &Config) -> Result<Option<Arc<crate::cuda::Binding>>> {
@@ -516,6 +515,7 @@ fn device_binding(config: &Config) -> Result<Option<Arc<crate::cuda::Binding>>> 
     }
 }
 
+/// Color, key, the rank's entry.
 const SPLIT_RECORD: usize = 8 + bootstrap::PEER_BYTES;
 
 impl Drop for Communicator {
