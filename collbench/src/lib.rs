@@ -15,6 +15,7 @@ pub mod detect;
 pub mod emu;
 pub mod emulate;
 pub mod error;
+pub mod first_call;
 pub mod launch;
 pub mod measure;
 pub mod plan;
@@ -132,6 +133,11 @@ pub struct Args {
     /// simulate in a sweep (`cluster:512x8`) is decided, and priced, in seconds.
     #[arg(long)]
     pub auto_priced: bool,
+    /// (--simulate) Instead of the sweep, the tuner's first call of each size: the quick
+    /// choice's deciding time and price against the full decision's, and the goal (first call
+    /// within twice the steady time plus 1 ms). Cold: no disk cache is read.
+    #[arg(long)]
+    pub first_call: bool,
     /// (--simulate) Flows between the same two ranks share one fair share of a link, as over
     /// topoccl's one connection per peer (the runtime's model; GPUs share per flow).
     #[arg(long)]

@@ -88,6 +88,10 @@ pub fn run(args: &Args, out: &mut dyn Write) -> Result<()> {
             (count_total * dtype.size() as u64, count_total / u64::from(coll.chunk_multiple(n)))
         })
         .collect();
+    if args.first_call {
+        let sizes: Vec<u64> = sized.iter().map(|&(bytes, _)| bytes).collect();
+        return super::first_call::run(&topo, coll, &sizes, config, out);
+    }
     let row = |bytes: u64, count: u64, t: f64, choice: Option<String>| {
         let algbw = if t > 0.0 { bytes as f64 / t / 1e3 } else { 0.0 };
         Row {
@@ -108,7 +112,8 @@ pub fn run(args: &Args, out: &mut dyn Write) -> Result<()> {
     for &name in &names {
         let started = Instant::now();
         if name == "auto" {
-            let options = SelectorOptions { forced: None, sim: config, cache: DiskCache::from_env() };
+            let options =
+                SelectorOptions { forced: None, sim: config, cache: DiskCache::from_env(), ..Default::default() };
             let mut tuner = Selector::new(topo.clone(), options)?;
             let mut rows = Vec::with_capacity(sized.len());
             let mut deciding = 0.0;

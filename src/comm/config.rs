@@ -14,6 +14,7 @@
 //! | `TOPOCCL_IB_BYTES` | RDMA receive ring per peer and direction (registered host memory) | 4 MiB |
 //! | `TOPOCCL_ALGO` | force an algorithm (`ring`, `tree`, `rhd`, `rd`, `hier`, `pairwise`, `blink`, `tacos`) | the tuner's choice |
 //! | `TOPOCCL_TOPOLOGY` | the machine the ranks run on (a library name, family or file; see `topoccl_synth::topology::resolve`), rank i on its rank i; `detect` (or `detect[0-3]`) asks NVML, rank i on NVML's GPU i, and falls back to the default where there is no NVML (see `crate::detect`) | all-to-all links (`host:N` on one host, `full:N` across hosts) |
+//! | `TOPOCCL_TUNE` | `background`: a size's first call runs a quick choice (constructions priced at their default depth) while the full decision is made in the background, and every rank switches to it at the same call; `first-call`: the first call of a size waits for the full decision | background |
 //! | `TOPOCCL_TUNER_MESSAGE_US` | time a rank's executor spends on each message, as the tuner's simulator prices it, µs | 4 |
 //! | `TOPOCCL_CACHE_DIR` | the tuner's disk cache (`off` disables) | `$XDG_CACHE_HOME/topoccl` or `~/.cache/topoccl` |
 //! | `TOPOCCL_NSOCKS` | TCP sockets per peer | 2 |
@@ -96,6 +97,12 @@ pub struct Config {
     pub cuda_device: Option<u32>,
     /// The RDMA verbs transport's settings (`None`: RDMA disabled).
     pub verbs: Option<VerbsSettings>,
+    /// The first call of a size runs a quick choice while the tuner decides it in full in the
+    /// background; every rank switches at the same call (`TOPOCCL_TUNE=background`). Off, the
+    /// first call of a size waits for the full decision (`first-call`). Every rank must agree.
+    pub tune_background: bool,
+    /// Holds each background decision back this long (tests: a rank that decides late).
+    pub tune_delay: Duration,
 }
 
 impl Default for Config {
@@ -115,6 +122,8 @@ impl Default for Config {
             tuner_message_us: 4.0,
             cuda_device: None,
             verbs: Some(VerbsSettings::default()),
+            tune_background: true,
+            tune_delay: Duration::ZERO,
         }
     }
 }
@@ -181,6 +190,15 @@ impl Config {
             c.transport = t.parse().map_err(|e| Error::InvalidArgument(format!("TOPOCCL_TRANSPORT: {e}")))?;
         }
         c.algo = var("TOPOCCL_ALGO").filter(|a| a != "auto");
+        if let Some(t) = var("TOPOCCL_TUNE") {
+            c.tune_background = match t.as_str() {
+                "background" => true,
+                "first-call" => false,
+                _ => {
+                    return Err(Error::InvalidArgument(format!("TOPOCCL_TUNE={t}: expected background or first-call")))
+                }
+            };
+        }
         if let Some(n) = number("TOPOCCL_NSOCKS", 1.0, 64.0)? {
             c.sockets = n as usize;
         }

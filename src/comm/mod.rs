@@ -23,6 +23,7 @@
 //! # Ok::<(), topoccl::Error>(())
 //! ```
 
+pub(crate) mod agree;
 pub(crate) mod bootstrap;
 mod bytes;
 pub(crate) mod call;
@@ -125,6 +126,8 @@ pub struct Communicator {
 /// The submitting side's state.
 struct Front {
     planner: Planner,
+    /// When the ranks next agree on switching sizes to the tuner's background decisions.
+    checkpoints: agree::Checkpoints,
     /// Collective calls so far (identical on every rank when they agree).
     seq: u32,
     /// Point-to-point messages sent to / received from each peer.
@@ -279,6 +282,8 @@ impl Communicator {
             forced: config.algo.clone(),
             sim: runtime_sim_config(&config),
             cache: DiskCache::from_env(),
+            background: config.tune_background,
+            background_delay: config.tune_delay,
         };
         let tuner = Selector::new(topology.clone(), options)?;
         let settings = Settings::new(config.slice_bytes, config.max_backlog, config.timeout, local > cores);
@@ -301,6 +306,7 @@ impl Communicator {
             .map_err(|e| Error::io("starting the progress thread", e))?;
         let front = Front {
             planner: Planner::new(rank, nranks, tuner),
+            checkpoints: agree::Checkpoints::default(),
             seq: 0,
             p2p_sent: vec![0; nranks as usize],
             p2p_received: vec![0; nranks as usize],

@@ -17,7 +17,7 @@ use crate::error::Result;
 use crate::exec::layout::ChunkLayout;
 use crate::exec::program::Program;
 use crate::exec::wire::fnv1a;
-use crate::tuner::{Choice, Selector};
+use crate::tuner::{Choice, DecisionKey, Selector};
 
 /// Everything the executor needs to run one collective of one size on this rank.
 #[derive(Debug)]
@@ -52,12 +52,18 @@ pub(crate) struct Planner {
     rank: u32,
     nranks: u32,
     pub tuner: Selector,
-    plans: FxHashMap<PlanKey, Arc<Plan>>,
+    /// Plans, with the size they run the quick choice for (until it is switched).
+    plans: FxHashMap<PlanKey, (Arc<Plan>, Option<DecisionKey>)>,
+    /// The plans of the communicator's own agreement calls (`super::agree`).
+    internal: FxHashMap<PlanKey, Arc<Plan>>,
+    /// Every size planned on a quick choice, in the order first planned: identical on every
+    /// rank, as the calls are (`super::agree`).
+    pub(crate) quick: Vec<DecisionKey>,
 }
 
 impl Planner {
     pub(crate) fn new(rank: u32, nranks: u32, tuner: Selector) -> Planner {
-        Planner { rank, nranks, tuner, plans: FxHashMap::default() }
+        Planner { rank, nranks, tuner, plans: FxHashMap::default(), internal: FxHashMap::default(), quick: Vec::new() }
     }
 
     /// Forgets every plan (the tuner's settings changed).
@@ -67,45 +73,88 @@ impl Planner {
 
     /// The collective's buffer in bytes (nccl-tests' size), which the tuner decides by.
     fn size(&self, collective: Collective, block_bytes: usize) -> u64 {
-        let (i, o) = collective.blocks(self.nranks);
-        (block_bytes as u64).saturating_mul(i.max(o) as u64)
+        size_of(self.nranks, collective, block_bytes)
     }
 
-    /// What the tuner runs `collective` with on blocks of `block_bytes`.
+    /// What the next call of `collective` on blocks of `block_bytes` runs.
     pub(crate) fn choice(&mut self, collective: Collective, block_bytes: usize) -> Result<Choice> {
         let size = self.size(collective, block_bytes);
-        self.tuner.choose(collective, size)
+        Ok(self.tuner.decide(collective, size)?.choice)
     }
 
-    /// The simulated time of what the tuner runs `collective` with on blocks of `block_bytes`.
+    /// The simulated time of what the next call of `collective` on blocks of `block_bytes` runs.
     pub(crate) fn estimate_us(&mut self, collective: Collective, block_bytes: usize) -> Result<f64> {
         let size = self.size(collective, block_bytes);
-        self.tuner.predict_us(collective, size)
+        let choice = self.tuner.decide(collective, size)?.choice;
+        self.tuner.predict_choice_us(&choice, collective, size)
     }
 
-    /// The plan for `collective` on `count` elements of `esize` bytes (`count` > 0).
-    pub(crate) fn plan(&mut self, collective: Collective, esize: usize, count: usize) -> Result<Arc<Plan>> {
+    /// The plan for `collective` on `count` elements of `esize` bytes (`count` > 0), with the
+    /// size whose quick choice it runs, if it does (the executor switches such a call to the
+    /// full decision where the ranks have agreed on it since: `super::agree`).
+    pub(crate) fn plan(
+        &mut self,
+        collective: Collective,
+        esize: usize,
+        count: usize,
+    ) -> Result<(Arc<Plan>, Option<DecisionKey>)> {
         let key = PlanKey { collective, esize, count };
-        if let Some(p) = self.plans.get(&key) {
-            return Ok(p.clone());
+        match self.plans.get(&key) {
+            Some((p, None)) => return Ok((p.clone(), None)),
+            Some((p, Some(quick))) if !self.tuner.refinements().all_switched(std::slice::from_ref(quick)) => {
+                return Ok((p.clone(), Some(quick.clone())))
+            }
+            _ => {}
         }
         let size = self.size(collective, count.saturating_mul(esize));
-        let choice = self.tuner.choose(collective, size)?;
-        let schedule = self.tuner.schedule(&choice, collective, size)?;
-        let identity =
-            format!("{}/{}/{}/{}/{choice}", schedule.name, schedule.collective, schedule.nranks, schedule.chunks);
-        let k = (schedule.chunks / schedule.collective.chunk_multiple(schedule.nranks)).max(1) as usize;
-        let uneven = ChunkLayout::new(k, count, esize);
-        let padded = !uneven.fits(&schedule);
-        let layout = if padded { ChunkLayout::padded(k, count.div_ceil(k), esize) } else { uneven };
-        let program = Program::from_schedule(&schedule, self.rank, &layout);
-        let scratch_bytes = layout.offset(schedule.scratch_chunks as usize);
-        let plan =
-            Arc::new(Plan { hash: fnv1a(identity.as_bytes()), schedule, k, layout, padded, program, scratch_bytes });
+        let decision = self.tuner.decide(collective, size)?;
+        let quick = (!decision.settled).then_some(decision.key);
+        if let Some(k) = quick.as_ref().filter(|k| !self.quick.contains(k)) {
+            self.quick.push(k.clone());
+        }
+        let schedule = self.tuner.schedule(&decision.choice, collective, size)?;
+        let plan = Arc::new(plan_of(self.rank, &decision.choice, schedule, esize, count));
         if self.plans.len() >= PLAN_CACHE {
             self.plans.clear();
         }
-        self.plans.insert(key, plan.clone());
+        self.plans.insert(key, (plan.clone(), quick.clone()));
+        Ok((plan, quick))
+    }
+
+    /// The plan of an agreement call: the quick choice, always (it never starts a decision or
+    /// waits for one).
+    pub(crate) fn internal_plan(&mut self, collective: Collective, esize: usize, count: usize) -> Result<Arc<Plan>> {
+        let key = PlanKey { collective, esize, count };
+        if let Some(p) = self.internal.get(&key) {
+            return Ok(p.clone());
+        }
+        let size = self.size(collective, count.saturating_mul(esize));
+        let choice = self.tuner.choose_quick(collective, size)?.choice;
+        let schedule = self.tuner.schedule(&choice, collective, size)?;
+        let plan = Arc::new(plan_of(self.rank, &choice, schedule, esize, count));
+        if self.internal.len() >= PLAN_CACHE {
+            self.internal.clear();
+        }
+        self.internal.insert(key, plan.clone());
         Ok(plan)
     }
+}
+
+/// The collective's buffer in bytes for blocks of `block_bytes` (nccl-tests' size).
+fn size_of(nranks: u32, collective: Collective, block_bytes: usize) -> u64 {
+    let (i, o) = collective.blocks(nranks);
+    (block_bytes as u64).saturating_mul(i.max(o) as u64)
+}
+
+/// The plan that runs `choice`'s `schedule` on `count` elements of `esize` bytes on `rank`.
+pub(crate) fn plan_of(rank: u32, choice: &Choice, schedule: Arc<Schedule>, esize: usize, count: usize) -> Plan {
+    let identity =
+        format!("{}/{}/{}/{}/{choice}", schedule.name, schedule.collective, schedule.nranks, schedule.chunks);
+    let k = (schedule.chunks / schedule.collective.chunk_multiple(schedule.nranks)).max(1) as usize;
+    let uneven = ChunkLayout::new(k, count, esize);
+    let padded = !uneven.fits(&schedule);
+    let layout = if padded { ChunkLayout::padded(k, count.div_ceil(k), esize) } else { uneven };
+    let program = Program::from_schedule(&schedule, rank, &layout);
+    let scratch_bytes = layout.offset(schedule.scratch_chunks as usize);
+    Plan { hash: fnv1a(identity.as_bytes()), schedule, k, layout, padded, program, scratch_bytes }
 }

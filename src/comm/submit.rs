@@ -8,6 +8,7 @@
 //! the work and come back from [`Pending::wait`], and a `Pending` dropped early waits for its
 //! call first, so its memory is never freed while the executor still uses it.
 
+use super::agree::Refine;
 use super::call::CollectiveCall;
 use super::work::{Job, Work};
 use super::{Communicator, Front};
@@ -49,24 +50,19 @@ impl Communicator {
         recv: Buffer,
     ) -> Result<Option<Job>> {
         let checked = call.check(self.rank, self.nranks, send, recv)?;
-        let Front { planner, seq, .. } = front;
         if call.count == 0 {
-            *seq = seq.wrapping_add(1);
+            front.seq = front.seq.wrapping_add(1);
             return Ok(None);
         }
         // Planning depends only on what every rank shares, so it fails alike everywhere and
-        // leaves the ranks in step.
-        let plan = planner.plan(call.collective, call.dtype.size(), call.count)?;
-        let header = CallHeader {
-            seq: *seq,
-            called: Called::Collective(call.collective),
-            dtype: call.dtype,
-            op: reduction_code(call.reduction),
-            count: call.count as u64,
-            schedule: plan.hash,
-        };
-        *seq = seq.wrapping_add(1);
-        Ok(Some(Job::Collective(CollectiveJob { checked, plan, header, sync: None })))
+        // leaves the ranks in step; so does a checkpoint (`super::agree`), which may queue an
+        // agreement ahead of this call.
+        self.checkpoint(front)?;
+        let (plan, quick) = front.planner.plan(call.collective, call.dtype.size(), call.count)?;
+        let header = call_header(call, front.seq, plan.hash);
+        front.seq = front.seq.wrapping_add(1);
+        let refine = quick.map(|key| Box::new(Refine::Quick { key, refinements: front.planner.tuner.refinements() }));
+        Ok(Some(Job::Collective(CollectiveJob { checked, plan, header, sync: None, refine })))
     }
 
     /// Checks `call` from `send` to `recv` as it would run, queuing nothing: a group checks every
@@ -133,6 +129,19 @@ impl Communicator {
         // back or dropping them.
         let work = unsafe { self.submit(call, s, r)? };
         Ok(Pending { work, buffers: Some((send, recv)) })
+    }
+}
+
+/// The wire header of the collective call numbered `seq`, run with the schedule of
+/// `schedule_hash`.
+pub(super) fn call_header(call: &CollectiveCall, seq: u32, schedule_hash: u32) -> CallHeader {
+    CallHeader {
+        seq,
+        called: Called::Collective(call.collective),
+        dtype: call.dtype,
+        op: reduction_code(call.reduction),
+        count: call.count as u64,
+        schedule: schedule_hash,
     }
 }
 

@@ -94,6 +94,10 @@ struct Queue {
     closing: bool,
     /// Why the communicator cannot run anything any more.
     broken: Option<Error>,
+    /// That error, when the job it ended was one nobody waits for (an agreement of the tuner's,
+    /// `super::agree`): the next call fails with it whole (naming the rank at fault), as the
+    /// failed call itself would have.
+    unseen: Option<Error>,
     /// Whether the progress thread sleeps on `work_ready`.
     progress_asleep: bool,
 }
@@ -187,7 +191,11 @@ impl Shared {
     /// Why nothing can run, if so.
     pub(crate) fn unusable(&self) -> Option<Error> {
         if self.is_broken.load(Ordering::Acquire) {
-            if let Some(why) = &lock(&self.queue).broken {
+            let mut q = lock(&self.queue);
+            if let Some(e) = q.unseen.take() {
+                return Some(e);
+            }
+            if let Some(why) = &q.broken {
                 return Some(Error::Broken(why.to_string()));
             }
         }
@@ -222,10 +230,10 @@ impl Shared {
     /// Runs a blocking call's `job`, admitted in call order while the caller holds `order`
     /// (the lock that orders its calls, let go here): on this thread when nothing is queued or
     /// running, the job never moved, else queued behind the others and waited for.
-    pub(crate) fn run_blocking<G>(self: &Arc<Shared>, order: G, job: Job) -> Result<()> {
+    pub(crate) fn run_blocking<G>(self: &Arc<Shared>, order: G, mut job: Job) -> Result<()> {
         if self.claim_idle() {
             drop(order);
-            let r = self.run_job(&job);
+            let r = self.run_job(&mut job);
             self.release();
             return r;
         }
@@ -271,7 +279,7 @@ impl Shared {
     }
 
     /// Runs `job` with `running` already set (without releasing it).
-    fn run_job(&self, job: &Job) -> Result<()> {
+    fn run_job(&self, job: &mut Job) -> Result<()> {
         debug_assert!(self.running.load(Ordering::Relaxed), "a job run without the executor's turn");
         // SAFETY: every caller holds `running` (claimed by `claim_idle` or `take`) and
         // releases it only after this returns.
@@ -279,6 +287,11 @@ impl Shared {
         if let Some(e) = self.unusable() {
             job.release();
             return Err(e);
+        }
+        if let Job::Collective(c) = job {
+            if !super::agree::before_run(c, exec.rank) {
+                return Ok(());
+            }
         }
         // SAFETY: the job's regions are the submitter's buffers, valid until the job completes:
         // the promise every submission path makes (the safe APIs wait before their borrows end;
@@ -290,6 +303,9 @@ impl Shared {
             });
         }
         let r = unsafe { exec.run(job) };
+        if let (Ok(()), Job::Collective(c)) = (&r, &*job) {
+            super::agree::after_run(c);
+        }
         let e = match r {
             Err(e) if !matches!(e, Error::InvalidArgument(_)) => e,
             r => {
@@ -310,15 +326,22 @@ impl Shared {
             None => e,
         };
         exec.close_links();
-        lock(&self.queue).broken.get_or_insert_with(|| e.duplicate());
+        let mut q = lock(&self.queue);
+        if q.broken.is_none() {
+            q.broken = Some(e.duplicate());
+            if super::agree::unwaited(job) {
+                q.unseen = Some(e.duplicate());
+            }
+        }
+        drop(q);
         self.is_broken.store(true, Ordering::Release);
         Err(e)
     }
 
     /// Runs a queued job with `running` already set; records its result and releases the
     /// executor.
-    fn execute(&self, item: Queued) {
-        let result = self.run_job(&item.job);
+    fn execute(&self, mut item: Queued) {
+        let result = self.run_job(&mut item.job);
         item.state.finish(result);
         self.release();
     }

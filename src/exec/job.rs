@@ -38,6 +38,9 @@ pub(crate) struct CollectiveJob {
     pub header: CallHeader,
     /// Its ties to the caller's CUDA stream, if it was called on one.
     pub sync: Option<StreamSync>,
+    /// Its part in switching sizes to the tuner's background decisions
+    /// ([`crate::comm::agree`]).
+    pub refine: Option<Box<crate::comm::agree::Refine>>,
 }
 
 /// One send or receive of a batch.

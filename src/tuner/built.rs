@@ -120,6 +120,24 @@ impl BuiltSchedules {
         Ok(schedule)
     }
 
+    /// Keeps `schedule`, proven elsewhere (a background selector's), as what `choice` stands
+    /// for at `bytes`.
+    pub fn keep_proven(
+        &mut self,
+        registry: &Registry,
+        choice: &Choice,
+        collective: Collective,
+        bytes: u64,
+        schedule: Arc<Schedule>,
+    ) -> Result<()> {
+        let key = self.key(registry, choice, collective, bytes)?;
+        if self.kept.len() >= MEMORY_SCHEDULES {
+            self.kept.clear();
+        }
+        self.kept.insert(key, Built { schedule, proven: true, build_secs: 0.0 });
+        Ok(())
+    }
+
     /// The kept entry for `key`, built (or read from disk) and kept first if there is none.
     fn kept_or_built(
         &mut self,

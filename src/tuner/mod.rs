@@ -19,9 +19,14 @@
 
 mod built;
 pub mod cache;
+mod quick;
+mod refine;
 mod scale;
 mod select;
 
+pub use refine::Decision;
+pub(crate) use refine::Refinements;
+pub(crate) use select::DecisionKey;
 pub use select::{Selector, SelectorOptions};
 
 use std::fmt;

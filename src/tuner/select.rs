@@ -27,16 +27,23 @@ pub struct SelectorOptions {
     /// The simulator's cost model while pricing (per-message costs, local copy speed).
     pub sim: SimConfig,
     pub cache: DiskCache,
+    /// [`Selector::decide`] answers at once with a quick choice and makes the full decision in
+    /// the background (a communicator's calls); off, it decides in full before it answers
+    /// (collbench's sweeps, `TOPOCCL_TUNE=first-call`).
+    pub background: bool,
+    /// Holds each background decision back this long before it is made (tests: a rank that
+    /// decides late).
+    pub background_delay: std::time::Duration,
 }
 
 /// What a decision depends on: the size bucket, the forced algorithm and every knob of the
 /// cost model (a decision priced under one model is not reused under another). Its text form
 /// is the key of the disk cache.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct DecisionKey {
+pub(crate) struct DecisionKey {
     forced: Option<String>,
-    collective: Collective,
-    bucket: u64,
+    pub(super) collective: Collective,
+    pub(super) bucket: u64,
     /// The cost model's knobs, floats by their bits.
     message_overhead_us: u64,
     rank_message_us: u64,
@@ -83,16 +90,28 @@ impl std::fmt::Display for DecisionKey {
 /// Chooses and builds schedules for one topology. See the module documentation of
 /// [`crate::tuner`].
 pub struct Selector {
-    topology: Topology,
+    pub(super) topology: Topology,
     fingerprint: u64,
-    registry: Registry,
-    options: SelectorOptions,
+    pub(super) registry: Registry,
+    pub(super) options: SelectorOptions,
     plugins: Vec<Box<dyn Tuner>>,
     /// Decisions made or read from the disk cache this run.
-    decisions: FxHashMap<DecisionKey, Choice>,
+    pub(super) decisions: FxHashMap<DecisionKey, Choice>,
     /// The disk cache's decisions for this topology, by their text keys (read once).
     stored: BTreeMap<String, Choice>,
-    schedules: BuiltSchedules,
+    pub(super) schedules: BuiltSchedules,
+    /// Quick decisions ([`super::quick`]), run while the full ones are made in the background.
+    pub(super) quick: FxHashMap<DecisionKey, Priced>,
+    /// Sizes switched to their background decision ([`super::refine`]), as
+    /// [`Selector::decide`] found them.
+    pub(super) settled: FxHashMap<DecisionKey, Choice>,
+    /// The background decisions, shared with the communicator's executor.
+    pub(super) refinements: Arc<super::refine::Refinements>,
+    /// The background decisions ([`super::refine`]), started at the first quick one.
+    pub(super) refiner: Option<super::refine::Refiner>,
+    /// Set when the selector that asked for this one's decisions is gone: pricing stops
+    /// between candidates ([`super::refine`]).
+    pub(super) cancel: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl std::fmt::Debug for Selector {
@@ -112,7 +131,7 @@ impl Selector {
         let fingerprint = topology.fingerprint();
         let stored = options.cache.known_decisions(fingerprint, |a| registry.get(a).is_ok());
         let schedules = BuiltSchedules::new(fingerprint, options.cache.clone(), options.sim.follow_paths);
-        Ok(Selector {
+        let mut selector = Selector {
             topology,
             fingerprint,
             registry,
@@ -121,7 +140,16 @@ impl Selector {
             decisions: FxHashMap::default(),
             stored,
             schedules,
-        })
+            quick: FxHashMap::default(),
+            settled: FxHashMap::default(),
+            refinements: Arc::default(),
+            refiner: None,
+            cancel: None,
+        };
+        if selector.options.background && selector.options.forced.is_none() {
+            selector.refiner = Some(super::refine::Refiner::start(&selector)?);
+        }
+        Ok(selector)
     }
 
     pub fn topology(&self) -> &Topology {
@@ -138,6 +166,16 @@ impl Selector {
         check_algorithm(&self.registry, algo)?;
         self.options.forced = algo.map(str::to_string);
         Ok(())
+    }
+
+    /// The background decisions, for the communicator's agreements (`comm::agree`).
+    pub(crate) fn refinements(&self) -> Arc<super::refine::Refinements> {
+        self.refinements.clone()
+    }
+
+    /// Whether a user tuner was added.
+    pub(super) fn has_tuners(&self) -> bool {
+        !self.plugins.is_empty()
     }
 
     /// Adds a user tuner, consulted (in the order added) after the candidates are priced.
@@ -222,7 +260,7 @@ impl Selector {
         best
     }
 
-    fn decision_key(&self, collective: Collective, bytes: u64) -> DecisionKey {
+    pub(super) fn decision_key(&self, collective: Collective, bytes: u64) -> DecisionKey {
         DecisionKey::new(self.options.forced.as_deref(), collective, size_bucket(bytes), &self.options.sim)
     }
 
@@ -230,7 +268,13 @@ impl Selector {
     /// `collective` on exactly `bytes`.
     pub fn predict_us(&mut self, collective: Collective, bytes: u64) -> Result<f64> {
         let choice = self.choose(collective, bytes)?;
-        let schedule = self.schedule(&choice, collective, size_bucket(bytes))?;
+        self.predict_choice_us(&choice, collective, bytes)
+    }
+
+    /// The simulated time, in microseconds, of `choice`'s schedule for `collective` on exactly
+    /// `bytes`.
+    pub fn predict_choice_us(&mut self, choice: &Choice, collective: Collective, bytes: u64) -> Result<f64> {
+        let schedule = self.schedule(choice, collective, size_bucket(bytes))?;
         Ok(Simulator::with_config(&self.topology, self.options.sim).run(&schedule, bytes)?.time_us)
     }
 
@@ -257,6 +301,7 @@ impl Selector {
         let mut deepened: Vec<Choice> = Vec::new();
         while !next.is_empty() {
             for choice in std::mem::take(&mut next) {
+                self.check_cancelled()?;
                 let best = priced.iter().map(|p| p.time_us).fold(f64::INFINITY, f64::min);
                 if !could_win_deeper(&priced, &chunks, &choice, best) {
                     continue;
@@ -313,7 +358,7 @@ impl Selector {
     }
 
     /// The schedule `choice` stands for, to be priced (not proven yet: see [`BuiltSchedules`]).
-    fn priceable(&mut self, choice: &Choice, collective: Collective, bytes: u64) -> Result<Arc<Schedule>> {
+    pub(super) fn priceable(&mut self, choice: &Choice, collective: Collective, bytes: u64) -> Result<Arc<Schedule>> {
         self.check_root(collective)?;
         self.schedules.priceable(&self.topology, &self.registry, choice, collective, bytes)
     }
@@ -328,6 +373,7 @@ impl Selector {
         let bound_us = scale::bound_us(&self.topology, collective, bucket);
         let mut failures = Vec::new();
         for (i, choice) in rest {
+            self.check_cancelled()?;
             let best = priced.iter().map(|(_, p)| p.time_us).fold(f64::INFINITY, f64::min);
             let searched = self.registry.get(&choice.algorithm).is_ok_and(|g| g.searched());
             if !scale::worth_simulating(searched, best, bound_us) {
@@ -354,8 +400,16 @@ impl Selector {
         Ok(priced.into_iter().map(|(_, p)| p).collect())
     }
 
+    /// [`Error::Aborted`] once the decision is no longer wanted ([`Selector::cancel`]).
+    fn check_cancelled(&self) -> Result<()> {
+        match &self.cancel {
+            Some(c) if c.load(std::sync::atomic::Ordering::Relaxed) => Err(Error::Aborted),
+            _ => Ok(()),
+        }
+    }
+
     /// A root must be a rank of the topology (generators index by it).
-    fn check_root(&self, collective: Collective) -> Result<()> {
+    pub(super) fn check_root(&self, collective: Collective) -> Result<()> {
         match collective.root() {
             Some(root) if root as usize >= self.topology.nranks() => {
                 Err(Error::InvalidArgument(format!("root {root} is out of range for {} ranks", self.topology.nranks())))

@@ -13,6 +13,8 @@ pub mod rhd;
 pub mod ring;
 pub mod tree;
 
+use std::sync::{Mutex, PoisonError};
+
 use crate::error::{Error, Result};
 use crate::schedule::{Collective, Rank, Schedule};
 use crate::sim::lockstep::Lockstep;
@@ -172,11 +174,34 @@ const RING_SEARCH_MAX: usize = 9;
 /// NCCL's ring search does: on a DGX-1 it follows NVLinks. Hops without a direct link are
 /// priced at their routed path's bottleneck. Large topologies keep rank order, which the
 /// library's files and families number so that neighbours are adjacent.
+///
+/// The search takes milliseconds where every hop is alike (an NVSwitch machine prunes nothing)
+/// and every ring-based generator and closed form asks for it, so its answers are kept per
+/// topology for the process.
 pub fn ring_order(topo: &Topology) -> Vec<Rank> {
     let n = topo.nranks();
     if n <= 3 || n > RING_SEARCH_MAX {
         return (0..n as Rank).collect();
     }
+    static FOUND: Mutex<Vec<(u64, Vec<Rank>)>> = Mutex::new(Vec::new());
+    let found = || FOUND.lock().unwrap_or_else(PoisonError::into_inner);
+    let fingerprint = topo.fingerprint();
+    if let Some((_, order)) = found().iter().find(|(f, _)| *f == fingerprint) {
+        return order.clone();
+    }
+    let order = searched_ring_order(topo);
+    let mut kept = found();
+    // A handful of topologies per process; a bound all the same.
+    if kept.len() >= 64 {
+        kept.clear();
+    }
+    kept.push((fingerprint, order.clone()));
+    order
+}
+
+/// [`ring_order`]'s exhaustive search.
+fn searched_ring_order(topo: &Topology) -> Vec<Rank> {
+    let n = topo.nranks();
     let mut router = Router::new(topo);
     let mut bw = vec![vec![0.0f64; n]; n];
     for (a, row) in bw.iter_mut().enumerate() {
