@@ -17,6 +17,7 @@
 //! | `TOPOCCL_TUNE` | `background`: a size's first call runs a quick choice (constructions priced at their default depth) while the full decision is made in the background, and every rank switches to it at the same call; `first-call`: the first call of a size waits for the full decision | background |
 //! | `TOPOCCL_TUNER_MESSAGE_US` | time a rank's executor spends on each message, as the tuner's simulator prices it, µs | 4 |
 //! | `TOPOCCL_CACHE_DIR` | the tuner's disk cache (`off` disables) | `$XDG_CACHE_HOME/topoccl` or `~/.cache/topoccl` |
+//! | `TOPOCCL_CACHE_MAX_BYTES` | the most the tuner's disk cache holds; the least recently written files go first | 268435456 (256 MiB) |
 //! | `TOPOCCL_NSOCKS` | TCP sockets per peer | 2 |
 //! | `TOPOCCL_SLICE_BYTES` | pipelining slice | 512 KiB |
 //! | `TOPOCCL_MAX_BACKLOG` | bytes queued to a peer before sends wait (at least one slice) | 4 MiB |

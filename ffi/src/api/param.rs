@@ -15,7 +15,7 @@ use crate::log::{self, Subsys};
 use crate::raw;
 
 /// Every setting the library reads (`TOPOCCL_SECRET` is left out: it is a credential).
-const KEYS: [&str; 21] = [
+const KEYS: [&str; 23] = [
     "NCCL_ALGO",
     "NCCL_DEBUG",
     "NCCL_DEBUG_FILE",
@@ -26,6 +26,7 @@ const KEYS: [&str; 21] = [
     "NCCL_SOCKET_IFNAME",
     "TOPOCCL_ALGO",
     "TOPOCCL_CACHE_DIR",
+    "TOPOCCL_CACHE_MAX_BYTES",
     "TOPOCCL_IPC_BYTES",
     "TOPOCCL_MAX_BACKLOG",
     "TOPOCCL_NSOCKS",
@@ -37,6 +38,7 @@ const KEYS: [&str; 21] = [
     "TOPOCCL_TIMEOUT",
     "TOPOCCL_TOPOLOGY",
     "TOPOCCL_TRANSPORT",
+    "TOPOCCL_TUNE",
 ];
 
 /// `ncclParamHandle_t`.
