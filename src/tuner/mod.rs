@@ -12,7 +12,9 @@
 //!
 //! Decisions are made per power-of-two size bucket, synthesized schedules are built on first use,
 //! and both are cached on disk by [`cache`], keyed by the topology's
-//! [`fingerprint`](topoccl_synth::topology::Topology::fingerprint).
+//! [`fingerprint`](topoccl_synth::topology::Topology::fingerprint). A communicator's calls do
+//! not wait for a decision: a size runs a quick choice (`quick`) until the full decision, made
+//! in the background (`refine`), is agreed by every rank (`comm::agree`).
 //!
 //! Users bring their own policy through [`Tuner`], shaped like NCCL's tuner plugin: it sees the
 //! priced candidates (NCCL's cost table) and may pick another one.

@@ -216,7 +216,7 @@ fn decide_one(selector: &mut Selector, ask: Ask, out: &Refinements, delay: Durat
 impl Selector {
     /// What a call of `collective` on a buffer of `bytes` runs now. With
     /// [`SelectorOptions::background`] and no forced algorithm or user tuner, a size not
-    /// [switched](Refinements::switch) yet gets the quick choice and its full decision is
+    /// switched yet (`Refinements::switch`) gets the quick choice and its full decision is
     /// started in the background; otherwise the full decision is made here
     /// ([`Selector::choose`]).
     pub fn decide(&mut self, collective: Collective, bytes: u64) -> Result<Decision> {
