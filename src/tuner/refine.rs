@@ -9,7 +9,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -32,69 +32,83 @@ pub struct Decision {
 /// A decision with its proven schedule.
 pub(crate) type Decided = (Choice, Arc<Schedule>);
 
-/// The background decisions of one selector, shared with its communicator's executor.
+/// What a communicator knows of the background decisions: the ones its ranks agreed to run
+/// (its own), and the thread that makes them (shared by every communicator of the process on
+/// the same topology and settings: local ranks as threads, or one process driving several
+/// GPUs, decide each size once). Shared with the communicator's executor.
 #[derive(Default)]
 pub(crate) struct Refinements {
-    inner: Mutex<Answers>,
+    background: OnceLock<Arc<Background>>,
+    /// Agreed by every rank: what the size runs from the agreement on.
+    switched: Mutex<FxHashMap<DecisionKey, Decided>>,
 }
 
-#[derive(Default)]
-struct Answers {
-    /// Quick decisions made ahead by the background thread, with their schedules
-    /// ([`WARMED_BUCKETS`]).
-    warmed: FxHashMap<DecisionKey, (Priced, Arc<Schedule>)>,
-    /// Made by the background thread, not run yet.
-    made: FxHashMap<DecisionKey, Decided>,
-    /// Agreed by every rank: what the size runs from the agreement on.
-    switched: FxHashMap<DecisionKey, Decided>,
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Refinements {
-    fn lock(&self) -> MutexGuard<'_, Answers> {
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    /// The background thread's answers, where it runs.
+    fn answers(&self) -> Option<MutexGuard<'_, Answers>> {
+        self.background.get().map(|b| lock(&b.answers))
     }
 
     /// Whether this rank has the decision of `key` (made, or switched already).
     pub(crate) fn made(&self, key: &DecisionKey) -> bool {
-        let a = self.lock();
-        a.made.contains_key(key) || a.switched.contains_key(key)
+        lock(&self.switched).contains_key(key) || self.answers().is_some_and(|a| a.made.contains_key(key))
     }
 
     /// The decision `key` runs, once the ranks agreed on it.
     pub(crate) fn switched(&self, key: &DecisionKey) -> Option<Decided> {
-        self.lock().switched.get(key).cloned()
+        lock(&self.switched).get(key).cloned()
     }
 
     /// Whether every one of `keys` is switched.
     pub(crate) fn all_switched(&self, keys: &[DecisionKey]) -> bool {
-        let a = self.lock();
-        keys.iter().all(|k| a.switched.contains_key(k))
+        let switched = lock(&self.switched);
+        keys.iter().all(|k| switched.contains_key(k))
     }
 
     /// Switches `key` to its decision: every rank has made it (an agreement said so, in call
     /// order). `false` if this rank has not, which the agreement rules out.
     pub(crate) fn switch(&self, key: &DecisionKey) -> bool {
-        let mut a = self.lock();
-        if a.switched.contains_key(key) {
+        if lock(&self.switched).contains_key(key) {
             return true;
         }
-        match a.made.remove(key) {
-            Some(d) => {
-                a.switched.insert(key.clone(), d);
-                true
-            }
-            None => false,
-        }
+        let Some(decided) = self.answers().and_then(|a| a.made.get(key).cloned()) else { return false };
+        lock(&self.switched).insert(key.clone(), decided);
+        true
     }
 
     /// The quick decision of `key`, if the background thread made it ahead.
     pub(super) fn warmed(&self, key: &DecisionKey) -> Option<(Priced, Arc<Schedule>)> {
-        self.lock().warmed.get(key).cloned()
+        self.answers().and_then(|a| a.warmed.get(key).cloned())
     }
 
-    fn answer(&self, key: DecisionKey, decided: Decided) {
-        self.lock().made.insert(key, decided);
+    /// Starts `selector`'s background decisions (joining a thread already deciding for the
+    /// same topology and settings) if they have not started.
+    pub(super) fn start(&self, selector: &Selector) -> Result<()> {
+        if self.background.get().is_none() {
+            let _ = self.background.set(Background::shared(selector)?);
+        }
+        Ok(())
     }
+
+    /// Asks the background thread for the full decision of `key`, once.
+    fn ask(&self, key: &DecisionKey, collective: Collective, bytes: u64) {
+        if let Some(b) = self.background.get() {
+            b.ask(key, collective, bytes);
+        }
+    }
+}
+
+/// What the background thread made.
+#[derive(Default)]
+struct Answers {
+    /// Quick decisions made ahead, with their schedules ([`WARMED_BUCKETS`]).
+    warmed: FxHashMap<DecisionKey, (Priced, Arc<Schedule>)>,
+    /// Full decisions.
+    made: FxHashMap<DecisionKey, Decided>,
 }
 
 /// One size to decide in full.
@@ -104,44 +118,72 @@ struct Ask {
     bytes: u64,
 }
 
-/// The background thread of one selector, started with it.
-pub(super) struct Refiner {
-    asks: Sender<Ask>,
-    asked: FxHashSet<DecisionKey>,
+/// A background thread and what it made, shared by the communicators that use it; it stops
+/// when the last of them is gone.
+struct Background {
+    asks: Mutex<Sender<Ask>>,
+    asked: Mutex<FxHashSet<DecisionKey>>,
+    answers: Arc<Mutex<Answers>>,
     cancel: Arc<AtomicBool>,
 }
 
-impl Refiner {
-    /// Starts the thread; it decides on a topology and options of its own (no user tuner, no
-    /// forced algorithm: the quick path is taken only without them).
-    pub(super) fn start(selector: &Selector) -> Result<Refiner> {
+/// The process's background threads, by what they decide for ([`Background::identity`]).
+static RUNNING: Mutex<Vec<(String, Weak<Background>)>> = Mutex::new(Vec::new());
+
+impl Background {
+    /// What a background thread's decisions depend on: the topology and the settings (the
+    /// cost model, the cache, the delay; never a forced algorithm or a user tuner, which take
+    /// no quick path).
+    fn identity(selector: &Selector) -> String {
+        let options = SelectorOptions { forced: None, ..selector.options.clone() };
+        format!("{:016x}/{options:?}", selector.fingerprint())
+    }
+
+    /// The running thread deciding for `selector`'s topology and settings, or a new one.
+    fn shared(selector: &Selector) -> Result<Arc<Background>> {
+        let identity = Background::identity(selector);
+        let mut running = lock(&RUNNING);
+        running.retain(|(_, b)| b.strong_count() > 0);
+        if let Some(b) = running.iter().find(|(i, _)| *i == identity).and_then(|(_, b)| b.upgrade()) {
+            return Ok(b);
+        }
+        let b = Arc::new(Background::start(selector)?);
+        running.push((identity, Arc::downgrade(&b)));
+        Ok(b)
+    }
+
+    /// Starts the thread; it decides with a selector of its own (no user tuner, no forced
+    /// algorithm: the quick path is taken only without them).
+    fn start(selector: &Selector) -> Result<Background> {
         let (asks, queue) = mpsc::channel();
         let cancel = Arc::new(AtomicBool::new(false));
+        let answers = Arc::new(Mutex::new(Answers::default()));
         let options = SelectorOptions { forced: None, background: false, ..selector.options.clone() };
         let delay = selector.options.background_delay;
-        let (topology, out, stop) = (selector.topology.clone(), selector.refinements.clone(), cancel.clone());
+        let (topology, out, stop) = (selector.topology.clone(), answers.clone(), cancel.clone());
         std::thread::Builder::new()
             .name("topoccl-tuner".into())
             .spawn(move || {
+                priority::lower_this_thread();
                 let Ok(mut background) = Selector::new(topology, options) else { return };
                 background.cancel = Some(stop.clone());
                 warm(&mut background, &queue, &out, delay, &stop);
                 decide_all(&mut background, &queue, &out, delay, &stop);
             })
             .map_err(|e| Error::Io { context: "starting the tuner's background thread".into(), source: e })?;
-        Ok(Refiner { asks, asked: FxHashSet::default(), cancel })
+        Ok(Background { asks: Mutex::new(asks), asked: Mutex::default(), answers, cancel })
     }
 
-    fn ask(&mut self, key: &DecisionKey, collective: Collective, bytes: u64) {
-        if self.asked.insert(key.clone()) {
+    fn ask(&self, key: &DecisionKey, collective: Collective, bytes: u64) {
+        if lock(&self.asked).insert(key.clone()) {
             // A closed channel means the thread ended: the size keeps its quick choice (it is
             // never made here, so never agreed).
-            let _ = self.asks.send(Ask { key: key.clone(), collective, bytes });
+            let _ = lock(&self.asks).send(Ask { key: key.clone(), collective, bytes });
         }
     }
 }
 
-impl Drop for Refiner {
+impl Drop for Background {
     /// The thread stops at its next candidate (a synthesis under way runs to its end).
     fn drop(&mut self) {
         self.cancel.store(true, Ordering::Relaxed);
@@ -156,7 +198,7 @@ const WARMED_BUCKETS: u32 = 33;
 /// Makes the quick decisions of [`WARMED_BUCKETS`] ahead, deciding what is asked meanwhile
 /// first. Quick decisions are the same wherever made, so a call that finds one made runs
 /// what it would have decided itself.
-fn warm(selector: &mut Selector, queue: &Receiver<Ask>, out: &Refinements, delay: Duration, stop: &AtomicBool) {
+fn warm(selector: &mut Selector, queue: &Receiver<Ask>, out: &Mutex<Answers>, delay: Duration, stop: &AtomicBool) {
     for shift in 0..WARMED_BUCKETS {
         while let Ok(ask) = queue.try_recv() {
             if !decide_one(selector, ask, out, delay, stop) {
@@ -171,14 +213,36 @@ fn warm(selector: &mut Selector, queue: &Receiver<Ask>, out: &Refinements, delay
         let Ok(quick) = quick else { return };
         let Ok(schedule) = selector.schedule(&quick.choice, collective, bytes) else { return };
         let key = selector.decision_key(collective, bytes);
-        out.lock().warmed.insert(key, (quick, schedule));
+        lock(out).warmed.insert(key, (quick, schedule));
+    }
+}
+
+/// Background work yields the CPU to the ranks: on a busy host (local ranks sharing cores) the
+/// decisions come later, the calls not.
+mod priority {
+    /// The nice value of the tuner's thread (the lowest priority).
+    const NICE: i32 = 19;
+
+    /// Lowers the calling thread's priority to [`NICE`] (on Linux the nice value is a thread's
+    /// own); where it cannot, it stays.
+    pub(super) fn lower_this_thread() {
+        let tid = nix::unistd::gettid().as_raw();
+        // SAFETY: setpriority takes no pointers; given a thread id with PRIO_PROCESS, Linux
+        // changes that thread's nice value alone.
+        let _ = unsafe { nix::libc::setpriority(nix::libc::PRIO_PROCESS, tid as nix::libc::id_t, NICE) };
     }
 }
 
 /// The thread: each size asked, decided in full and its winner proven, in the order asked. A
 /// size whose full decision fails (alike on every rank: the inputs are shared) is answered with
 /// its quick choice, said once.
-fn decide_all(selector: &mut Selector, queue: &Receiver<Ask>, out: &Refinements, delay: Duration, stop: &AtomicBool) {
+fn decide_all(
+    selector: &mut Selector,
+    queue: &Receiver<Ask>,
+    out: &Mutex<Answers>,
+    delay: Duration,
+    stop: &AtomicBool,
+) {
     for ask in queue {
         if !decide_one(selector, ask, out, delay, stop) {
             return;
@@ -187,7 +251,7 @@ fn decide_all(selector: &mut Selector, queue: &Receiver<Ask>, out: &Refinements,
 }
 
 /// Decides `ask` in full into `out`; `false` once the selector is no longer wanted.
-fn decide_one(selector: &mut Selector, ask: Ask, out: &Refinements, delay: Duration, stop: &AtomicBool) -> bool {
+fn decide_one(selector: &mut Selector, ask: Ask, out: &Mutex<Answers>, delay: Duration, stop: &AtomicBool) -> bool {
     if !delay.is_zero() {
         std::thread::sleep(delay);
     }
@@ -209,7 +273,7 @@ fn decide_one(selector: &mut Selector, ask: Ask, out: &Refinements, delay: Durat
             quick
         }
     };
-    out.answer(ask.key, decided);
+    lock(out).made.insert(ask.key, decided);
     true
 }
 
@@ -236,12 +300,8 @@ impl Selector {
             return Ok(Decision { choice, settled: true, key });
         }
         let choice = self.choose_quick(collective, bytes)?.choice;
-        if self.refiner.is_none() {
-            self.refiner = Some(Refiner::start(self)?);
-        }
-        if let Some(refiner) = &mut self.refiner {
-            refiner.ask(&key, collective, bytes);
-        }
+        self.refinements.start(self)?;
+        self.refinements.ask(&key, collective, bytes);
         Ok(Decision { choice, settled: false, key })
     }
 

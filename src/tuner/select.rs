@@ -107,8 +107,6 @@ pub struct Selector {
     pub(super) settled: FxHashMap<DecisionKey, Choice>,
     /// The background decisions, shared with the communicator's executor.
     pub(super) refinements: Arc<super::refine::Refinements>,
-    /// The background decisions ([`super::refine`]), started at the first quick one.
-    pub(super) refiner: Option<super::refine::Refiner>,
     /// Set when the selector that asked for this one's decisions is gone: pricing stops
     /// between candidates ([`super::refine`]).
     pub(super) cancel: Option<Arc<std::sync::atomic::AtomicBool>>,
@@ -131,7 +129,7 @@ impl Selector {
         let fingerprint = topology.fingerprint();
         let stored = options.cache.known_decisions(fingerprint, |a| registry.get(a).is_ok());
         let schedules = BuiltSchedules::new(fingerprint, options.cache.clone(), options.sim.follow_paths);
-        let mut selector = Selector {
+        let selector = Selector {
             topology,
             fingerprint,
             registry,
@@ -143,11 +141,10 @@ impl Selector {
             quick: FxHashMap::default(),
             settled: FxHashMap::default(),
             refinements: Arc::default(),
-            refiner: None,
             cancel: None,
         };
         if selector.options.background && selector.options.forced.is_none() {
-            selector.refiner = Some(super::refine::Refiner::start(&selector)?);
+            selector.refinements.start(&selector)?;
         }
         Ok(selector)
     }
@@ -171,6 +168,11 @@ impl Selector {
     /// The background decisions, for the communicator's agreements (`comm::agree`).
     pub(crate) fn refinements(&self) -> Arc<super::refine::Refinements> {
         self.refinements.clone()
+    }
+
+    /// The topology's fingerprint.
+    pub(super) fn fingerprint(&self) -> u64 {
+        self.fingerprint
     }
 
     /// Whether a user tuner was added.
