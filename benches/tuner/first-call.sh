@@ -18,6 +18,11 @@ for m in "${machines[@]}"; do
     TOPOCCL_CACHE_DIR=off target/release/collbench --simulate --first-call --topology "$m" -b 1K -e 1G -f 4
     echo
 done
+# The other collectives made ahead, on one machine.
+for c in all_gather reduce_scatter; do
+    TOPOCCL_CACHE_DIR=off target/release/collbench --simulate --first-call --topology dgx-a100 --collective $c -b 1K -e 1G -f 16
+    echo
+done
 ranks=${RANKS:-4}
 for mode in first-call background forced-ring; do
     echo "# local ranks: $ranks threads, all-reduce float32, $mode"

@@ -105,7 +105,7 @@ impl Refinements {
 /// What the background thread made.
 #[derive(Default)]
 struct Answers {
-    /// Quick decisions made ahead, with their schedules ([`WARMED_BUCKETS`]).
+    /// Quick decisions made ahead, with their schedules ([`WARMED`]).
     warmed: FxHashMap<DecisionKey, (Priced, Arc<Schedule>)>,
     /// Full decisions.
     made: FxHashMap<DecisionKey, Decided>,
@@ -190,30 +190,39 @@ impl Drop for Background {
     }
 }
 
-/// All-reduce buckets whose quick decisions the thread makes first, smallest first (1 B to
-/// 4 GiB): a communicator's first calls then find them made (on a DGX-A100 a quick decision
-/// costs about a millisecond, the goal of a first call). Sizes asked meanwhile go first.
+/// Buckets whose quick decisions the thread makes first (1 B to 4 GiB), for each of
+/// [`WARMED`] in turn, smallest first: a communicator's first calls then find them made (on a
+/// DGX-A100 a quick decision costs about a millisecond, the goal of a first call). Sizes asked
+/// meanwhile go first.
 const WARMED_BUCKETS: u32 = 33;
+/// The collectives whose quick decisions are made ahead, most used first (a rooted collective's
+/// for root 0 only: every root is a decision of its own).
+const WARMED: [Collective; 4] =
+    [Collective::AllReduce, Collective::AllGather, Collective::ReduceScatter, Collective::Broadcast { root: 0 }];
 
-/// Makes the quick decisions of [`WARMED_BUCKETS`] ahead, deciding what is asked meanwhile
-/// first. Quick decisions are the same wherever made, so a call that finds one made runs
-/// what it would have decided itself.
+/// Makes the quick decisions of [`WARMED`] ahead, deciding what is asked meanwhile first.
+/// Quick decisions are the same wherever made, so a call that finds one made runs what it would
+/// have decided itself.
 fn warm(selector: &mut Selector, queue: &Receiver<Ask>, out: &Mutex<Answers>, delay: Duration, stop: &AtomicBool) {
-    for shift in 0..WARMED_BUCKETS {
-        while let Ok(ask) = queue.try_recv() {
-            if !decide_one(selector, ask, out, delay, stop) {
+    for collective in WARMED {
+        for shift in 0..WARMED_BUCKETS {
+            while let Ok(ask) = queue.try_recv() {
+                if !decide_one(selector, ask, out, delay, stop) {
+                    return;
+                }
+            }
+            if stop.load(Ordering::Relaxed) {
                 return;
             }
+            let bytes = 1u64 << shift;
+            let quick = selector
+                .choose_quick(collective, bytes)
+                .and_then(|q| Ok((selector.schedule(&q.choice, collective, bytes)?, q)));
+            // Not built on this topology: the calls will say why; the next collective.
+            let Ok((schedule, quick)) = quick else { break };
+            let key = selector.decision_key(collective, bytes);
+            lock(out).warmed.insert(key, (quick, schedule));
         }
-        if stop.load(Ordering::Relaxed) {
-            return;
-        }
-        let (collective, bytes) = (Collective::AllReduce, 1u64 << shift);
-        let quick = selector.choose_quick(collective, bytes);
-        let Ok(quick) = quick else { return };
-        let Ok(schedule) = selector.schedule(&quick.choice, collective, bytes) else { return };
-        let key = selector.decision_key(collective, bytes);
-        lock(out).warmed.insert(key, (quick, schedule));
     }
 }
 
@@ -306,8 +315,15 @@ impl Selector {
     }
 
     /// Whether the quick decision for `collective` on `bytes` was made ahead by the background
-    /// thread (the all-reduce's, from the selector's start: a first call then only looks it up).
+    /// thread (the common collectives', from the selector's start: a first call then only looks
+    /// it up).
     pub fn quick_ready(&self, collective: Collective, bytes: u64) -> bool {
         self.refinements.warmed(&self.decision_key(collective, bytes)).is_some()
+    }
+
+    /// Whether a communicator's background thread makes `collective`'s quick decisions ahead,
+    /// for 1 B to 4 GiB.
+    pub fn made_ahead(collective: Collective) -> bool {
+        WARMED.contains(&collective)
     }
 }
