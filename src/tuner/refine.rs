@@ -197,8 +197,14 @@ impl Drop for Background {
 const WARMED_BUCKETS: u32 = 33;
 /// The collectives whose quick decisions are made ahead, most used first (a rooted collective's
 /// for root 0 only: every root is a decision of its own).
-const WARMED: [Collective; 4] =
-    [Collective::AllReduce, Collective::AllGather, Collective::ReduceScatter, Collective::Broadcast { root: 0 }];
+const WARMED: [Collective; 6] = [
+    Collective::AllReduce,
+    Collective::AllGather,
+    Collective::ReduceScatter,
+    Collective::Broadcast { root: 0 },
+    Collective::Reduce { root: 0 },
+    Collective::AllToAll,
+];
 
 /// Makes the quick decisions of [`WARMED`] ahead, deciding what is asked meanwhile first.
 /// Quick decisions are the same wherever made, so a call that finds one made runs what it would
