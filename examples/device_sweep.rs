@@ -54,7 +54,12 @@ impl Buffers {
 
     fn result(&self, stream: &Arc<CudaStream>) -> Result<Vec<f32>, Box<dyn std::error::Error>> {
         Ok(match self {
-            Buffers::Cudarc(_, recv) => stream.clone_dtoh(recv)?,
+            // Waited for in the synchronize, not in a copy into pageable memory (which holds a
+            // lock of the context that other ranks' stream and event creation wait for).
+            Buffers::Cudarc(_, recv) => {
+                stream.synchronize()?;
+                stream.clone_dtoh(recv)?
+            }
             Buffers::CuMem(_, recv) => {
                 let mut out = vec![0f32; recv.len() / 4];
                 // SAFETY: `recv` holds that many floats; the stream has passed the calls.

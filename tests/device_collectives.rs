@@ -27,7 +27,7 @@ fn all_reduce_of_device_buffers_on_two_threads() {
         let send = s.clone_htod(&host).expect("htod");
         let mut recv = s.alloc_zeros::<f32>(n).expect("alloc");
         comm.all_reduce_device(&send, &mut recv, ReduceOp::Sum, &s).expect("all-reduce");
-        let got = s.clone_dtoh(&recv).expect("dtoh");
+        let got = device_support::read_back(&s, &recv);
         got.iter().enumerate().filter(|(i, v)| **v != (*i as f32) * 3.0).count()
     });
     assert_eq!(results, vec![0, 0]);
@@ -137,8 +137,8 @@ fn sends_and_receives_of_device_buffers_in_a_group() {
             g.recv_device(&mut own, r, &s).expect("recv from self");
             g.submit_on(StreamRef(s.cu_stream())).expect("group");
         }
-        let left = s.clone_dtoh(&from_left).expect("dtoh");
-        let own = s.clone_dtoh(&own).expect("dtoh");
+        let left = device_support::read_back(&s, &from_left);
+        let own = device_support::read_back(&s, &own);
         let want_left = i64::from((r + n - 1) % n);
         let bad = left.iter().enumerate().filter(|(i, v)| **v != *i as i64 * 10 + want_left).count();
         bad + own.iter().zip(&mine).filter(|(a, b)| a != b).count()

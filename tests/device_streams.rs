@@ -37,7 +37,7 @@ fn a_call_waits_for_the_work_before_it_on_its_stream() {
         std::thread::sleep(Duration::from_millis(300));
         // SAFETY: a live, aligned word of pinned memory.
         unsafe { std::ptr::write_volatile(gate.addr() as *mut u32, 1) };
-        let got = s.clone_dtoh(&recv).expect("dtoh");
+        let got = device_support::read_back(&s, &recv);
         got.iter().filter(|v| **v != 3.0).count()
     });
     assert_eq!(results, vec![0, 0], "elements of the all-reduce that missed the input written before it");

@@ -112,7 +112,7 @@ fn a_send_read_in_place_from_device_memory_waits_for_the_work_before_the_call() 
         // SAFETY: `buf` holds the call's bytes and lives until the stream has passed the call
         // (the download below synchronises it).
         unsafe { comm.submit_on(&call, at, at, StreamRef(s.cu_stream())) }.expect("broadcast");
-        let out = s.clone_dtoh(&buf).expect("download");
+        let out = device_support::read_back(&s, &buf);
         comm.flush().expect("the broadcast failed");
         if let Some(i) = out.iter().zip(&data).position(|(a, b)| a != b) {
             panic!("rank {}, round {round}: byte {i} differs ({} for {})", comm.rank(), out[i], data[i]);

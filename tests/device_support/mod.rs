@@ -37,6 +37,17 @@ pub fn stream() -> Arc<CudaStream> {
     ctx.new_stream().expect("stream")
 }
 
+/// `slice` read back to the host once `stream` has passed everything queued on it. The wait is
+/// in `cuStreamSynchronize`, not in the copy: on an H200 (driver 580) a copy into pageable
+/// memory that waits for its stream holds a lock of the context that `cuStreamCreate` and
+/// `cuEventCreate` wait for, so with ranks as threads of one context a rank waiting there for
+/// a call stops another rank making the stream it would make that call on (the stand-in does
+/// the same: `CtxCore::blocking`).
+pub fn read_back<T: cudarc::driver::DeviceRepr>(stream: &Arc<CudaStream>, slice: &CudaSlice<T>) -> Vec<T> {
+    stream.synchronize().expect("synchronize");
+    stream.clone_dtoh(slice).expect("dtoh")
+}
+
 /// `v` as one element of `dtype` (small integers and halves: exact in every type).
 pub fn encode(dtype: Dtype, v: f32) -> Vec<u8> {
     match dtype {
@@ -119,7 +130,7 @@ pub fn device_and_host(
             let (s, r) = (at(&send, stream), at(&recv, stream));
             // SAFETY: both slices live until the stream has passed the call (the copy below).
             unsafe { comm.submit_on(call, s, r, StreamRef(stream.cu_stream()))? };
-            let out = stream.clone_dtoh(&recv).expect("dtoh");
+            let out = read_back(stream, &recv);
             drop((send, &mut recv));
             out[..out_bytes].to_vec()
         }
@@ -134,7 +145,7 @@ pub fn device_and_host(
             };
             // SAFETY: as above.
             unsafe { comm.submit_on(call, s, r, StreamRef(stream.cu_stream()))? };
-            stream.clone_dtoh(&d).expect("dtoh")
+            read_back(stream, &d)
         }
     };
     let host = match placement {
