@@ -431,7 +431,7 @@ fn check_algorithm(registry: &Registry, algo: Option<&str>) -> Result<()> {
 }
 
 #[cfg(test)]
-#[path = "select_cache_tests.rs"]
+#[path = "tests/select_cache.rs"]
 mod cache_tests;
 
 #[cfg(test)]
