@@ -41,8 +41,9 @@ pub fn stream() -> Arc<CudaStream> {
 /// in `cuStreamSynchronize`, not in the copy: on an H200 (driver 580) a copy into pageable
 /// memory that waits for its stream holds a lock of the context that `cuStreamCreate` and
 /// `cuEventCreate` wait for, so with ranks as threads of one context a rank waiting there for
-/// a call stops another rank making the stream it would make that call on (the stand-in does
-/// the same: `CtxCore::blocking`).
+/// a call stops another rank making the stream it would make that call on. (The stand-in
+/// does not model that lock yet: modelled, it also stalls the C device test's thread ranks at
+/// init, whose CUDA IPC connections make streams while a rank already returned waits so.)
 pub fn read_back<T: cudarc::driver::DeviceRepr>(stream: &Arc<CudaStream>, slice: &CudaSlice<T>) -> Vec<T> {
     stream.synchronize().expect("synchronize");
     stream.clone_dtoh(slice).expect("dtoh")
