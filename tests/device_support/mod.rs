@@ -16,7 +16,7 @@ use topoccl::{Buffer, Collective, CollectiveCall, Communicator, Dtype, ReduceOp,
 /// init. A rank whose first call bound it would make its device resources (a stream, events)
 /// then, and making them waits, on a GPU, while another rank thread sits in a copy into
 /// pageable memory waiting for its own call, which waits for this rank: a deadlock (seen on an
-/// H200; the stand-in driver has that lock too).
+/// H200; see [`read_back`]).
 pub fn device_config(transport: topoccl::TransportPolicy, timeout_s: f64) -> topoccl::Config {
     topoccl::Config {
         cuda_device: Some(0),
