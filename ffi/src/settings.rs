@@ -101,6 +101,16 @@ pub fn core_config() -> Result<Config> {
     Ok(c)
 }
 
+/// [`core_config`] for a rank the calling thread joins: bound at init to the device whose
+/// primary context is current (`cudaSetDevice`'s), as NCCL binds to the current device. Binding
+/// then, not at the first call, keeps a rank's device resources (CUDA IPC streams) made before
+/// init returns, while no thread of this process can yet be waiting on its calls.
+pub fn rank_config() -> Result<Config> {
+    let mut c = core_config()?;
+    c.cuda_device = topoccl::cuda::current_primary_device();
+    Ok(c)
+}
+
 /// Field `$field` of the caller's config when its `size` covers it.
 macro_rules! field {
     ($cfg:expr, $field:ident) => {{

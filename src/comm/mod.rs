@@ -315,7 +315,9 @@ impl Communicator {
             splits: 0,
             binding,
         };
-        let bound = front.binding.is_some();
+        // Whether any rank brought a device to init (what the rendezvous told every rank
+        // alike, so all or none of them wait below).
+        let device = peers.iter().any(|p| p.device.is_some());
         let comm = Communicator {
             rank,
             nranks,
@@ -330,7 +332,7 @@ impl Communicator {
             progress: Some(progress),
             listener: Mutex::new(Some(listener)),
         };
-        if bound {
+        if device {
             // As NCCL's init, return only once every rank has connected: a rank still making
             // its device resources (CUDA IPC streams) would wait, on a GPU, for another rank
             // thread of this process sitting in a blocking copy that waits for a first call

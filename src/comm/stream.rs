@@ -7,7 +7,8 @@
 //!
 //! A communicator is bound to one CUDA context: the first call on a stream binds it to the
 //! stream's context (for the legacy default stream, the context current on the calling
-//! thread), or [`Config::cuda_device`](super::Config) binds it at init.
+//! thread), or [`Config::cuda_device`](super::Config) binds it at init (the C ABI's
+//! `ncclCommInitRank` sets it to the device current on the calling thread, as NCCL binds).
 
 use std::sync::Arc;
 

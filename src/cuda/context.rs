@@ -174,3 +174,20 @@ pub fn device_count() -> Result<u32> {
     check(unsafe { sys::cuDeviceGetCount(&mut n) }, "cuDeviceGetCount")?;
     Ok(n.max(0) as u32)
 }
+
+/// The device whose primary context is current on this thread, when that is what is current:
+/// what `cudaSetDevice` leaves current, and so the device NCCL binds a communicator to at init.
+/// `None` without a driver or a current context (the driver is not initialised then), or when
+/// the current context is one the caller made (a communicator binds to that at its first call).
+pub fn current_primary_device() -> Option<u32> {
+    super::driver::loaded().ok()?;
+    let mut raw: CUcontext = std::ptr::null_mut();
+    // SAFETY: the library and its symbols are loaded; before `cuInit` the call answers
+    // CUDA_ERROR_NOT_INITIALIZED, which means no context.
+    if unsafe { sys::cuCtxGetCurrent(&mut raw) } != sys::CUresult::CUDA_SUCCESS || raw.is_null() {
+        return None;
+    }
+    // SAFETY: the context is current on this thread, so alive for this call.
+    let ctx = unsafe { Context::adopt(raw) }.ok()?;
+    ctx.primary.is_some().then_some(ctx.ordinal)
+}

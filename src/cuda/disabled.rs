@@ -217,6 +217,10 @@ impl LocalOps for CudaOps {
 }
 
 /// Without CUDA no rank drives a device.
+pub fn current_primary_device() -> Option<u32> {
+    None
+}
+
 pub fn device_at_init(_requested: Option<u32>) -> Option<topoccl_transports::ipc::DeviceId> {
     None
 }

@@ -30,7 +30,7 @@ mod stream;
 #[cfg(feature = "cuda")]
 pub use binding::{Binding, StreamSync};
 #[cfg(feature = "cuda")]
-pub use context::{device_count, Context, Entered};
+pub use context::{current_primary_device, device_count, Context, Entered};
 #[cfg(feature = "cuda")]
 pub use driver::{driver, present, Driver};
 #[cfg(feature = "cuda")]

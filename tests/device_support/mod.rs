@@ -16,7 +16,7 @@ use topoccl::{Buffer, Collective, CollectiveCall, Communicator, Dtype, ReduceOp,
 /// init. A rank whose first call bound it would make its device resources (a stream, events)
 /// then, and making them waits, on a GPU, while another rank thread sits in a copy into
 /// pageable memory waiting for its own call, which waits for this rank: a deadlock (seen on an
-/// H200; see [`read_back`]).
+/// H200; the stand-in driver has that lock too).
 pub fn device_config(transport: topoccl::TransportPolicy, timeout_s: f64) -> topoccl::Config {
     topoccl::Config {
         cuda_device: Some(0),
@@ -41,9 +41,8 @@ pub fn stream() -> Arc<CudaStream> {
 /// in `cuStreamSynchronize`, not in the copy: on an H200 (driver 580) a copy into pageable
 /// memory that waits for its stream holds a lock of the context that `cuStreamCreate` and
 /// `cuEventCreate` wait for, so with ranks as threads of one context a rank waiting there for
-/// a call stops another rank making the stream it would make that call on. (The stand-in
-/// does not model that lock yet: modelled, it also stalls the C device test's thread ranks at
-/// init, whose CUDA IPC connections make streams while a rank already returned waits so.)
+/// a call stops another rank making the stream it would make that call on (the stand-in does
+/// the same: `CtxCore::blocking`).
 pub fn read_back<T: cudarc::driver::DeviceRepr>(stream: &Arc<CudaStream>, slice: &CudaSlice<T>) -> Vec<T> {
     stream.synchronize().expect("synchronize");
     stream.clone_dtoh(slice).expect("dtoh")

@@ -58,7 +58,7 @@ pub(super) fn init_rank_config(
             return Err(invalid(format!("rank {rank} of {nranks} ranks: need 0 <= rank < nranks")));
         }
         let requested = settings::requested(raw::get(config))?;
-        let core = settings::core_config()?;
+        let core = settings::rank_config()?;
         let bytes: Vec<u8> = id.internal.iter().map(|&b| b as u8).collect();
         let id = UniqueId::from_bytes(&bytes)?;
         let (rank, nranks) = (rank as u32, nranks as u32);

@@ -145,7 +145,7 @@ fn grow(
                 .ok_or_else(|| invalid(format!("a new rank needs its assigned rank (0 <= rank < {n}), got {rank}")))?;
             return publish(
                 newcomm,
-                Communicator::init_with(&id, rank, n, settings::core_config()?).map_err(Error::from),
+                Communicator::init_with(&id, rank, n, settings::rank_config()?).map_err(Error::from),
             );
         }
         let parent = handle::lookup(comm)?;

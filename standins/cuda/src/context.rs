@@ -5,7 +5,7 @@
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use crate::config;
 use crate::device;
@@ -27,6 +27,11 @@ pub struct CtxCore {
     closing: AtomicBool,
     /// (context, device) pairs this context enabled peer access to.
     peers: Mutex<Vec<(usize, i32)>>,
+    /// Held (shared) by a copy into pageable host memory while it waits for its stream, and
+    /// taken (exclusive) by stream and event creation: on an H200 (driver 580)
+    /// `cuStreamCreate` and `cuEventCreate` waited for as long as another thread of the
+    /// context sat in `cuMemcpyDtoHAsync` to pageable memory. Copies do not exclude each other.
+    pub blocking: RwLock<()>,
 }
 
 impl CtxCore {
@@ -126,6 +131,7 @@ fn new_context(device: i32, primary: bool) -> Arc<Context> {
         destroyed: AtomicBool::new(false),
         closing: AtomicBool::new(false),
         peers: Mutex::new(Vec::new()),
+        blocking: RwLock::new(()),
     });
     let ctx = Arc::new_cyclic(|weak| Context {
         legacy: Stream::spawn(core.clone(), weak.clone(), 0, true),

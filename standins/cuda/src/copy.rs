@@ -3,7 +3,9 @@
 //! - an async copy from pageable host memory is staged (copied aside) at call time, so the
 //!   caller may reuse the source at once; from pinned memory it is read when the copy runs;
 //! - an async copy to pageable host memory returns after the stream ran it (and everything
-//!   before it); to pinned memory it lands when it runs; host to host is synchronous;
+//!   before it), holding the context's blocking lock while it waits (stream and event creation
+//!   wait for it, as on a GPU); to pinned memory it lands when it runs; host to host is
+//!   synchronous;
 //! - the synchronous copies use the legacy default stream: from pageable memory they wait for
 //!   the stream, stage and return (the copy itself may not have run yet), from pinned memory
 //!   or to host memory they return after the copy ran, device to device they do not wait.
@@ -137,6 +139,7 @@ fn copy(dst: End, src: End, len: usize, s: &Stream, mode: Mode) -> CuResult<()> 
         }),
     )?;
     if wait {
+        let _blocking = pageable_dst.then(|| s.core.blocking.read().unwrap_or_else(|e| e.into_inner()));
         s.wait_for(seq);
         s.core.check()?;
     }

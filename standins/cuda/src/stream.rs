@@ -231,6 +231,7 @@ pub fn create(flags: u32) -> CuResult<usize> {
     if flags & !STREAM_NON_BLOCKING != 0 {
         return Err(CUresult::INVALID_VALUE);
     }
+    drop(ctx.core.blocking.write().unwrap_or_else(|e| e.into_inner()));
     let s = Stream::spawn(ctx.core.clone(), Arc::downgrade(&ctx), flags, false);
     ctx.add_stream(&s);
     STREAMS.insert(s.handle, s.clone());

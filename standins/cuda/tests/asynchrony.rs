@@ -213,3 +213,34 @@ fn pool_memory_freed_in_stream_order_faults_a_racing_stream() {
     flag.set(1);
     assert_eq!(cu!(cuStreamSynchronize(b)), CUresult::ILLEGAL_ADDRESS, "B used it after the free ran");
 }
+
+#[test]
+fn creating_streams_and_events_waits_for_a_copy_into_pageable_memory() {
+    let ctx = Ctx::new(0);
+    let a = stream(1);
+    let flag = Flag::new();
+    let src = upload(&[7u8; N]);
+    flag.gate(a, 1);
+    let (raw_ctx, raw_a) = (ctx.0 as usize, a as usize);
+    let copier = std::thread::spawn(move || {
+        ok!(cuCtxSetCurrent(raw_ctx as *mut std::ffi::c_void));
+        let mut out = vec![0u8; N];
+        ok!(cuMemcpyDtoHAsync_v2(out.as_mut_ptr().cast(), src, N, raw_a as *mut std::ffi::c_void));
+        out
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    // The copy waits for the flag, holding the context's lock: creation waits with it.
+    let creator = std::thread::spawn(move || {
+        ok!(cuCtxSetCurrent(raw_ctx as *mut std::ffi::c_void));
+        let t = Instant::now();
+        let mut ev = null_mut();
+        ok!(cuEventCreate(&mut ev, 2));
+        let _ = stream(1);
+        t.elapsed()
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!creator.is_finished(), "cuEventCreate returned while a pageable copy waited");
+    flag.set(1);
+    assert_eq!(copier.join().unwrap(), vec![7u8; N]);
+    assert!(creator.join().unwrap() >= Duration::from_millis(150));
+}
