@@ -12,6 +12,7 @@ fn main() {
         collect(Path::new(dir), &mut files);
     }
     files.sort();
+    // FNV-1a 64, as `topoccl_synth::hash` (a build script cannot use the crates it builds).
     let mut hash = 0xcbf2_9ce4_8422_2325u64;
     let mut feed = |bytes: &[u8]| {
         for &b in bytes {

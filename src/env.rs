@@ -4,7 +4,7 @@
 use std::net::{SocketAddr, ToSocketAddrs};
 
 use crate::error::{Error, Result};
-use crate::exec::wire::fnv1a;
+use topoccl_synth::hash::fnv64;
 
 /// What a launcher told this process.
 #[derive(Debug, Clone)]
@@ -81,8 +81,8 @@ impl LaunchEnv {
                     .unwrap_or_default();
                 let text = format!("{root}/{size_n}/{job}");
                 let mut s = [0u8; 16];
-                for (i, w) in s.chunks_exact_mut(4).enumerate() {
-                    w.copy_from_slice(&fnv1a(format!("{i}{text}").as_bytes()).to_le_bytes());
+                for (i, w) in s.chunks_exact_mut(8).enumerate() {
+                    w.copy_from_slice(&fnv64(format!("{i}{text}").as_bytes()).to_le_bytes());
                 }
                 s
             }

@@ -114,9 +114,9 @@ fn logger() -> &'static Logger {
             .and_then(|h| h.into_string().ok())
             .map(|h| h.split('.').next().unwrap_or_default().to_string())
             .unwrap_or_else(|| "localhost".into());
-        let level = parse_level(std::env::var("NCCL_DEBUG").ok().as_deref());
-        let mask = parse_subsys(std::env::var("NCCL_DEBUG_SUBSYS").ok().as_deref());
-        let sink = Mutex::new(open_sink(std::env::var("NCCL_DEBUG_FILE").ok(), &host));
+        let level = parse_level(topoccl::env::var("NCCL_DEBUG").as_deref());
+        let mask = parse_subsys(topoccl::env::var("NCCL_DEBUG_SUBSYS").as_deref());
+        let sink = Mutex::new(open_sink(topoccl::env::var("NCCL_DEBUG_FILE"), &host));
         let logger = Logger { level: AtomicU8::new(level as u8), mask: AtomicU32::new(mask), host, sink };
         if level >= Level::Version {
             logger.write(
@@ -163,8 +163,8 @@ pub fn init() {
 /// call after changing them).
 pub fn reset() {
     let l = logger();
-    l.level.store(parse_level(std::env::var("NCCL_DEBUG").ok().as_deref()) as u8, Ordering::Relaxed);
-    l.mask.store(parse_subsys(std::env::var("NCCL_DEBUG_SUBSYS").ok().as_deref()), Ordering::Relaxed);
+    l.level.store(parse_level(topoccl::env::var("NCCL_DEBUG").as_deref()) as u8, Ordering::Relaxed);
+    l.mask.store(parse_subsys(topoccl::env::var("NCCL_DEBUG_SUBSYS").as_deref()), Ordering::Relaxed);
 }
 
 pub fn info_enabled(subsys: Subsys) -> bool {

@@ -12,6 +12,7 @@
 
 use std::ffi::CStr;
 
+use topoccl::env::var;
 use topoccl::{Config, TransportPolicy};
 
 use crate::abi::{ncclConfig_t, CONFIG_MAGIC, CONFIG_UNDEF_INT};
@@ -75,26 +76,22 @@ pub fn nccl_proto(value: &str) -> Result<()> {
     Ok(())
 }
 
-fn env(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
-}
-
 /// The core settings for a new communicator: `TOPOCCL_*`, then NCCL's variables where topoccl's
 /// are unset.
 pub fn core_config() -> Result<Config> {
     let mut c = Config::from_env()?;
-    if env("TOPOCCL_ALGO").is_none() {
-        if let Some(v) = env("NCCL_ALGO") {
+    if var("TOPOCCL_ALGO").is_none() {
+        if let Some(v) = var("NCCL_ALGO") {
             c.algo = nccl_algo(&v)?;
             log::info(Subsys::Env, None, format_args!("NCCL_ALGO set by environment to {v}: topoccl {:?}", c.algo));
         }
     }
-    if let Some(v) = env("NCCL_PROTO") {
+    if let Some(v) = var("NCCL_PROTO") {
         nccl_proto(&v)?;
         log::info(Subsys::Env, None, format_args!("NCCL_PROTO={v}: topoccl has one protocol (Simple)"));
     }
-    let off = |name: &str| env(name).is_some_and(|v| v.trim() == "1");
-    if env("TOPOCCL_TRANSPORT").is_none() && (off("NCCL_P2P_DISABLE") || off("NCCL_SHM_DISABLE")) {
+    let off = |name: &str| var(name).is_some_and(|v| v == "1");
+    if var("TOPOCCL_TRANSPORT").is_none() && (off("NCCL_P2P_DISABLE") || off("NCCL_SHM_DISABLE")) {
         c.transport = TransportPolicy::Tcp;
         log::info(Subsys::Env, None, format_args!("NCCL_P2P_DISABLE/NCCL_SHM_DISABLE set: TCP between every pair"));
     }

@@ -47,16 +47,18 @@ impl CollectiveCall {
         Ok((block, input, output))
     }
 
+    /// Checks what the call asks of `nranks` ranks whatever its buffers: its root and counts;
+    /// [`CollectiveCall::bytes`] then.
+    pub(crate) fn check_shape(&self, nranks: u32) -> Result<(usize, usize, usize)> {
+        self.collective.check_root(nranks as usize).map_err(Error::InvalidArgument)?;
+        self.bytes(nranks)
+    }
+
     /// Checks the call as `rank` of `nranks` runs it from `send` to `recv`: the root, the
     /// counts, buffers where this rank uses them (not NULL, inside the address space, in one
     /// memory space) and how they are placed.
     pub(crate) fn check(&self, rank: u32, nranks: u32, send: Buffer, recv: Buffer) -> Result<Checked> {
-        if let Some(root) = self.collective.root() {
-            if root >= nranks {
-                return Err(Error::InvalidArgument(format!("root {root} is out of range for {nranks} ranks")));
-            }
-        }
-        let (block_bytes, in_bytes, out_bytes) = self.bytes(nranks)?;
+        let (block_bytes, in_bytes, out_bytes) = self.check_shape(nranks)?;
         let region = |b: Buffer, len: usize, used: bool, what: &str| -> Result<Region> {
             if !used || len == 0 {
                 return Ok(Region::EMPTY);

@@ -48,6 +48,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
+use topoccl_synth::hash::fnv64;
 use topoccl_synth::sim::SimConfig;
 use topoccl_synth::topology::Topology;
 
@@ -63,7 +64,6 @@ pub use work::Work;
 
 use crate::diag::{Board, Identity};
 use crate::error::{Error, Result};
-use crate::exec::wire::fnv1a;
 use crate::exec::{Executor, Settings};
 use crate::tuner::cache::DiskCache;
 use crate::tuner::{Selector, SelectorOptions};
@@ -150,10 +150,10 @@ impl std::fmt::Debug for Communicator {
 fn comm_id(parts: &[&[u8]]) -> [u8; 16] {
     let joined: Vec<u8> = parts.concat();
     let mut id = [0u8; 16];
-    for (i, word) in id.chunks_exact_mut(4).enumerate() {
+    for (i, word) in id.chunks_exact_mut(8).enumerate() {
         let mut salted = joined.clone();
         salted.push(i as u8);
-        word.copy_from_slice(&fnv1a(&salted).to_le_bytes());
+        word.copy_from_slice(&fnv64(&salted).to_le_bytes());
     }
     id
 }

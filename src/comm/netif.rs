@@ -28,7 +28,7 @@ fn matches(filter: &str, name: &str) -> bool {
 
 /// The interface filter from `TOPOCCL_SOCKET_IFNAME` or `NCCL_SOCKET_IFNAME`.
 pub(crate) fn interface_filter() -> Option<String> {
-    ["TOPOCCL_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"].iter().find_map(|v| std::env::var(v).ok()).filter(|s| !s.is_empty())
+    crate::env::var("TOPOCCL_SOCKET_IFNAME").or_else(|| crate::env::var("NCCL_SOCKET_IFNAME"))
 }
 
 /// An IPv4 address of an up interface: the first accepted by the filter, or without a
@@ -68,10 +68,7 @@ pub(crate) fn host_id() -> u64 {
         .unwrap_or_else(|| nix::unistd::gethostname().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default());
     let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
     let netns = std::fs::read_link("/proc/self/ns/net").map(|p| p.display().to_string()).unwrap_or_default();
-    // FNV-1a: the same value in every process and build.
-    format!("{host}\n{boot}\n{netns}")
-        .bytes()
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
+    topoccl_synth::hash::fnv64(format!("{host}\n{boot}\n{netns}").as_bytes())
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use topoccl_synth::schedule::{Collective, Schedule};
 use crate::error::Result;
 use crate::exec::layout::ChunkLayout;
 use crate::exec::program::Program;
-use crate::exec::wire::fnv1a;
+use topoccl_synth::hash::fnv64;
 use crate::tuner::{Choice, DecisionKey, Selector};
 
 /// Everything the executor needs to run one collective of one size on this rank.
@@ -146,6 +146,12 @@ fn size_of(nranks: u32, collective: Collective, block_bytes: usize) -> u64 {
     (block_bytes as u64).saturating_mul(i.max(o) as u64)
 }
 
+/// The 32 bits of a schedule's identity that ride in every call header (the low half of its
+/// FNV-1a 64: the wire's field stays four bytes).
+fn schedule_id(identity: &str) -> u32 {
+    fnv64(identity.as_bytes()) as u32
+}
+
 /// The plan that runs `choice`'s `schedule` on `count` elements of `esize` bytes on `rank`.
 pub(crate) fn plan_of(rank: u32, choice: &Choice, schedule: Arc<Schedule>, esize: usize, count: usize) -> Plan {
     let identity =
@@ -156,5 +162,5 @@ pub(crate) fn plan_of(rank: u32, choice: &Choice, schedule: Arc<Schedule>, esize
     let layout = if padded { ChunkLayout::padded(k, count.div_ceil(k), esize) } else { uneven };
     let program = Program::from_schedule(&schedule, rank, &layout);
     let scratch_bytes = layout.offset(schedule.scratch_chunks as usize);
-    Plan { hash: fnv1a(identity.as_bytes()), schedule, k, layout, padded, program, scratch_bytes }
+    Plan { hash: schedule_id(&identity), schedule, k, layout, padded, program, scratch_bytes }
 }

@@ -29,10 +29,7 @@ impl Communicator {
     /// What the tuner expects `call` to take on this communicator's topology, in
     /// microseconds: the simulated time of the schedule it would run (`ncclGroupSimulateEnd`).
     pub fn estimate_us(&self, call: &CollectiveCall) -> Result<f64> {
-        if let Some(root) = call.collective.root().filter(|&r| r >= self.nranks) {
-            return Err(Error::InvalidArgument(format!("root {root} is out of range for {} ranks", self.nranks)));
-        }
-        call.bytes(self.nranks)?;
+        call.check_shape(self.nranks)?;
         if call.count == 0 {
             return Ok(0.0);
         }

@@ -28,7 +28,7 @@ extern "C" fn on_signal(_: libc::c_int) {
 /// Installs the handler if the signal is unhandled and the user allows it; the pipe's read end
 /// to poll (readable when a table is asked for).
 pub(crate) fn install() -> Option<OwnedFd> {
-    if std::env::var("TOPOCCL_DUMP_SIGNAL").is_ok_and(|v| matches!(v.as_str(), "off" | "none" | "0")) {
+    if crate::env::var("TOPOCCL_DUMP_SIGNAL").is_some_and(|v| matches!(v.as_str(), "off" | "none" | "0")) {
         return None;
     }
     let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_NONBLOCK | nix::fcntl::OFlag::O_CLOEXEC).ok()?;

@@ -141,11 +141,6 @@ impl CallHeader {
     }
 }
 
-/// FNV-1a, for schedule identities: stable across processes, hosts and builds.
-pub(crate) fn fnv1a(bytes: &[u8]) -> u32 {
-    bytes.iter().fold(0x811c_9dc5u32, |h, b| (h ^ u32::from(*b)).wrapping_mul(0x0100_0193))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -29,6 +29,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
+use topoccl_synth::hash::fnv64;
 use topoccl_synth::schedule::Schedule;
 
 use super::{Choice, TUNER_API_VERSION};
@@ -286,10 +287,6 @@ fn tidy(dir: &Path, max_bytes: u64) {
             total -= len;
         }
     }
-}
-
-fn fnv64(data: &[u8]) -> u64 {
-    data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
 }
 
 #[cfg(test)]

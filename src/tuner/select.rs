@@ -412,12 +412,7 @@ impl Selector {
 
     /// A root must be a rank of the topology (generators index by it).
     pub(super) fn check_root(&self, collective: Collective) -> Result<()> {
-        match collective.root() {
-            Some(root) if root as usize >= self.topology.nranks() => {
-                Err(Error::InvalidArgument(format!("root {root} is out of range for {} ranks", self.topology.nranks())))
-            }
-            _ => Ok(()),
-        }
+        collective.check_root(self.topology.nranks()).map_err(Error::InvalidArgument)
     }
 }
 

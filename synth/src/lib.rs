@@ -23,6 +23,7 @@ pub mod bound;
 pub mod error;
 pub mod flow;
 pub mod forest;
+pub mod hash;
 pub mod recent;
 pub mod schedule;
 pub mod sim;

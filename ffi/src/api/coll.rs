@@ -7,7 +7,7 @@ use topoccl::{Buffer, Collective as Kind, CollectiveCall, Dtype, ReduceOp, Reduc
 
 use topoccl::cuda::StreamRef;
 
-use super::{dtype_of, export, guard, rank_of};
+use super::{dtype_of, export, guard, rank_of, root_arg};
 use crate::abi::*;
 use crate::call::{self, Collective, Transfer};
 use crate::error::{invalid, Result};
@@ -48,7 +48,7 @@ fn collective(
         let dtype = dtype_of(datatype)?;
         let reduction = if kind.reduces() { op_of(&h, op, dtype)? } else { Reduction::Op(ReduceOp::Sum) };
         let (rank, n) = h.identity()?;
-        let kind = if kind.rooted() { kind.with_root(rank_of("root", root, n)?) } else { kind };
+        let kind = if kind.rooted() { kind.with_root(root_arg(root)?) } else { kind };
         let call = CollectiveCall::new(kind, dtype, count).reduced_with(reduction);
         let seq = h.op_count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         log::info(

@@ -70,6 +70,12 @@ pub(crate) fn dtype_of(datatype: crate::abi::ncclDataType_t) -> Result<topoccl::
 }
 
 /// A rank argument (`root`, `peer`) of a communicator of `n` ranks, checked.
+/// A root as the core takes it, which checks its range with the call (`CollectiveCall`): here
+/// only what a `u32` cannot hold.
+pub(crate) fn root_arg(v: std::ffi::c_int) -> Result<u32> {
+    u32::try_from(v).map_err(|_| crate::error::invalid(format!("root {v} is out of range: ranks are >= 0")))
+}
+
 pub(crate) fn rank_of(what: &str, v: std::ffi::c_int, n: u32) -> Result<u32> {
     u32::try_from(v)
         .ok()

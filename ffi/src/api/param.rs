@@ -59,7 +59,7 @@ fn key_of(h: ncclParamHandle_t) -> Result<&'static str> {
 }
 
 fn value(key: &str) -> String {
-    std::env::var(key).unwrap_or_default()
+    topoccl::env::var(key).unwrap_or_default()
 }
 
 /// `value` as a C string kept for the caller until its next such call on this thread.

@@ -100,6 +100,16 @@ impl Collective {
         }
     }
 
+    /// Checks that the root, if the collective has one, is one of `nranks` ranks (generators
+    /// index by it): the one root check, asked where a collective comes in from a user — a
+    /// call, and the tuner's public API. The error is the message for the user.
+    pub fn check_root(&self, nranks: usize) -> std::result::Result<(), String> {
+        match self.root() {
+            Some(root) if root as usize >= nranks => Err(format!("root {root} is out of range for {nranks} ranks")),
+            _ => Ok(()),
+        }
+    }
+
     /// Whether the collective combines values (needs a reduction operator).
     pub fn reduces(&self) -> bool {
         matches!(self, Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce { .. })

@@ -20,6 +20,7 @@ use petgraph::Direction;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::hash::Fnv64;
 
 pub use library::{builtin_names, parse_rank_list, resolve};
 /// A node of a topology's graph.
@@ -319,23 +320,23 @@ impl Topology {
     /// they reason about the same machine.
     pub fn fingerprint(&self) -> u64 {
         let mut h = Fnv64::new();
-        h.bytes(&(self.graph.node_count() as u64).to_le_bytes());
+        h.write(&(self.graph.node_count() as u64).to_le_bytes());
         for idx in self.graph.node_indices() {
             let n = &self.graph[idx];
-            h.bytes(&[n.kind as u8, u8::from(n.forwards)]);
-            h.bytes(&n.rank.map_or(u64::MAX, u64::from).to_le_bytes());
-            h.bytes(n.host.as_bytes());
-            h.bytes(&[0xff]);
+            h.write(&[n.kind as u8, u8::from(n.forwards)]);
+            h.write(&n.rank.map_or(u64::MAX, u64::from).to_le_bytes());
+            h.write(n.host.as_bytes());
+            h.write(&[0xff]);
         }
         for e in self.graph.edge_indices() {
             if let (Some((a, b)), Some(l)) = (self.graph.edge_endpoints(e), self.graph.edge_weight(e)) {
-                h.bytes(&(a.index() as u64).to_le_bytes());
-                h.bytes(&(b.index() as u64).to_le_bytes());
-                h.bytes(&l.bandwidth.to_bits().to_le_bytes());
-                h.bytes(&l.latency.to_bits().to_le_bytes());
+                h.write(&(a.index() as u64).to_le_bytes());
+                h.write(&(b.index() as u64).to_le_bytes());
+                h.write(&l.bandwidth.to_bits().to_le_bytes());
+                h.write(&l.latency.to_bits().to_le_bytes());
             }
         }
-        h.0
+        h.finish()
     }
 
     pub fn nranks(&self) -> usize {
@@ -452,20 +453,6 @@ pub(crate) fn check_link(link: &Link) -> std::result::Result<(), String> {
         return Err(format!("latency must be zero or a positive number of µs, got {}", link.latency));
     }
     Ok(())
-}
-
-/// 64-bit FNV-1a, for [`Topology::fingerprint`] (no dependency, same value everywhere).
-struct Fnv64(u64);
-
-impl Fnv64 {
-    fn new() -> Fnv64 {
-        Fnv64(0xcbf2_9ce4_8422_2325)
-    }
-    fn bytes(&mut self, data: &[u8]) {
-        for &b in data {
-            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
 }
 
 #[cfg(test)]
