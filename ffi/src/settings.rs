@@ -10,7 +10,7 @@
 //! | `ncclConfig_t::blocking = 0` | — | init returns `ncclInProgress` and completes in the background |
 //! | `ncclConfig_t::netName` | — | `NULL` or `Socket` |
 
-use std::ffi::CStr;
+use crate::raw;
 
 use topoccl::env::var;
 use topoccl::{Config, TransportPolicy};
@@ -153,14 +153,12 @@ pub fn requested(cfg: Option<&ncclConfig_t>) -> Result<Requested> {
             );
         }
     }
-    if let Some(p) = field!(cfg, comm_name).filter(|p| !p.is_null()) {
-        // SAFETY: a non-NULL commName is a NUL-terminated string by the API's contract.
-        let name = unsafe { CStr::from_ptr(p) }.to_string_lossy();
+    // SAFETY: commName is NULL or a NUL-terminated string (the API's contract).
+    if let Some(name) = field!(cfg, comm_name).and_then(|p| unsafe { raw::string(p) }) {
         log::info(Subsys::Init, None, format_args!("ncclConfig_t.commName = {name}"));
     }
-    if let Some(p) = field!(cfg, net_name).filter(|p| !p.is_null()) {
-        // SAFETY: a non-NULL netName is a NUL-terminated string by the API's contract.
-        let name = unsafe { CStr::from_ptr(p) }.to_string_lossy();
+    // SAFETY: netName is NULL or a NUL-terminated string (the API's contract).
+    if let Some(name) = field!(cfg, net_name).and_then(|p| unsafe { raw::string(p) }) {
         if !name.eq_ignore_ascii_case("socket") {
             return Err(invalid(format!(
                 "ncclConfig_t.netName = {name}: topoccl's network is `Socket` (TCP; RDMA comes with the rdma feature)"

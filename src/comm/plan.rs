@@ -16,8 +16,8 @@ use topoccl_synth::schedule::{Collective, Schedule};
 use crate::error::Result;
 use crate::exec::layout::ChunkLayout;
 use crate::exec::program::Program;
-use topoccl_synth::hash::fnv64;
 use crate::tuner::{Choice, DecisionKey, Selector};
+use topoccl_synth::hash::fnv64;
 
 /// Everything the executor needs to run one collective of one size on this rank.
 #[derive(Debug)]

@@ -293,15 +293,15 @@ impl Shared {
                 return Ok(());
             }
         }
-        // SAFETY: the job's regions are the submitter's buffers, valid until the job completes:
-        // the promise every submission path makes (the safe APIs wait before their borrows end;
-        // the raw ones are `unsafe fn`s that pass the promise to their callers).
         if let Some(b) = &exec.board {
             b.begin(match job {
                 Job::Collective(c) => Some(&c.header),
                 Job::Transfers(_) => None,
             });
         }
+        // SAFETY: the job's regions are the submitter's buffers, valid until the job completes:
+        // the promise every submission path makes (the safe APIs wait before their borrows end;
+        // the raw ones are `unsafe fn`s that pass the promise to their callers).
         let r = unsafe { exec.run(job) };
         if let (Ok(()), Job::Collective(c)) = (&r, &*job) {
             super::agree::after_run(c);

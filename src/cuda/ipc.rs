@@ -294,8 +294,8 @@ impl DeviceAccess for CudaIpc {
         check(unsafe { sys::cuMemHostRegister_v2(host, len, flags) }, "cuMemHostRegister").map_err(transport_error)?;
         // Unregisters on drop, should the next call fail.
         let mut registered = Registered { host: addr, device: 0, ctx: self.ctx.clone() };
-        // SAFETY: registered just now; the out-pointer is a field of a local.
         check(
+            // SAFETY: registered just now; the out-pointer is a field of a local.
             unsafe { sys::cuMemHostGetDevicePointer_v2(&mut registered.device, host, 0) },
             "cuMemHostGetDevicePointer",
         )

@@ -323,6 +323,7 @@ mod tests {
         let device = Region::new(MemSpace::Device(0), 64, 4);
         // SAFETY: the device region is refused before anything is touched.
         assert!(unsafe { ops.copy(device, device.sub(0, 4).unwrap()) }.is_ok()); // same address
+                                                                                 // SAFETY: as above.
         assert!(unsafe { ops.divide(Dtype::Float32, device, 2) }.is_err());
     }
 }

@@ -298,7 +298,8 @@ fn group_end() -> ncclResult_t {
 
 fn group_simulate_end(info: *mut ncclSimInfo_t) -> ncclResult_t {
     guard("ncclGroupSimulateEnd", || {
-        let Some(info) = raw::get_mut(info) else { return Err(invalid("simInfo is NULL")) };
+        // SAFETY: `info` is NULL or the caller's valid struct, used during this call only (the API's contract).
+        let Some(info) = (unsafe { raw::get_mut(info) }) else { return Err(invalid("simInfo is NULL")) };
         if info.magic != SIM_INFO_MAGIC || info.size < std::mem::size_of::<ncclSimInfo_t>() {
             return Err(invalid(
                 "ncclSimInfo_t was not initialised with NCCL_SIM_INFO_INITIALIZER (bad magic or size)",

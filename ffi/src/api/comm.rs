@@ -22,7 +22,8 @@ fn unique_id(out: *mut ncclUniqueId) -> ncclResult_t {
         for (d, s) in c.internal.iter_mut().zip(id.to_bytes()) {
             *d = s as std::ffi::c_char;
         }
-        raw::put(out, c, "uniqueId")?;
+        // SAFETY: `out` is this entry point's out-parameter: NULL or writable (the API's contract).
+        unsafe { raw::put(out, c, "uniqueId") }?;
         log::info(Subsys::Bootstrap, None, format_args!("unique id: rendezvous at {}", id.root_addr()));
         Ok(NCCL_SUCCESS)
     })
@@ -53,18 +54,21 @@ pub(super) fn init_rank_config(
 ) -> ncclResult_t {
     guard("ncclCommInitRank", || {
         log::init();
-        raw::put(comm, std::ptr::null_mut(), "comm")?;
+        // SAFETY: `comm` is this entry point's out-parameter: NULL or writable (the API's contract).
+        unsafe { raw::put(comm, std::ptr::null_mut(), "comm") }?;
         if nranks < 1 || rank < 0 || rank >= nranks {
             return Err(invalid(format!("rank {rank} of {nranks} ranks: need 0 <= rank < nranks")));
         }
-        let requested = settings::requested(raw::get(config))?;
+        // SAFETY: `config` is NULL or the caller's valid struct, used during this call only (the API's contract).
+        let requested = settings::requested(unsafe { raw::get(config) })?;
         let core = settings::rank_config()?;
         let bytes: Vec<u8> = id.internal.iter().map(|&b| b as u8).collect();
         let id = UniqueId::from_bytes(&bytes)?;
         let (rank, nranks) = (rank as u32, nranks as u32);
         let h = Handle::starting(rank, nranks);
         let ptr = h.clone().publish();
-        raw::put(comm, ptr, "comm")?;
+        // SAFETY: `comm` is this entry point's out-parameter: NULL or writable (the API's contract).
+        unsafe { raw::put(comm, ptr, "comm") }?;
         log::info(Subsys::Init, Some(rank), format_args!("comm {ptr:p} rank {rank} nranks {nranks} - Init START"));
         if group::active() {
             group::push(Work::Init { handle: h, id, rank, nranks, config: Box::new(core) });
@@ -92,7 +96,8 @@ pub(super) fn init_rank_config(
                 let e = Error::from(e);
                 h.finish_start(Err(e.duplicate()));
                 let _ = handle::release(ptr);
-                raw::put(comm, std::ptr::null_mut(), "comm")?;
+                // SAFETY: `comm` is this entry point's out-parameter: NULL or writable (the API's contract).
+                unsafe { raw::put(comm, std::ptr::null_mut(), "comm") }?;
                 Err(e)
             }
         }
@@ -113,7 +118,8 @@ fn init_all(comms: *mut ncclComm_t, ndev: c_int, devlist: *const c_int) -> ncclR
             return Err(invalid(format!("ndev = {ndev}: need at least one")));
         }
         if !devlist.is_null() {
-            let devs = raw::ints(devlist, ndev as usize, "devlist")?;
+            // SAFETY: `devlist` is NULL or an array of that many ints (the API's contract).
+            let devs = unsafe { raw::array(devlist, ndev as usize, "devlist") }?;
             if let Some((i, d)) = devs.iter().enumerate().find(|(_, d)| **d < 0) {
                 return Err(invalid(format!("devlist[{i}] = {d}: devices are >= 0")));
             }
@@ -125,7 +131,8 @@ fn init_all(comms: *mut ncclComm_t, ndev: c_int, devlist: *const c_int) -> ncclR
         // repeat (several ranks on one GPU), which NCCL refuses and topoccl allows.
         let devices: Vec<u32> = match devlist.is_null() {
             true => (0..n).collect(),
-            false => raw::ints(devlist, ndev as usize, "devlist")?.iter().map(|d| *d as u32).collect(),
+            // SAFETY: `devlist` is NULL or an array of that many ints (the API's contract).
+            false => unsafe { raw::array(devlist, ndev as usize, "devlist") }?.iter().map(|d| *d as u32).collect(),
         };
         let cuda = topoccl::cuda::driver().is_ok();
         let made: Vec<topoccl::Result<Communicator>> = std::thread::scope(|s| {
@@ -150,8 +157,9 @@ fn init_all(comms: *mut ncclComm_t, ndev: c_int, devlist: *const c_int) -> ncclR
             let h = Handle::starting(i as u32, n);
             h.finish_start(Ok(c));
             let ptr = h.clone().publish();
-            // SAFETY: `comms` is non-NULL and, by the API's contract, an array of `ndev` handles.
-            raw::put(unsafe { comms.add(i) }, ptr, "comm")?;
+            // SAFETY: `comms` is non-NULL and, by the API's contract, an array of `ndev`
+            // writable handles, so its `i`-th is one.
+            unsafe { raw::put(comms.add(i), ptr, "comm") }?;
             log_ready(&h, ptr);
         }
         Ok(NCCL_SUCCESS)
@@ -167,15 +175,18 @@ fn split(
 ) -> ncclResult_t {
     guard("ncclCommSplit", || {
         let parent = handle::lookup(comm)?;
-        raw::put(newcomm, std::ptr::null_mut(), "newcomm")?;
+        // SAFETY: `newcomm` is this entry point's out-parameter: NULL or writable (the API's contract).
+        unsafe { raw::put(newcomm, std::ptr::null_mut(), "newcomm") }?;
         if color < 0 && color != SPLIT_NOCOLOR {
             return Err(invalid(format!("color {color}: need >= 0 or NCCL_SPLIT_NOCOLOR")));
         }
-        settings::requested(raw::get(config))?;
+        // SAFETY: `config` is NULL or the caller's valid struct, used during this call only (the API's contract).
+        settings::requested(unsafe { raw::get(config) })?;
         let color = (color >= 0).then_some(color as u32);
         let child = color.map(|_| Handle::starting(u32::MAX, 0));
         if let Some(h) = &child {
-            raw::put(newcomm, h.clone().publish(), "newcomm")?;
+            // SAFETY: `newcomm` is this entry point's out-parameter: NULL or writable (the API's contract).
+            unsafe { raw::put(newcomm, h.clone().publish(), "newcomm") }?;
         }
         if group::active() {
             group::push(Work::Split { parent, child, color, key });
@@ -185,7 +196,8 @@ fn split(
         if result.is_err() {
             if let Some(h) = child {
                 let _ = handle::release(Arc::as_ptr(&h) as ncclComm_t);
-                raw::put(newcomm, std::ptr::null_mut(), "newcomm")?;
+                // SAFETY: `newcomm` is this entry point's out-parameter: NULL or writable (the API's contract).
+                unsafe { raw::put(newcomm, std::ptr::null_mut(), "newcomm") }?;
             }
         }
         result.map(|_| NCCL_SUCCESS)
@@ -220,7 +232,8 @@ fn abort(comm: ncclComm_t) -> ncclResult_t {
 fn async_error(comm: ncclComm_t, out: *mut ncclResult_t) -> ncclResult_t {
     guard("ncclCommGetAsyncError", || {
         let h = handle::lookup(comm)?;
-        raw::put(out, h.async_error(), "asyncError")?;
+        // SAFETY: `out` is this entry point's out-parameter: NULL or writable (the API's contract).
+        unsafe { raw::put(out, h.async_error(), "asyncError") }?;
         Ok(NCCL_SUCCESS)
     })
 }
@@ -228,7 +241,8 @@ fn async_error(comm: ncclComm_t, out: *mut ncclResult_t) -> ncclResult_t {
 fn count(comm: ncclComm_t, out: *mut c_int) -> ncclResult_t {
     guard("ncclCommCount", || {
         let (_, n) = handle::lookup(comm)?.identity()?;
-        raw::put(out, n as c_int, "count")?;
+        // SAFETY: `out` is this entry point's out-parameter: NULL or writable (the API's contract).
+        unsafe { raw::put(out, n as c_int, "count") }?;
         Ok(NCCL_SUCCESS)
     })
 }
@@ -236,7 +250,8 @@ fn count(comm: ncclComm_t, out: *mut c_int) -> ncclResult_t {
 fn user_rank(comm: ncclComm_t, out: *mut c_int) -> ncclResult_t {
     guard("ncclCommUserRank", || {
         let (r, _) = handle::lookup(comm)?.identity()?;
-        raw::put(out, r as c_int, "rank")?;
+        // SAFETY: `out` is this entry point's out-parameter: NULL or writable (the API's contract).
+        unsafe { raw::put(out, r as c_int, "rank") }?;
         Ok(NCCL_SUCCESS)
     })
 }
@@ -248,7 +263,8 @@ fn cu_device(comm: ncclComm_t, out: *mut c_int) -> ncclResult_t {
             return Err(invalid("device is NULL"));
         }
         let device = h.with_comm(|c| Ok(c.cuda_device()?))?;
-        raw::put(out, device as c_int, "device")?;
+        // SAFETY: `out` is this entry point's out-parameter: NULL or writable (the API's contract).
+        unsafe { raw::put(out, device as c_int, "device") }?;
         Ok(NCCL_SUCCESS)
     })
 }

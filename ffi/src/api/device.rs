@@ -14,6 +14,7 @@ use crate::abi::*;
 use crate::error::{invalid, usage, Result};
 use crate::handle;
 use crate::log;
+use crate::raw;
 
 /// `ncclTeam_t`: `nRanks` ranks, this one at `rank`, world ranks `stride` apart.
 #[repr(C)]
@@ -60,13 +61,10 @@ fn query_properties(comm: ncclComm_t, props: *mut ncclCommProperties_t) -> ncclR
     guard("ncclCommQueryProperties", || {
         let h = handle::lookup(comm)?;
         let (rank, n) = h.identity()?;
-        if props.is_null() {
-            return Err(invalid("props is NULL"));
-        }
-        // SAFETY: non-NULL, and by the API's contract a struct initialised with
-        // NCCL_COMM_PROPERTIES_INITIALIZER, whose `size` (read first, alone) says how much of it
-        // the caller has; only that much is written.
-        let size = unsafe { std::ptr::addr_of!((*props).size).read() };
+        // SAFETY: `props` is NULL or a struct initialised with NCCL_COMM_PROPERTIES_INITIALIZER
+        // (the API's contract), whose first field, `size`, says how much of it the caller has
+        // (read first, alone); only that much is written.
+        let size = unsafe { raw::array(props.cast::<usize>(), 1, "props") }?[0];
         let full = ncclCommProperties_t {
             size,
             magic: CONFIG_MAGIC,
@@ -87,15 +85,13 @@ fn query_properties(comm: ncclComm_t, props: *mut ncclCommProperties_t) -> ncclR
         if len < header {
             return Err(invalid("ncclCommProperties_t was not initialised with NCCL_COMM_PROPERTIES_INITIALIZER"));
         }
-        // SAFETY: both are valid for `len` bytes (the caller's by its `size`, ours by type);
-        // the caller's header (size, magic, version) is left as it is.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                (&full as *const ncclCommProperties_t as *const u8).add(header),
-                (props as *mut u8).add(header),
-                len - header,
-            )
+        // SAFETY: ours is valid for its size, whole.
+        let ours = unsafe {
+            std::slice::from_raw_parts(&full as *const ncclCommProperties_t as *const u8, std::mem::size_of_val(&full))
         };
+        // SAFETY: the caller's struct has `size` >= `len` bytes (the API's contract, above); its
+        // header (size, magic, version) is left as it is.
+        unsafe { raw::write_bytes((props as *mut u8).add(header), &ours[header..len], "props") }?;
         Ok(NCCL_SUCCESS)
     })
 }

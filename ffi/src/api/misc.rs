@@ -17,7 +17,8 @@ use crate::raw;
 fn version(out: *mut c_int) -> ncclResult_t {
     guard("ncclGetVersion", || {
         log::init();
-        raw::put(out, VERSION_CODE, "version")?;
+        // SAFETY: `out` is this entry point's out-parameter: NULL or writable (the API's contract).
+        unsafe { raw::put(out, VERSION_CODE, "version") }?;
         Ok(NCCL_SUCCESS)
     })
 }
@@ -73,7 +74,8 @@ fn mem_alloc(out: *mut *mut c_void, size: usize) -> ncclResult_t {
             let m = device_alloc(size)?;
             let p = m.addr() as *mut c_void;
             allocations().insert(m.addr(), Allocation::Device(m));
-            raw::put(out, p, "ptr")?;
+            // SAFETY: `out` is this entry point's out-parameter: NULL or writable (the API's contract).
+            unsafe { raw::put(out, p, "ptr") }?;
             log::info(Subsys::Alloc, None, format_args!("ncclMemAlloc: {size} bytes of device memory at {p:p}"));
             return Ok(NCCL_SUCCESS);
         }
@@ -84,7 +86,8 @@ fn mem_alloc(out: *mut *mut c_void, size: usize) -> ncclResult_t {
             return Err(Error::System(format!("out of memory allocating {size} bytes")));
         }
         allocations().insert(p as usize, Allocation::Host(size));
-        raw::put(out, p.cast::<c_void>(), "ptr")?;
+        // SAFETY: `out` is this entry point's out-parameter: NULL or writable (the API's contract).
+        unsafe { raw::put(out, p.cast::<c_void>(), "ptr") }?;
         log::info(
             Subsys::Alloc,
             None,
@@ -134,7 +137,8 @@ fn register(comm: ncclComm_t, buff: *mut c_void, size: usize, out: *mut *mut c_v
         let mut regs = h.registrations.lock().unwrap_or_else(|p| p.into_inner());
         regs.push(Some((buff as usize, size)));
         // Handles are 1-based indices, so none is NULL.
-        raw::put(out, regs.len() as *mut c_void, "handle")?;
+        // SAFETY: `out` is this entry point's out-parameter: NULL or writable (the API's contract).
+        unsafe { raw::put(out, regs.len() as *mut c_void, "handle") }?;
         log::info(
             Subsys::Reg,
             Some(h.rank_hint()),
@@ -175,7 +179,9 @@ fn create_premulsum(
         let scalar = match residence {
             SCALAR_HOST_IMMEDIATE => {
                 let mut v = [0u8; 8];
-                v[..dtype.size()].copy_from_slice(&raw::read_bytes(scalar as usize, dtype.size())?);
+                // SAFETY: a host-immediate scalar points at one element, read now (the API's
+                // contract).
+                v[..dtype.size()].copy_from_slice(&unsafe { raw::read_bytes(scalar as usize, dtype.size()) }?);
                 Scalar::Value(v)
             }
             SCALAR_DEVICE => Scalar::At(Buffer::at(scalar.cast_const())),
@@ -192,7 +198,8 @@ fn create_premulsum(
         let id = c_int::try_from(index).ok().and_then(|i| i.checked_add(BUILTIN_OPS)).filter(|i| *i <= 127);
         let Some(id) = id else { return Err(invalid("too many PreMulSum operators on this communicator")) };
         ops[index] = Some(PreMulSum { dtype, scalar });
-        raw::put(op, id, "op")?;
+        // SAFETY: `op` is this entry point's out-parameter: NULL or writable (the API's contract).
+        unsafe { raw::put(op, id, "op") }?;
         Ok(NCCL_SUCCESS)
     })
 }

@@ -5,7 +5,7 @@
 //! are read when asked, so they follow the environment as NCCL's follow their sources.
 
 use std::cell::RefCell;
-use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::ffi::{c_char, c_int, c_void, CString};
 use std::sync::OnceLock;
 
 use super::{export, guard};
@@ -72,18 +72,16 @@ fn hand_out(value: String) -> *const c_char {
 }
 
 fn c_key(key: *const c_char) -> Result<String> {
-    if key.is_null() {
-        return Err(invalid("key is NULL"));
-    }
-    // SAFETY: non-NULL and, by the API's contract, NUL-terminated.
-    Ok(unsafe { CStr::from_ptr(key) }.to_string_lossy().into_owned())
+    // SAFETY: `key` is NULL or NUL-terminated (the API's contract).
+    unsafe { raw::string(key) }.ok_or_else(|| invalid("key is NULL"))
 }
 
 fn bind(out: *mut ncclParamHandle_t, key: *const c_char) -> ncclResult_t {
     guard("ncclParamBind", || {
         let key = c_key(key)?;
         let i = KEYS.iter().position(|k| *k == key).ok_or_else(|| invalid(format!("no parameter `{key}`")))?;
-        raw::put(out, (i + 1) as ncclParamHandle_t, "out")?;
+        // SAFETY: `out` is this entry point's out-parameter: NULL or writable (the API's contract).
+        unsafe { raw::put(out, (i + 1) as ncclParamHandle_t, "out") }?;
         Ok(NCCL_SUCCESS)
     })
 }
@@ -96,7 +94,8 @@ fn integer<T: TryFrom<i128>>(name: &str, h: ncclParamHandle_t, out: *mut T) -> n
         let parsed: i128 = v.trim().parse().map_err(|_| invalid(format!("{key} = `{v}` is not an integer")))?;
         let t =
             T::try_from(parsed).map_err(|_| invalid(format!("{key} = {parsed} does not fit the type asked for")))?;
-        raw::put(out, t, "out")?;
+        // SAFETY: `out` is this entry point's out-parameter: NULL or writable (the API's contract).
+        unsafe { raw::put(out, t, "out") }?;
         Ok(NCCL_SUCCESS)
     })
 }
@@ -129,7 +128,8 @@ fn get_u64(h: ncclParamHandle_t, out: *mut u64) -> ncclResult_t {
 fn get_str(h: ncclParamHandle_t, out: *mut *const c_char) -> ncclResult_t {
     guard("ncclParamGetStr", || {
         let key = key_of(h)?;
-        raw::put(out, hand_out(value(key)), "out")?;
+        // SAFETY: `out` is this entry point's out-parameter: NULL or writable (the API's contract).
+        unsafe { raw::put(out, hand_out(value(key)), "out") }?;
         Ok(NCCL_SUCCESS)
     })
 }
@@ -140,14 +140,10 @@ fn get_raw(h: ncclParamHandle_t, out: *mut c_void, max_len: c_int, len: *mut c_i
         let v = value(key);
         let max = usize::try_from(max_len).map_err(|_| invalid(format!("maxLen {max_len}")))?;
         let n = v.len().min(max);
-        if n > 0 {
-            if out.is_null() {
-                return Err(invalid("out is NULL"));
-            }
-            // SAFETY: non-NULL, and by the API's contract a buffer of `maxLen` bytes; `n` <= it.
-            unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), out.cast::<u8>(), n) };
-        }
-        raw::put(len, n as c_int, "len")?;
+        // SAFETY: `out` is NULL or a buffer of `maxLen` bytes (the API's contract); `n` <= it.
+        unsafe { raw::write_bytes(out.cast::<u8>(), &v.as_bytes()[..n], "out") }?;
+        // SAFETY: `len` is this entry point's out-parameter: NULL or writable (the API's contract).
+        unsafe { raw::put(len, n as c_int, "len") }?;
         Ok(NCCL_SUCCESS)
     })
 }
@@ -160,8 +156,10 @@ fn get_parameter(key: *const c_char, out: *mut *const c_char, len: *mut c_int) -
         }
         let v = value(&key);
         let n = v.len() as c_int;
-        raw::put(out, hand_out(v), "value")?;
-        raw::put(len, n, "valueLen")?;
+        // SAFETY: `out` is this entry point's out-parameter: NULL or writable (the API's contract).
+        unsafe { raw::put(out, hand_out(v), "value") }?;
+        // SAFETY: `len` is this entry point's out-parameter: NULL or writable (the API's contract).
+        unsafe { raw::put(len, n, "valueLen") }?;
         Ok(NCCL_SUCCESS)
     })
 }
@@ -180,8 +178,10 @@ fn key_table() -> &'static [usize] {
 fn all_keys(table: *mut *const *const c_char, len: *mut c_int) -> ncclResult_t {
     guard("ncclParamGetAllParameterKeys", || {
         let t = key_table();
-        raw::put(table, t.as_ptr() as *const *const c_char, "table")?;
-        raw::put(len, t.len() as c_int, "tableLen")?;
+        // SAFETY: `table` is this entry point's out-parameter: NULL or writable (the API's contract).
+        unsafe { raw::put(table, t.as_ptr() as *const *const c_char, "table") }?;
+        // SAFETY: `len` is this entry point's out-parameter: NULL or writable (the API's contract).
+        unsafe { raw::put(len, t.len() as c_int, "tableLen") }?;
         Ok(NCCL_SUCCESS)
     })
 }

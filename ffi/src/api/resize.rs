@@ -33,7 +33,8 @@ fn publish(out: *mut ncclComm_t, made: Result<Communicator>) -> Result<ncclResul
     let (rank, n) = (comm.rank(), comm.nranks());
     h.finish_start(Ok(comm));
     let ptr = h.publish();
-    raw::put(out, ptr, "newcomm")?;
+    // SAFETY: `out` is this entry point's out-parameter: NULL or writable (the API's contract).
+    unsafe { raw::put(out, ptr, "newcomm") }?;
     log::info(Subsys::Init, Some(rank), format_args!("comm {ptr:p} rank {rank} nranks {n} - Init COMPLETE"));
     Ok(NCCL_SUCCESS)
 }
@@ -48,11 +49,11 @@ fn init_scalable(
 ) -> ncclResult_t {
     let mut first = None;
     let checked = guard("ncclCommInitRankScalable", || {
-        if n_id < 1 || ids.is_null() {
-            return Err(invalid(format!("nId = {n_id} ids at {ids:p}: need at least one id")));
+        if n_id < 1 {
+            return Err(invalid(format!("nId = {n_id}: need at least one id")));
         }
-        // SAFETY: non-NULL, and by the API's contract an array of `nId` ids (at least one).
-        let first_id = unsafe { *ids };
+        // SAFETY: `ids` is NULL or an array of `nId` ids, at least one (the API's contract).
+        let first_id = unsafe { raw::array(ids, 1, "commIds") }?[0];
         if n_id > 1 {
             log::info(
                 Subsys::Init,
@@ -81,12 +82,14 @@ fn shrink(
 ) -> ncclResult_t {
     guard("ncclCommShrink", || {
         let parent = handle::lookup(comm)?;
-        raw::put(newcomm, std::ptr::null_mut(), "newcomm")?;
+        // SAFETY: `newcomm` is this entry point's out-parameter: NULL or writable (the API's contract).
+        unsafe { raw::put(newcomm, std::ptr::null_mut(), "newcomm") }?;
         if flags != SHRINK_DEFAULT && flags != SHRINK_ABORT {
             return Err(invalid(format!("shrinkFlags {flags}: NCCL_SHRINK_DEFAULT or NCCL_SHRINK_ABORT")));
         }
         let n = usize::try_from(exclude_count).map_err(|_| invalid(format!("excludeRanksCount {exclude_count}")))?;
-        let list = if n == 0 { Vec::new() } else { raw::ints(exclude, n, "excludeRanksList")? };
+        // SAFETY: `exclude` is NULL or an array of that many ints (the API's contract).
+        let list = if n == 0 { Vec::new() } else { unsafe { raw::array(exclude, n, "excludeRanksList") }? };
         let (rank, nranks) = parent.identity()?;
         let mut excluded = Vec::with_capacity(list.len());
         for r in list {
@@ -95,7 +98,8 @@ fn shrink(
                 None => return Err(invalid(format!("excluded rank {r} is out of range for {nranks} ranks"))),
             }
         }
-        settings::requested(raw::get(config))?;
+        // SAFETY: `config` is NULL or the caller's valid struct, used during this call only (the API's contract).
+        settings::requested(unsafe { raw::get(config) })?;
         if flags == SHRINK_ABORT {
             parent.abort_calls();
         }
@@ -117,7 +121,8 @@ fn comm_unique_id(comm: ncclComm_t, out: *mut ncclUniqueId) -> ncclResult_t {
             return Err(usage("an id made for a grow has not been used yet: grow first"));
         }
         let id = UniqueId::new()?;
-        raw::put(out, id_to_c(&id), "uniqueId")?;
+        // SAFETY: `out` is this entry point's out-parameter: NULL or writable (the API's contract).
+        unsafe { raw::put(out, id_to_c(&id), "uniqueId") }?;
         *pending = Some(id);
         Ok(NCCL_SUCCESS)
     })
@@ -132,10 +137,13 @@ fn grow(
     config: *mut ncclConfig_t,
 ) -> ncclResult_t {
     guard("ncclCommGrow", || {
-        raw::put(newcomm, std::ptr::null_mut(), "newcomm")?;
-        settings::requested(raw::get(config))?;
+        // SAFETY: `newcomm` is this entry point's out-parameter: NULL or writable (the API's contract).
+        unsafe { raw::put(newcomm, std::ptr::null_mut(), "newcomm") }?;
+        // SAFETY: `config` is NULL or the caller's valid struct, used during this call only (the API's contract).
+        settings::requested(unsafe { raw::get(config) })?;
         let n = u32::try_from(nranks).ok().filter(|n| *n > 0).ok_or_else(|| invalid(format!("nRanks {nranks}")))?;
-        let id = raw::get(id).map(id_from_c).transpose()?;
+        // SAFETY: `id` is NULL or the caller's valid struct, used during this call only (the API's contract).
+        let id = unsafe { raw::get(id) }.map(id_from_c).transpose()?;
         if comm.is_null() {
             // A new rank.
             let id = id.ok_or_else(|| invalid("a new rank (comm NULL) needs the unique id"))?;
@@ -208,7 +216,8 @@ fn mem_stats(comm: ncclComm_t, stat: c_int, value: *mut u64) -> ncclResult_t {
             STAT_GPU_MEM_SUSPENDED => u64::from(h.is_suspended()),
             other => return Err(invalid(format!("stat {other} is not an ncclCommMemStat_t (0..3)"))),
         };
-        raw::put(value, v, "value")?;
+        // SAFETY: `value` is this entry point's out-parameter: NULL or writable (the API's contract).
+        unsafe { raw::put(value, v, "value") }?;
         Ok(NCCL_SUCCESS)
     })
 }

@@ -42,7 +42,8 @@ fn window_of(win: ncclWindow_t, comm: ncclComm_t) -> Result<u32> {
 fn register(comm: ncclComm_t, buff: *mut c_void, size: usize, out: *mut ncclWindow_t, flags: c_int) -> ncclResult_t {
     guard("ncclCommWindowRegister", || {
         let h = handle::lookup(comm)?;
-        raw::put(out, std::ptr::null_mut(), "win")?;
+        // SAFETY: `out` is this entry point's out-parameter: NULL or writable (the API's contract).
+        unsafe { raw::put(out, std::ptr::null_mut(), "win") }?;
         if buff.is_null() || size == 0 {
             return Err(invalid("buff is NULL or size is 0"));
         }
@@ -53,7 +54,8 @@ fn register(comm: ncclComm_t, buff: *mut c_void, size: usize, out: *mut ncclWind
         let number = h.windows.lock().unwrap_or_else(|p| p.into_inner()).register(buff as usize, size)?;
         let ptr = Box::into_raw(Box::new(WindowHandle { comm: comm as usize, number })) as ncclWindow_t;
         live().push(ptr as usize);
-        raw::put(out, ptr, "win")?;
+        // SAFETY: `out` is this entry point's out-parameter: NULL or writable (the API's contract).
+        unsafe { raw::put(out, ptr, "win") }?;
         log::info(Subsys::Reg, Some(h.rank_hint()), format_args!("window {number}: {size} bytes at {buff:p}"));
         Ok(NCCL_SUCCESS)
     })
@@ -80,7 +82,8 @@ fn user_ptr(comm: ncclComm_t, win: ncclWindow_t, out: *mut *mut c_void) -> ncclR
         let h = handle::lookup(comm)?;
         let number = window_of(win, comm)?;
         let (base, _) = h.windows.lock().unwrap_or_else(|p| p.into_inner()).get(number)?;
-        raw::put(out, base as *mut c_void, "outUserPtr")?;
+        // SAFETY: `out` is this entry point's out-parameter: NULL or writable (the API's contract).
+        unsafe { raw::put(out, base as *mut c_void, "outUserPtr") }?;
         Ok(NCCL_SUCCESS)
     })
 }
@@ -168,11 +171,8 @@ fn wait_signal(
         if n == 0 {
             return Ok(NCCL_SUCCESS);
         }
-        if descs.is_null() {
-            return Err(invalid("signalDescs is NULL"));
-        }
-        // SAFETY: non-NULL, and by the API's contract an array of `nDesc` descriptors.
-        let list = unsafe { std::slice::from_raw_parts(descs, n) }.to_vec();
+        // SAFETY: `descs` is NULL or an array of `nDesc` descriptors (the API's contract).
+        let list = unsafe { raw::array(descs, n, "signalDescs") }?;
         for d in list {
             let peer = peer_of(&h, d.peer)?;
             let (signal, ctx) = signal_args(d.sig_idx, d.ctx, 0)?;

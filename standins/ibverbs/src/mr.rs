@@ -209,8 +209,9 @@ pub fn reg_dmabuf_mr(
         return Err(libc::EINVAL);
     }
     // A bad descriptor is EBADF, before the length is looked at: NCCL's probe relies on it.
-    // SAFETY: fstat and lseek only look the descriptor up; `st` is a local.
+    // SAFETY: an all-zero `stat` is a valid value of the plain C struct.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat only looks the descriptor up; `st` is a local.
     if fd < 0 || unsafe { libc::fstat(fd, &mut st) } != 0 {
         return Err(libc::EBADF);
     }

@@ -249,8 +249,11 @@ fn dma_buf_registrations_reach_the_buffer_through_its_descriptor() {
             // SAFETY: a fresh memfd, sized, positioned and mapped below; closed at the end.
             let fd = unsafe { libc::memfd_create(c"dmabuf".as_ptr(), 0) };
             assert!(fd >= 0);
+            // SAFETY: the memfd made above.
             assert_eq!(unsafe { libc::ftruncate(fd, 3 * page as i64) }, 0);
+            // SAFETY: as above.
             assert_eq!(unsafe { libc::lseek(fd, page as i64, libc::SEEK_SET) }, page as i64);
+            // SAFETY: a new shared mapping of the memfd's three pages, unmapped at the end.
             let view = unsafe {
                 libc::mmap(std::ptr::null_mut(), 3 * page, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
             };

@@ -260,8 +260,8 @@ impl IpcConnection {
         let mut frames = Vec::new();
         let peer = &self.peer;
         // Descriptors and other offers may be moved out of the way; a host payload stays.
-        // SAFETY: `recv_reserved` hands over host memory valid for the call.
         while self.shm.recv_reserved(CONTROL_TAG, SMALL_FRAME_BYTES, &mut |m, r| {
+            // SAFETY: `recv_reserved` hands over host memory valid for the call.
             frames.push(Control::decode(m, unsafe { r.bytes() }, peer))
         })? {}
         for f in frames {

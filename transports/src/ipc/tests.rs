@@ -266,9 +266,9 @@ fn recv_where(rx: &mut dyn Connection, tx: &mut dyn Connection, tag: u32) -> (us
         tx.progress().unwrap();
         rx.progress().unwrap();
         let mut got = None;
-        // SAFETY: host memory (the host stand-in's "device" too), valid for the call.
         let ok = rx
             .recv_with(tag, &mut |_, r| {
+                // SAFETY: host memory (the host stand-in's "device" too), valid for the call.
                 got = Some((r.addr, unsafe { std::slice::from_raw_parts(r.addr as *const u8, r.len) }.to_vec()))
             })
             .unwrap();
@@ -354,12 +354,14 @@ fn an_offer_seen_too_late_goes_unused() {
     // Message 0 is on its way before the offer for it is made.
     // SAFETY: `src` and `dst` outlive the connections' use of them.
     unsafe { a.send(7, &meta(0), dev(&src)) }.unwrap();
+    // SAFETY: as above.
     unsafe { b.offer(7, dev(&dst)) }.unwrap();
     let (at, bytes) = recv_where(&mut *b, &mut *a, 7);
     assert_ne!(at, dst.as_ptr() as usize);
     assert_eq!(bytes, src);
     // Message 1 must not use the offer made for message 0.
     settle(&mut *a, &mut *b);
+    // SAFETY: as above.
     unsafe { a.send(7, &meta(1), dev(&src)) }.unwrap();
     let (at, _) = recv_where(&mut *b, &mut *a, 7);
     assert_ne!(at, dst.as_ptr() as usize);
