@@ -28,9 +28,6 @@ use super::reduce::{divide, reduce_in_place, reduce_into};
 use crate::error::{Error, Result};
 use crate::types::{Dtype, ReduceOp};
 
-/// Version of the [`LocalOps`] interface; bumped on incompatible changes.
-pub const LOCAL_OPS_API_VERSION: u32 = 2;
-
 /// Names the point an operation's submission reached, until it has completed
 /// ([`LocalOps::done`]). Operations complete in submission order, so a fence that is done
 /// means every operation submitted before it is done too.
@@ -72,9 +69,6 @@ impl std::fmt::Debug for Workspace {
 /// valid memory of a space the implementation [reaches](LocalOps::reaches), readable (and,
 /// for destinations, writable), and used by nothing else while the call runs.
 pub trait LocalOps: Send {
-    fn api_version(&self) -> u32 {
-        LOCAL_OPS_API_VERSION
-    }
     fn name(&self) -> &'static str;
     /// Whether these operations work on memory of `space`.
     fn reaches(&self, space: MemSpace) -> bool;

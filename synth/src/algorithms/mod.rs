@@ -22,7 +22,7 @@ use crate::topology::routing::Router;
 use crate::topology::Topology;
 
 /// Version of the [`ScheduleGenerator`] interface. Bumped when the trait or [`Request`] changes
-/// incompatibly, so that out-of-tree generators can check what they were built against.
+/// incompatibly; [`Registry::register`] refuses a generator written for another.
 pub const GENERATOR_API_VERSION: u32 = 2;
 
 /// What a generator is asked to build.
@@ -71,6 +71,10 @@ impl<'a> Request<'a> {
 
 /// An algorithm: builds a schedule for a collective on a topology.
 pub trait ScheduleGenerator: Send + Sync {
+    /// The interface version the generator was written for ([`GENERATOR_API_VERSION`]).
+    fn api_version(&self) -> u32 {
+        GENERATOR_API_VERSION
+    }
     /// Short name used on command lines (`ring`, `tree`, …).
     fn name(&self) -> &'static str;
     /// One line for `--help` and reports.
@@ -127,10 +131,22 @@ impl Registry {
         }
     }
 
-    /// Adds (or replaces, by name) a generator.
-    pub fn register(&mut self, generator: Box<dyn ScheduleGenerator>) {
+    /// Adds (or replaces, by name) a generator, refused if written for another interface
+    /// version.
+    pub fn register(&mut self, generator: Box<dyn ScheduleGenerator>) -> Result<()> {
+        if generator.api_version() != GENERATOR_API_VERSION {
+            return Err(Error::Unsupported {
+                algorithm: generator.name().into(),
+                collective: "any collective".into(),
+                reason: format!(
+                    "written for generator API v{}, topoccl-synth speaks v{GENERATOR_API_VERSION}",
+                    generator.api_version()
+                ),
+            });
+        }
         self.generators.retain(|g| g.name() != generator.name());
         self.generators.push(generator);
+        Ok(())
     }
 
     pub fn names(&self) -> Vec<&'static str> {
@@ -153,12 +169,10 @@ impl Registry {
         if !g.supports(request.collective) {
             return Err(unsupported(g.name(), request.collective, "not implemented by this algorithm"));
         }
-        if let Some(root) = request.collective.root() {
-            if root as usize >= request.topology.nranks() {
-                let why = format!("root {root} is not a rank of the {}-rank topology", request.topology.nranks());
-                return Err(unsupported(g.name(), request.collective, &why));
-            }
-        }
+        request
+            .collective
+            .check_root(request.topology.nranks())
+            .map_err(|why| unsupported(g.name(), request.collective, &why))?;
         g.generate(request)
     }
 }
@@ -267,6 +281,32 @@ mod tests {
                 assert!(reg.generate(g.name(), &Request::new(&t, c)).is_err(), "{}", g.name());
             }
         }
+    }
+
+    #[test]
+    fn a_generator_for_another_interface_version_is_refused() {
+        struct Future;
+        impl ScheduleGenerator for Future {
+            fn api_version(&self) -> u32 {
+                GENERATOR_API_VERSION + 1
+            }
+            fn name(&self) -> &'static str {
+                "future"
+            }
+            fn describe(&self) -> &'static str {
+                "written for a later interface"
+            }
+            fn supports(&self, _: Collective) -> bool {
+                true
+            }
+            fn generate(&self, request: &Request) -> Result<Schedule> {
+                Registry::builtin().generate("ring", request)
+            }
+        }
+        let mut reg = Registry::builtin();
+        let e = reg.register(Box::new(Future)).unwrap_err().to_string();
+        assert!(e.contains("generator API v3"), "{e}");
+        assert!(reg.get("future").is_err());
     }
 
     #[test]

@@ -520,10 +520,8 @@ impl Schedule {
                 self.collective, self.chunks
             ));
         }
-        if let Some(root) = self.collective.root() {
-            if root >= self.nranks {
-                return bad(format!("root {root} out of range for {} ranks", self.nranks));
-            }
+        if let Err(why) = self.collective.check_root(self.nranks as usize) {
+            return bad(why);
         }
         for (r, prog) in self.ranks.iter().enumerate() {
             for (c, ch) in prog.channels.iter().enumerate() {
