@@ -3,8 +3,8 @@
 Every call of a process group runs in the order it was issued, on every rank alike: calls go
 to one FIFO per process group, drained by one worker thread. A synchronous call
 (``async_op=False``) that finds the worker idle and nothing queued runs in the caller's own
-thread instead (no thread hand-off: ~26 µs against ~115-250 µs per small all_reduce on a
-2-core machine); see ``Executor`` for why that keeps the order. A future's callbacks run on the
+thread instead (no thread hand-off, which costs several times a small all_reduce); see
+``Executor`` for why that keeps the order. A future's callbacks run on the
 worker, right after the call they follow; calls they make run there at once (the same place
 in the sequence on every rank).
 """

@@ -10,10 +10,10 @@
 //!   objects need).
 //! - A caller that **waits** runs queued work itself when nothing is running (MPI-style
 //!   progress by the waiting thread): a blocking call is submit-then-wait, and on an idle
-//!   communicator it runs on the caller's thread with no hand-over to another thread. On a
-//!   2-core machine a hand-over costs a futex wake and a context switch per call, several
-//!   microseconds against a 2-rank shared-memory all-reduce of about one microsecond, and the
-//!   waiting thread would only sleep meanwhile.
+//!   communicator it runs on the caller's thread with no hand-over to another thread. A
+//!   hand-over costs a futex wake and a context switch per call, more than a small
+//!   shared-memory all-reduce takes, and the waiting thread would only sleep meanwhile (the
+//!   README has the figures).
 //!
 //! Either way one runner at a time holds the executor, so calls never overlap or reorder.
 //!

@@ -115,8 +115,8 @@ pub trait Tuner: Send {
 const PIPELINES: [u32; 5] = [1, 2, 8, 32, 128];
 /// Where the deepest priced depth wins, the winner is priced again at twice the depth, and so
 /// on while that is faster, up to this depth. Deep pipelines pay off only for large messages
-/// on trees (Blink on DGX-1 fragments: 94.9 % of the bound at p128, 96.0 % at p256), and
-/// pricing every algorithm at every size that deep doubled the tuner's cold start.
+/// on trees (Blink on DGX-1 fragments), and pricing every algorithm at every size that deep
+/// would double the tuner's cold start.
 const DEEPEST_PIPELINE: u32 = 256;
 /// Above this many ranks only each generator's defaults are priced (pricing is per candidate).
 const FULL_SEARCH_MAX_RANKS: usize = 64;
@@ -181,8 +181,8 @@ const DEEPER_CONTENDER: f64 = 0.03;
 /// Pipelining hides the time a chunk takes to cross the schedule, so a schedule of `c` chunks
 /// takes about `steady + fill / c`. Fitted to the two deepest siblings, that model predicts the
 /// deeper candidate; it is priced only where the last deepening gained and the prediction is
-/// within reach of the best. The deep candidates are the costly ones (TACOS at 128 chunks per
-/// block took 2 s to synthesize on `cluster:2x8` and lost by 40 %). Where the siblings do not
+/// within reach of the best. The deep candidates are the costly ones (a synthesizer's time grows
+/// with the chunks it places). Where the siblings do not
 /// say how deep the candidate is (the deepest is the generator's default depth), it is priced.
 pub fn could_win_deeper(priced: &[Priced], chunks: &[u32], choice: &Choice, best_us: f64) -> bool {
     let mut siblings: Vec<(u32, u32, f64)> = priced

@@ -52,9 +52,8 @@ pub fn own_namespaces() -> Result<Vec<String>> {
 
 /// MTU of the emulated links. The links stand for NVLink, PCIe and InfiniBand fabrics, whose
 /// per-packet cost is not what an emulation measures; at Ethernet's 1500 bytes the kernel's
-/// per-packet work for 16 ranks' TCP took 79 % of this 2-core machine, and the schedules with
-/// many small messages measured CPU instead of links (4×4 torus, 16 MiB: Blink at 38 % of its
-/// predicted bus bandwidth with 1500, 63 % with 65000; TACOS 58 % and 98 %).
+/// per-packet work dominates, and schedules with many small messages measure the CPU instead
+/// of the links (the README's emulation section has the figures).
 const LINK_MTU: u32 = 65_000;
 
 /// TCP's minimum retransmission timeout on the routes of rank namespaces (see `wire`).

@@ -28,7 +28,7 @@ pub const ADDRESS_IFACE: &str = "emu0";
 
 /// The fastest emulated link's rate when the caller gives no scale, Mbit/s: fast enough that a
 /// 64 MiB collective takes seconds, slow enough that forwarding and the ranks' copies on a
-/// 2-core machine never become the bottleneck.
+/// machine of a few cores never become the bottleneck.
 pub const DEFAULT_FASTEST_MBIT: f64 = 400.0;
 
 /// A namespace.
