@@ -3,7 +3,8 @@
 //! `cargo bench --bench simulator -- ring_4096`.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use topoccl_synth::algorithms::{Registry, Request};
+use topoccl_synth::generate::Request;
+use topoccl_synth::registry::Registry;
 use topoccl_synth::schedule::Collective;
 use topoccl_synth::sim::Simulator;
 use topoccl_synth::topology::resolve;

@@ -1,6 +1,9 @@
 //! Buffers as callers hand them over: where a buffer starts and which memory it lies in. Its
 //! length follows from the call (NCCL's contract), so it is computed and checked once, by the
 //! library, when the call is validated; the executor then only sees [`Region`]s.
+//!
+//! A buffer whose memory space is asked of the CUDA driver, [`Buffer::at`], is made beside the
+//! driver (`crate::cuda`), which this module does not depend on.
 
 use std::fmt;
 
@@ -21,13 +24,6 @@ impl Buffer {
     /// Host memory at `ptr` (a Rust slice's: CPU memory by construction).
     pub fn host<T>(ptr: *const T) -> Buffer {
         Buffer { space: MemSpace::Host, addr: ptr as usize }
-    }
-
-    /// The buffer at `ptr`, in the memory space the CUDA driver says it lies in (host memory
-    /// when there is no driver, or the pointer is not CUDA's): what a C caller's pointer is.
-    pub fn at<T>(ptr: *const T) -> Buffer {
-        let addr = ptr as usize;
-        Buffer { space: crate::cuda::space_of(addr), addr }
     }
 
     pub fn is_null(&self) -> bool {

@@ -1,5 +1,25 @@
 //! The one error type of the core crate; the C ABI maps each variant onto an `ncclResult_t`.
 
+use serde::{Deserialize, Serialize};
+
+/// What one rank found (or was told) made a call fail: the ranks at fault and why (the
+/// diagnosis's conclusion, `crate::diag`, carried by [`Error::Fault`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Verdict {
+    /// The ranks at fault (one, usually; several that wait on each other in a cycle).
+    pub culprits: Vec<u32>,
+    /// What happened, with the chain of waits that led to it.
+    pub text: String,
+    /// The rank that found this out.
+    pub found_by: u32,
+}
+
+impl std::fmt::Display for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
 /// Errors of the core crate.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -29,7 +49,7 @@ pub enum Error {
     /// A call failed because of another rank: `cause` is what the ranks found out by asking
     /// each other (on a channel apart from the data path), `seen` what this rank saw.
     #[error("{cause} [rank {rank} saw: {seen}]")]
-    Fault { rank: u32, cause: crate::diag::Verdict, seen: Box<Error> },
+    Fault { rank: u32, cause: Verdict, seen: Box<Error> },
     /// `abort()` was called.
     #[error("the communicator was aborted")]
     Aborted,

@@ -13,11 +13,11 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::comm::bootstrap::{self, UniqueId, HELLO_BYTES, HELLO_MAGIC, PEER_BYTES};
-use crate::comm::greet::{Greeter, HELLO_DEADLINE, MAX_UNGREETED};
 use crate::exec::engine;
-use crate::exec::wire::CallHeader;
 use crate::exec::Settings;
+use crate::greet::{Greeter, HELLO_DEADLINE, MAX_UNGREETED};
 use crate::types::{Dtype, ReduceOp};
+use crate::wire::CallHeader;
 use topoccl_transports::{Meta, META_BYTES};
 
 /// The rendezvous secret of the fuzzer's hellos (seeds carry it; the fuzzer finds it anyway).
@@ -170,8 +170,8 @@ fn reply(b: &[u8]) {
 
 /// Seed inputs for [`call_header`], named: headers of real calls, alike and differing.
 pub fn call_header_seeds() -> Vec<(&'static str, Vec<u8>)> {
-    use crate::exec::wire::{reduction_code, Called};
     use crate::types::Reduction;
+    use crate::wire::{reduction_code, Called};
     use topoccl_synth::schedule::Collective;
     let header = |called, dtype, count, schedule| CallHeader {
         seq: 7,

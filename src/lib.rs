@@ -8,6 +8,7 @@
 //! crate of their own beside this one.
 
 pub mod buffer;
+mod call;
 pub mod comm;
 pub mod cuda;
 pub mod detect;
@@ -16,20 +17,22 @@ pub mod env;
 pub mod error;
 mod exec;
 pub mod fp8;
+mod greet;
+pub mod ops;
 // The fuzz harnesses (fuzz/): compiled only by cargo-fuzz, never into the library.
 #[cfg(fuzzing)]
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod tuner;
 pub mod types;
+mod wire;
 
 pub use buffer::{Buffer, MemSpace, Region};
 pub use comm::{
     AbortHandle, CollectiveCall, Communicator, Config, Group, Health, Lane, Pending, TransportPolicy, UniqueId, Work,
 };
-pub use diag::Verdict;
+pub use error::Verdict;
 pub use error::{Error, Result};
-pub use exec::ops;
 pub use topoccl_synth as synth;
 pub use topoccl_synth::schedule::Collective;
 pub use topoccl_transports as transports;

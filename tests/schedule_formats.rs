@@ -1,7 +1,8 @@
 //! Schedules survive a JSON round trip unchanged, and export to MSCCL's XML with every step
 //! accounted for.
 
-use topoccl_synth::algorithms::{Registry, Request};
+use topoccl_synth::generate::Request;
+use topoccl_synth::registry::Registry;
 use topoccl_synth::schedule::{msccl::to_msccl_xml, Collective, Schedule};
 use topoccl_synth::topology::resolve;
 use topoccl_synth::verify::verify;

@@ -3,7 +3,8 @@
 //! (pipeline depth, channels), roots and topologies.
 
 use proptest::prelude::*;
-use topoccl_synth::algorithms::{Registry, Request};
+use topoccl_synth::generate::Request;
+use topoccl_synth::registry::Registry;
 use topoccl_synth::schedule::{Collective, Rank};
 use topoccl_synth::topology::{resolve, Topology};
 use topoccl_synth::verify::verify;

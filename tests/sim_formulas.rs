@@ -1,7 +1,8 @@
 //! The simulator against closed-form alpha-beta times on uniform topologies (within 1%), and
 //! link sharing. α = link latency (µs), B = link bandwidth, S = buffer bytes.
 
-use topoccl_synth::algorithms::{Registry, Request};
+use topoccl_synth::generate::Request;
+use topoccl_synth::registry::Registry;
 use topoccl_synth::schedule::{Collective, Op, ScheduleBuilder, Slot};
 use topoccl_synth::sim::simulate;
 use topoccl_synth::topology::resolve;

@@ -9,8 +9,9 @@
 //!   far from it.
 
 use proptest::prelude::*;
-use topoccl_synth::algorithms::{Registry, Request};
 use topoccl_synth::bound::bound;
+use topoccl_synth::generate::Request;
+use topoccl_synth::registry::Registry;
 use topoccl_synth::schedule::Collective;
 use topoccl_synth::sim::simulate;
 use topoccl_synth::topology::{Link, LinkKind, Node, NodeKind, Topology};

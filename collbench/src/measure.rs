@@ -5,7 +5,7 @@
 use std::io::{IsTerminal, Write};
 use std::time::Instant;
 
-use topoccl_synth::algorithms::Registry;
+use topoccl_synth::registry::Registry;
 use topoccl_synth::sim::SimConfig;
 use topoccl_synth::sim::Simulator;
 use topoccl_synth::topology::Topology;

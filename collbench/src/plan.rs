@@ -1,7 +1,7 @@
 //! What a sweep will do, parsed and checked from the arguments before any rank starts (so bad
 //! input fails in one line, once).
 
-use topoccl_synth::algorithms::Registry;
+use topoccl_synth::registry::Registry;
 
 use super::sizes;
 use super::Args;

@@ -4,7 +4,8 @@
 use std::io::Write;
 use std::time::Instant;
 
-use topoccl_synth::algorithms::{Registry, Request};
+use topoccl_synth::generate::Request;
+use topoccl_synth::registry::Registry;
 use topoccl_synth::schedule::Collective;
 use topoccl_synth::sim::{SimConfig, Simulator};
 use topoccl_synth::topology;

@@ -6,7 +6,8 @@
 use std::fs;
 use std::path::Path;
 
-use topoccl_synth::algorithms::{Registry, Request};
+use topoccl_synth::generate::Request;
+use topoccl_synth::registry::Registry;
 use topoccl_synth::schedule::Collective;
 use topoccl_synth::topology::{self, file};
 

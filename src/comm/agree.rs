@@ -27,14 +27,14 @@
 
 use std::sync::Arc;
 
-use super::call::CollectiveCall;
 use super::plan::plan_of;
 use super::submit::call_header;
-use super::work::Job;
+use super::work::Task;
 use super::{Communicator, Front};
 use crate::buffer::Buffer;
+use crate::call::CollectiveCall;
 use crate::error::Result;
-use crate::exec::job::CollectiveJob;
+use crate::exec::job::{CollectiveJob, Job};
 use crate::tuner::{DecisionKey, Refinements};
 use crate::types::{Dtype, ReduceOp};
 use topoccl_synth::schedule::Collective;
@@ -95,7 +95,7 @@ impl Communicator {
     }
 
     /// The all-reduce (minimum) of one byte per size of `keys`, in place in its own buffer.
-    fn agreement(&self, front: &mut Front, keys: Vec<DecisionKey>, refinements: Arc<Refinements>) -> Result<Job> {
+    fn agreement(&self, front: &mut Front, keys: Vec<DecisionKey>, refinements: Arc<Refinements>) -> Result<Task> {
         let mut flags = vec![0u8; keys.len()];
         let call = CollectiveCall::new(Collective::AllReduce, Dtype::Uint8, flags.len()).reduced_with(ReduceOp::Min);
         // The buffer moves into the job below; moving a Vec does not move its heap block, which
@@ -106,21 +106,18 @@ impl Communicator {
         // Numbered as a call of its own, so that the diagnosis tells it from its neighbours.
         let header = call_header(&call, front.seq, plan.hash);
         front.seq = front.seq.wrapping_add(1);
-        Ok(Job::Collective(CollectiveJob {
-            checked,
-            plan,
-            header,
-            sync: None,
+        Ok(Task {
+            job: Job::Collective(CollectiveJob { checked, plan, header, sync: None }),
             refine: Some(Box::new(Refine::Agreement { keys, refinements, flags })),
-        }))
+        })
     }
 }
 
-/// Readies `job` just before the executor runs it, in queue order; whether to run it (an
-/// agreement with nothing left to agree on is skipped). A quick call whose size was switched
-/// since it was planned gets the full decision's plan; an agreement gets this rank's answers.
-pub(crate) fn before_run(job: &mut CollectiveJob, rank: u32) -> bool {
-    let Some(refine) = job.refine.as_deref_mut() else { return true };
+/// Readies `job`, whose part is `refine`, just before the executor runs it, in queue order;
+/// whether to run it (an agreement with nothing left to agree on is skipped). A quick call
+/// whose size was switched since it was planned gets the full decision's plan; an agreement
+/// gets this rank's answers.
+pub(crate) fn before_run(refine: &mut Refine, job: &mut CollectiveJob, rank: u32) -> bool {
     match refine {
         Refine::Quick { key, refinements } => {
             if let Some((choice, schedule)) = refinements.switched(key) {
@@ -143,14 +140,14 @@ pub(crate) fn before_run(job: &mut CollectiveJob, rank: u32) -> bool {
     }
 }
 
-/// Whether `job` is one nobody waits for (an agreement).
-pub(crate) fn unwaited(job: &Job) -> bool {
-    matches!(job, Job::Collective(c) if matches!(c.refine.as_deref(), Some(Refine::Agreement { .. })))
+/// Whether `task` is one nobody waits for (an agreement).
+pub(crate) fn unwaited(task: &Task) -> bool {
+    matches!(task.refine.as_deref(), Some(Refine::Agreement { .. }))
 }
 
-/// After `job` ran: an agreement switches the sizes every rank had.
-pub(crate) fn after_run(job: &CollectiveJob) {
-    if let Some(Refine::Agreement { keys, refinements, flags }) = job.refine.as_deref() {
+/// After a job whose part is `refine` ran: an agreement switches the sizes every rank had.
+pub(crate) fn after_run(refine: &Refine) {
+    if let Refine::Agreement { keys, refinements, flags } = refine {
         for (key, _) in keys.iter().zip(flags).filter(|(_, &f)| f == 1) {
             // Every rank had it, this one included.
             let _ = refinements.switch(key);

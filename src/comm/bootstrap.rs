@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use topoccl_transports::ipc::DeviceId;
 
-use super::greet::{Greeter, HELLO_DEADLINE, MAX_UNGREETED};
 use crate::error::{Error, Result};
+use crate::greet::{Greeter, HELLO_DEADLINE, MAX_UNGREETED};
 
 /// Bytes of a serialised [`UniqueId`] (NCCL's `NCCL_UNIQUE_ID_BYTES`).
 pub const UNIQUE_ID_BYTES: usize = 128;

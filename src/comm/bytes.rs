@@ -4,9 +4,9 @@
 
 use topoccl_synth::schedule::Collective;
 
-use super::call::CollectiveCall;
 use super::Communicator;
 use crate::buffer::Buffer;
+use crate::call::CollectiveCall;
 use crate::error::{Error, Result};
 
 fn length(which: &str, got: usize, want: usize, esize: usize) -> Error {

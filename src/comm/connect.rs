@@ -23,9 +23,9 @@ use topoccl_transports::{Connection, Locality, PeerSetup, Transport, TransportTa
 
 use super::bootstrap::{connect_retry, PeerInfo};
 use super::config::{Config, TransportPolicy};
-use super::greet::{Greeter, HELLO_DEADLINE, MAX_UNGREETED};
 use super::rdma;
 use crate::error::{Error, Result};
+use crate::greet::{Greeter, HELLO_DEADLINE, MAX_UNGREETED};
 
 const DIAL_MAGIC: &[u8; 4] = b"TCDL";
 const DIAL_BYTES: usize = 4 + 16 + 16 + 4 + 4;

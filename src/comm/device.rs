@@ -21,11 +21,11 @@
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 use topoccl_synth::schedule::Collective;
 
-use super::call::CollectiveCall;
 use super::group::Group;
 use super::work::Work;
 use super::Communicator;
 use crate::buffer::Buffer;
+use crate::call::CollectiveCall;
 use crate::cuda::StreamRef;
 use crate::error::{Error, Result};
 use crate::types::{DataType, ReduceOp};

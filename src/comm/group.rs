@@ -3,13 +3,13 @@
 //! sending first) complete. As in NCCL, a rank may send to itself within a group: the send
 //! pairs, in order, with a receive from itself, and is a local copy.
 
-use super::work::{Job, Work};
+use super::work::Work;
 use super::{Communicator, Front};
 use crate::buffer::Buffer;
 use crate::error::{Error, Result};
-use crate::exec::job::{Transfer, TransferJob};
-use crate::exec::wire::{reduction_code, CallHeader, Called};
+use crate::exec::job::{Job, Transfer, TransferJob};
 use crate::types::{DataType, Dtype, ReduceOp, Reduction};
+use crate::wire::{reduction_code, CallHeader, Called};
 
 /// Which stream of point-to-point messages a group's transfers use. Each is matched in order
 /// per pair of ranks, and the two never mix, so one-sided puts (received when the target asks
@@ -131,7 +131,7 @@ impl<'c, 'b> Group<'c, 'b> {
         let comm = self.comm;
         let mut front = comm.front();
         match self.prepare(&mut front)? {
-            Some(job) => comm.shared.run_blocking(front, job),
+            Some(job) => comm.shared.run_blocking(front, job.into()),
             None => Ok(()),
         }
     }
@@ -146,7 +146,7 @@ impl<'c, 'b> Group<'c, 'b> {
         let comm = self.comm;
         let mut front = comm.front();
         Ok(match self.prepare(&mut front)? {
-            Some(job) => comm.shared.submit(job),
+            Some(job) => comm.shared.submit(job.into()),
             None => Work::done(&comm.shared),
         })
     }

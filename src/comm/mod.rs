@@ -26,12 +26,10 @@
 pub(crate) mod agree;
 pub(crate) mod bootstrap;
 mod bytes;
-pub(crate) mod call;
 mod config;
 mod connect;
 #[cfg(feature = "cuda")]
 mod device;
-pub(crate) mod greet;
 mod group;
 mod netif;
 pub(crate) mod plan;
@@ -52,9 +50,9 @@ use topoccl_synth::hash::fnv64;
 use topoccl_synth::sim::SimConfig;
 use topoccl_synth::topology::Topology;
 
+pub use crate::call::CollectiveCall;
 use bootstrap::PeerInfo;
 pub use bootstrap::{UniqueId, UNIQUE_ID_BYTES};
-pub use call::CollectiveCall;
 pub use config::{Config, TransportPolicy};
 use connect::Auth;
 pub use group::{Group, Lane};

@@ -14,27 +14,9 @@ use rustc_hash::FxHashMap;
 use topoccl_synth::schedule::{Collective, Schedule};
 
 use crate::error::Result;
-use crate::exec::layout::ChunkLayout;
-use crate::exec::program::Program;
+use crate::exec::plan::Plan;
 use crate::tuner::{Choice, DecisionKey, Selector};
 use topoccl_synth::hash::fnv64;
-
-/// Everything the executor needs to run one collective of one size on this rank.
-#[derive(Debug)]
-pub(crate) struct Plan {
-    pub schedule: Arc<Schedule>,
-    /// The schedule's identity on the wire.
-    pub hash: u32,
-    /// Chunks per block.
-    pub k: usize,
-    /// Where the chunks lie: uneven chunks on the caller's buffers, or, for a schedule that
-    /// moves chunks between slots of unequal size, equal chunks on padded staging copies.
-    pub layout: ChunkLayout,
-    pub padded: bool,
-    pub program: Program,
-    /// Bytes of the schedule's scratch chunks.
-    pub scratch_bytes: usize,
-}
 
 /// What a plan depends on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -146,21 +128,10 @@ fn size_of(nranks: u32, collective: Collective, block_bytes: usize) -> u64 {
     (block_bytes as u64).saturating_mul(i.max(o) as u64)
 }
 
-/// The 32 bits of a schedule's identity that ride in every call header (the low half of its
-/// FNV-1a 64: the wire's field stays four bytes).
-fn schedule_id(identity: &str) -> u32 {
-    fnv64(identity.as_bytes()) as u32
-}
-
 /// The plan that runs `choice`'s `schedule` on `count` elements of `esize` bytes on `rank`.
 pub(crate) fn plan_of(rank: u32, choice: &Choice, schedule: Arc<Schedule>, esize: usize, count: usize) -> Plan {
     let identity =
         format!("{}/{}/{}/{}/{choice}", schedule.name, schedule.collective, schedule.nranks, schedule.chunks);
-    let k = (schedule.chunks / schedule.collective.chunk_multiple(schedule.nranks)).max(1) as usize;
-    let uneven = ChunkLayout::new(k, count, esize);
-    let padded = !uneven.fits(&schedule);
-    let layout = if padded { ChunkLayout::padded(k, count.div_ceil(k), esize) } else { uneven };
-    let program = Program::from_schedule(&schedule, rank, &layout);
-    let scratch_bytes = layout.offset(schedule.scratch_chunks as usize);
-    Plan { hash: schedule_id(&identity), schedule, k, layout, padded, program, scratch_bytes }
+    // The low half of its FNV-1a 64: the wire's field is four bytes.
+    Plan::new(rank, schedule, fnv64(identity.as_bytes()) as u32, esize, count)
 }

@@ -12,13 +12,14 @@
 
 use std::sync::Arc;
 
-use super::call::CollectiveCall;
 use super::group::Group;
-use super::work::{Job, Work};
+use super::work::Work;
 use super::{Communicator, Front};
 use crate::buffer::Buffer;
+use crate::call::CollectiveCall;
 use crate::cuda::{Binding, Context, StreamRef};
 use crate::error::{Error, Result};
+use crate::exec::job::Job;
 
 impl Communicator {
     /// The communicator's device binding, checked against `stream` (made from the stream's
@@ -84,12 +85,12 @@ impl Communicator {
         let mut front = self.front();
         let binding = Communicator::binding_for(&mut front, stream)?;
         stream.not_capturing()?;
-        let Some(mut job) = self.prepare(&mut front, call, send, recv)? else { return Ok(Work::done(&self.shared)) };
+        let Some(mut task) = self.prepare(&mut front, call, send, recv)? else { return Ok(Work::done(&self.shared)) };
         let sync = binding.attach(stream)?;
-        if let Job::Collective(c) = &mut job {
+        if let Job::Collective(c) = &mut task.job {
             c.sync = Some(sync);
         }
-        Ok(self.shared.submit(job))
+        Ok(self.shared.submit(task))
     }
 }
 
@@ -109,6 +110,6 @@ impl Group<'_, '_> {
         if let Job::Transfers(t) = &mut job {
             t.sync = Some(sync);
         }
-        Ok(comm.shared.submit(job))
+        Ok(comm.shared.submit(job.into()))
     }
 }

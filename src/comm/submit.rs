@@ -9,15 +9,15 @@
 //! call first, so its memory is never freed while the executor still uses it.
 
 use super::agree::Refine;
-use super::call::CollectiveCall;
-use super::work::{Job, Work};
+use super::work::{Task, Work};
 use super::{Communicator, Front};
 use crate::buffer::Buffer;
+use crate::call::CollectiveCall;
 use crate::error::{Error, Result};
-use crate::exec::job::CollectiveJob;
-use crate::exec::wire::{reduction_code, CallHeader, Called};
+use crate::exec::job::{CollectiveJob, Job};
 use crate::tuner::Choice;
 use crate::types::DataType;
+use crate::wire::{reduction_code, CallHeader, Called};
 
 impl Communicator {
     /// What this communicator runs `call` with: the algorithm and its knobs.
@@ -45,7 +45,7 @@ impl Communicator {
         call: &CollectiveCall,
         send: Buffer,
         recv: Buffer,
-    ) -> Result<Option<Job>> {
+    ) -> Result<Option<Task>> {
         let checked = call.check(self.rank, self.nranks, send, recv)?;
         if call.count == 0 {
             front.seq = front.seq.wrapping_add(1);
@@ -59,7 +59,7 @@ impl Communicator {
         let header = call_header(call, front.seq, plan.hash);
         front.seq = front.seq.wrapping_add(1);
         let refine = quick.map(|key| Box::new(Refine::Quick { key, refinements: front.planner.tuner.refinements() }));
-        Ok(Some(Job::Collective(CollectiveJob { checked, plan, header, sync: None, refine })))
+        Ok(Some(Task { job: Job::Collective(CollectiveJob { checked, plan, header, sync: None }), refine }))
     }
 
     /// Checks `call` from `send` to `recv` as it would run, queuing nothing: a group checks every

@@ -24,8 +24,8 @@
 
 use topoccl_synth::schedule::Collective;
 
-use super::call::CollectiveCall;
 use super::Communicator;
+use crate::call::CollectiveCall;
 use crate::error::Result;
 use crate::types::{DataType, ReduceOp};
 

@@ -29,37 +29,28 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::cuda::StreamSync;
+use super::agree::Refine;
 use crate::error::{Error, Result};
-use crate::exec::job::{CollectiveJob, TransferJob};
+use crate::exec::job::Job;
 use crate::exec::Executor;
 
-/// What the executor runs.
-pub(crate) enum Job {
-    Collective(CollectiveJob),
-    Transfers(TransferJob),
+/// A job as the communicator queues it: what the executor runs, and the communicator's part
+/// around it (a collective's place in switching sizes to the tuner's background decisions,
+/// [`super::agree`]).
+pub(crate) struct Task {
+    pub job: Job,
+    pub refine: Option<Box<Refine>>,
 }
 
-impl Job {
-    /// Its ties to its caller's CUDA stream, if it was called on one.
-    pub(crate) fn sync(&self) -> Option<&StreamSync> {
-        match self {
-            Job::Collective(c) => c.sync.as_ref(),
-            Job::Transfers(t) => t.sync.as_ref(),
-        }
-    }
-
-    /// Lets its caller's stream go on (a job that will never run).
-    fn release(&self) {
-        if let Some(s) = self.sync() {
-            s.binding.complete_from_host(s.ticket);
-        }
+impl From<Job> for Task {
+    fn from(job: Job) -> Task {
+        Task { job, refine: None }
     }
 }
 
 /// A job and where its result goes.
 struct Queued {
-    job: Job,
+    task: Task,
     state: Arc<WorkState>,
 }
 
@@ -216,10 +207,10 @@ impl Shared {
     }
 
     /// Queues `job` for the progress thread; its handle.
-    pub(crate) fn submit(self: &Arc<Shared>, job: Job) -> Work {
+    pub(crate) fn submit(self: &Arc<Shared>, task: Task) -> Work {
         let state = Arc::new(WorkState::default());
         let mut q = lock(&self.queue);
-        q.jobs.push_back(Queued { job, state: state.clone() });
+        q.jobs.push_back(Queued { task, state: state.clone() });
         self.attention.fetch_add(1, Ordering::SeqCst);
         if !self.running.load(Ordering::SeqCst) {
             self.wake(&q);
@@ -230,14 +221,14 @@ impl Shared {
     /// Runs a blocking call's `job`, admitted in call order while the caller holds `order`
     /// (the lock that orders its calls, let go here): on this thread when nothing is queued or
     /// running, the job never moved, else queued behind the others and waited for.
-    pub(crate) fn run_blocking<G>(self: &Arc<Shared>, order: G, mut job: Job) -> Result<()> {
+    pub(crate) fn run_blocking<G>(self: &Arc<Shared>, order: G, mut task: Task) -> Result<()> {
         if self.claim_idle() {
             drop(order);
-            let r = self.run_job(&mut job);
+            let r = self.run_job(&mut task);
             self.release();
             return r;
         }
-        let work = self.submit(job);
+        let work = self.submit(task);
         drop(order);
         work.wait()
     }
@@ -279,22 +270,22 @@ impl Shared {
     }
 
     /// Runs `job` with `running` already set (without releasing it).
-    fn run_job(&self, job: &mut Job) -> Result<()> {
+    fn run_job(&self, task: &mut Task) -> Result<()> {
         debug_assert!(self.running.load(Ordering::Relaxed), "a job run without the executor's turn");
         // SAFETY: every caller holds `running` (claimed by `claim_idle` or `take`) and
         // releases it only after this returns.
         let exec = unsafe { self.executor() };
         if let Some(e) = self.unusable() {
-            job.release();
+            task.job.release();
             return Err(e);
         }
-        if let Job::Collective(c) = job {
-            if !super::agree::before_run(c, exec.rank) {
+        if let (Job::Collective(c), Some(refine)) = (&mut task.job, task.refine.as_deref_mut()) {
+            if !super::agree::before_run(refine, c, exec.rank) {
                 return Ok(());
             }
         }
         if let Some(b) = &exec.board {
-            b.begin(match job {
+            b.begin(match &task.job {
                 Job::Collective(c) => Some(&c.header),
                 Job::Transfers(_) => None,
             });
@@ -302,9 +293,9 @@ impl Shared {
         // SAFETY: the job's regions are the submitter's buffers, valid until the job completes:
         // the promise every submission path makes (the safe APIs wait before their borrows end;
         // the raw ones are `unsafe fn`s that pass the promise to their callers).
-        let r = unsafe { exec.run(job) };
-        if let (Ok(()), Job::Collective(c)) = (&r, &*job) {
-            super::agree::after_run(c);
+        let r = unsafe { exec.run(&task.job) };
+        if let (Ok(()), Some(refine)) = (&r, task.refine.as_deref()) {
+            super::agree::after_run(refine);
         }
         let e = match r {
             Err(e) if !matches!(e, Error::InvalidArgument(_)) => e,
@@ -329,7 +320,7 @@ impl Shared {
         let mut q = lock(&self.queue);
         if q.broken.is_none() {
             q.broken = Some(e.duplicate());
-            if super::agree::unwaited(job) {
+            if super::agree::unwaited(task) {
                 q.unseen = Some(e.duplicate());
             }
         }
@@ -341,7 +332,7 @@ impl Shared {
     /// Runs a queued job with `running` already set; records its result and releases the
     /// executor.
     fn execute(&self, mut item: Queued) {
-        let result = self.run_job(&mut item.job);
+        let result = self.run_job(&mut item.task);
         item.state.finish(result);
         self.release();
     }
@@ -435,7 +426,7 @@ impl Shared {
         let jobs: Vec<Queued> = q.jobs.drain(..).collect();
         self.attention.fetch_sub(jobs.len() as u32, Ordering::SeqCst);
         for item in jobs {
-            item.job.release();
+            item.task.job.release();
             item.state.finish(Err(why()));
         }
         self.wake(&q);

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use topoccl_transports::{MemSpace, Region};
 
 use crate::error::{Error, Result};
-use crate::exec::ops::{Fence, LocalOps, Workspace};
+use crate::ops::{Fence, LocalOps, Workspace};
 use crate::types::{Dtype, ReduceOp};
 
 fn off() -> Error {

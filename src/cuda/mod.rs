@@ -48,3 +48,12 @@ pub use stream::{Event, Stream, StreamRef};
 mod disabled;
 #[cfg(not(feature = "cuda"))]
 pub use disabled::*;
+
+impl crate::buffer::Buffer {
+    /// The buffer at `ptr`, in the memory space the CUDA driver says it lies in (host memory
+    /// when there is no driver, or the pointer is not CUDA's): what a C caller's pointer is.
+    pub fn at<T>(ptr: *const T) -> crate::buffer::Buffer {
+        let addr = ptr as usize;
+        crate::buffer::Buffer { space: space_of(addr), addr }
+    }
+}

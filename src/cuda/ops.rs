@@ -18,7 +18,7 @@ use super::kernels::{Kernel, KernelArgs, Kernels};
 use super::memory::{aligned, copy_async, DeviceMemory, Pinned};
 use super::stream::{Event, Stream, StreamRef};
 use crate::error::{Error, Result};
-use crate::exec::ops::{Fence, LocalOps, Workspace};
+use crate::ops::{Fence, LocalOps, Workspace};
 use crate::types::{Dtype, ReduceOp};
 
 /// Events made with the operations. A fence with no event left re-records the newest one

@@ -6,7 +6,7 @@
 
 use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 
-use crate::exec::wire::{CallHeader, Called};
+use crate::wire::{CallHeader, Called};
 
 /// Collectives a ledger remembers besides the running one.
 pub(crate) const RECENT_CALLS: usize = 32;

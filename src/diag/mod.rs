@@ -29,24 +29,8 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
-use crate::exec::wire::{CallHeader, Called};
-
-/// What one rank found (or was told) made a call fail: the ranks at fault and why.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Verdict {
-    /// The ranks at fault (one, usually; several that wait on each other in a cycle).
-    pub culprits: Vec<u32>,
-    /// What happened, with the chain of waits that led to it.
-    pub text: String,
-    /// The rank that found this out.
-    pub found_by: u32,
-}
-
-impl std::fmt::Display for Verdict {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.text)
-    }
-}
+use crate::error::Verdict;
+use crate::wire::{CallHeader, Called};
 
 /// What a waiting channel needs from a peer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

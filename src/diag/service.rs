@@ -17,8 +17,8 @@ use nix::poll::{PollFd, PollFlags, PollTimeout};
 
 use super::protocol::{self, Kind, Request, MAX_BODY_BYTES, REQUEST_BYTES};
 use super::{dump, signal, Board, Status, Verdict};
-use crate::comm::greet::{Greeter, HELLO_DEADLINE, MAX_UNGREETED};
 use crate::error::{Error, Result};
+use crate::greet::{Greeter, HELLO_DEADLINE, MAX_UNGREETED};
 
 /// How long a greeted connection may take to send its body and read its answer.
 const IO_DEADLINE: Duration = Duration::from_millis(500);

@@ -18,8 +18,8 @@ use std::collections::VecDeque;
 use topoccl_transports::{Connection, Meta, Region, Ticket};
 
 use super::engine::{transport_error, Links};
-use super::ops::{Fence, LocalOps, Workspace};
 use crate::error::{Error, Result};
+use crate::ops::{Fence, LocalOps, Workspace};
 
 /// Slices of each pool (forwarding, staging) one run may have in flight at once.
 const MAX_SLICES: usize = 32;

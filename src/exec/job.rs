@@ -1,7 +1,7 @@
 //! Running one planned call on the executor: a collective (staging where its placement or
 //! layout needs it, PreMulSum's multiplication, the engine, the average's division), or a batch
 //! of point-to-point transfers. Every byte of work goes through the executor's
-//! [`LocalOps`](super::ops::LocalOps).
+//! [`LocalOps`](crate::ops::LocalOps).
 //!
 //! The schedule cuts each block of the data (the whole buffer, or one rank's part for
 //! reduce-scatter, all-gather and all-to-all) into `k` chunks, uneven by at most one element
@@ -19,17 +19,16 @@ use topoccl_transports::{Connection, MemSpace, Meta, Region};
 
 use super::engine::{self, Resources};
 use super::memory::{MemId, Memory, Span, INPUT, OUTPUT, SCRATCH};
-use super::ops::{CpuOps, LocalOps, Workspace};
+use super::plan::Plan;
 use super::program::Program;
-use super::wire::CallHeader;
 use super::{DeviceSide, Executor, Settings, Space, SpaceRef};
-use crate::comm::call::{Checked, Placement};
-use crate::comm::plan::Plan;
-use crate::comm::work::Job;
+use crate::call::{Checked, Placement};
 use crate::cuda::StreamSync;
 use crate::diag::Board;
 use crate::error::{Error, Result};
+use crate::ops::{CpuOps, LocalOps, Workspace};
 use crate::types::{Dtype, ReduceOp, Reduction, Scalar};
+use crate::wire::CallHeader;
 
 /// A collective, checked and planned.
 pub(crate) struct CollectiveJob {
@@ -38,9 +37,29 @@ pub(crate) struct CollectiveJob {
     pub header: CallHeader,
     /// Its ties to the caller's CUDA stream, if it was called on one.
     pub sync: Option<StreamSync>,
-    /// Its part in switching sizes to the tuner's background decisions
-    /// ([`crate::comm::agree`]).
-    pub refine: Option<Box<crate::comm::agree::Refine>>,
+}
+
+/// What the executor runs.
+pub(crate) enum Job {
+    Collective(CollectiveJob),
+    Transfers(TransferJob),
+}
+
+impl Job {
+    /// Its ties to its caller's CUDA stream, if it was called on one.
+    pub(crate) fn sync(&self) -> Option<&StreamSync> {
+        match self {
+            Job::Collective(c) => c.sync.as_ref(),
+            Job::Transfers(t) => t.sync.as_ref(),
+        }
+    }
+
+    /// Lets its caller's stream go on (a job that will never run).
+    pub(crate) fn release(&self) {
+        if let Some(s) = self.sync() {
+            s.binding.complete_from_host(s.ticket);
+        }
+    }
 }
 
 /// One send or receive of a batch.

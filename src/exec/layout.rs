@@ -89,7 +89,8 @@ impl ChunkLayout {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use topoccl_synth::algorithms::{Registry, Request};
+    use topoccl_synth::generate::Request;
+    use topoccl_synth::registry::Registry;
     use topoccl_synth::schedule::Collective;
     use topoccl_synth::topology::resolve;
 

@@ -8,10 +8,8 @@ pub(crate) mod inflight;
 pub(crate) mod job;
 pub(crate) mod layout;
 pub(crate) mod memory;
-pub mod ops;
+pub(crate) mod plan;
 pub(crate) mod program;
-pub(crate) mod reduce;
-pub(crate) mod wire;
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -21,7 +19,7 @@ use topoccl_transports::Connection;
 
 use crate::cuda::{Binding, CudaOps};
 use crate::diag::Board;
-use ops::{CpuOps, LocalOps, Workspace};
+use crate::ops::{CpuOps, LocalOps, Workspace};
 
 /// How the executor runs: the settings every run shares.
 #[derive(Debug, Clone, Copy)]
@@ -52,7 +50,7 @@ impl Settings {
         abort: &'a AtomicBool,
         dtype: crate::types::Dtype,
         op: crate::types::ReduceOp,
-        call: Option<wire::CallHeader>,
+        call: Option<crate::wire::CallHeader>,
         board: Option<&'a Board>,
     ) -> engine::RunConfig<'a> {
         let timeout = match board {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use rustc_hash::FxHashMap;
-use topoccl_synth::algorithms::Registry;
+use topoccl_synth::registry::Registry;
 use topoccl_synth::schedule::{Collective, Schedule};
 use topoccl_synth::topology::Topology;
 

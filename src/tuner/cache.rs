@@ -293,7 +293,8 @@ fn tidy(dir: &Path, max_bytes: u64) {
 mod tests {
     use super::*;
     use std::time::Duration;
-    use topoccl_synth::algorithms::{Registry, Request};
+    use topoccl_synth::generate::Request;
+    use topoccl_synth::registry::Registry;
     use topoccl_synth::schedule::Collective;
 
     fn tempdir(tag: &str) -> PathBuf {

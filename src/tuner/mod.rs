@@ -34,7 +34,8 @@ pub use select::{Selector, SelectorOptions};
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
-use topoccl_synth::algorithms::{Registry, Request};
+use topoccl_synth::generate::Request;
+use topoccl_synth::registry::Registry;
 use topoccl_synth::schedule::Collective;
 use topoccl_synth::topology::Topology;
 
@@ -110,7 +111,7 @@ pub trait Tuner: Send {
 }
 
 /// Pipeline depths priced for each algorithm (deduplicated where a generator maps several to
-/// one schedule); each generator's [channel variants](topoccl_synth::algorithms::ScheduleGenerator::channel_variants) are
+/// one schedule); each generator's [channel variants](topoccl_synth::generate::ScheduleGenerator::channel_variants) are
 /// priced at the shallowest and at depth 8.
 const PIPELINES: [u32; 5] = [1, 2, 8, 32, 128];
 /// Where the deepest priced depth wins, the winner is priced again at twice the depth, and so

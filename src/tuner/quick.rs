@@ -9,7 +9,7 @@
 use super::select::Selector;
 use super::{at_scale, scale, size_bucket, Choice, Priced};
 use crate::error::{Error, Result};
-use topoccl_synth::algorithms::Registry;
+use topoccl_synth::registry::Registry;
 use topoccl_synth::schedule::Collective;
 use topoccl_synth::sim::Simulator;
 

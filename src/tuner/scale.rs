@@ -1,12 +1,12 @@
 //! Pricing at scale: above a few dozen ranks, simulating every candidate costs seconds (a ring
 //! across 512 ranks is four million messages), so candidates whose generator has a closed form
-//! ([`ScheduleGenerator::estimate`](topoccl_synth::algorithms::ScheduleGenerator::estimate)) are
+//! ([`ScheduleGenerator::estimate`](topoccl_synth::generate::ScheduleGenerator::estimate)) are
 //! priced by it, and the rest are simulated only where they could still win: where the cut bound
 //! leaves them room to beat the best priced so far, and, for synthesizers (seconds of search at
 //! this size), only where the closed forms reach less than [`SYNTHESIS_BELOW`] of the bound.
 
-use topoccl_synth::algorithms::Registry;
 use topoccl_synth::bound;
+use topoccl_synth::registry::Registry;
 use topoccl_synth::schedule::Collective;
 use topoccl_synth::sim::lockstep::Lockstep;
 use topoccl_synth::sim::SimConfig;

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
-use topoccl_synth::algorithms::Registry;
+use topoccl_synth::registry::Registry;
 use topoccl_synth::schedule::{Collective, Schedule};
 use topoccl_synth::sim::{SimConfig, Simulator};
 use topoccl_synth::topology::Topology;
@@ -507,7 +507,7 @@ mod tests {
     /// A searched generator whose all-reduce moves nothing: the fastest schedule there is, and
     /// wrong.
     struct FastAndWrong;
-    impl topoccl_synth::algorithms::ScheduleGenerator for FastAndWrong {
+    impl topoccl_synth::generate::ScheduleGenerator for FastAndWrong {
         fn name(&self) -> &'static str {
             "fast-and-wrong"
         }
@@ -520,7 +520,7 @@ mod tests {
         fn supports(&self, c: Collective) -> bool {
             c == Collective::AllReduce
         }
-        fn generate(&self, req: &topoccl_synth::algorithms::Request) -> topoccl_synth::Result<Schedule> {
+        fn generate(&self, req: &topoccl_synth::generate::Request) -> topoccl_synth::Result<Schedule> {
             Ok(topoccl_synth::schedule::ScheduleBuilder::new(self.name(), req.collective, req.nranks(), 1).build())
         }
     }
@@ -528,7 +528,7 @@ mod tests {
     #[test]
     fn a_searched_schedule_that_fails_its_proof_is_priced_but_never_chosen_or_run() {
         let mut s = selector("ring:4");
-        s.registry.register(Box::new(FastAndWrong));
+        s.registry.register(Box::new(FastAndWrong)).unwrap();
         let bytes = 1 << 20;
         let priced = s.price(Collective::AllReduce, bytes).unwrap();
         let wrong = priced.iter().find(|p| p.choice.algorithm == "fast-and-wrong").expect("priced unproven");

@@ -4,9 +4,10 @@
 //! trees that use a pair's PCIe path beside its NVLink, as Blink's all-reduce does), and the
 //! speed-up over the ring. `cargo run --release -p topoccl-synth --example blink_fragments --
 //! [machine] [bytes] [--all]` (without `--all`: the summary per GPU count, with: every subset).
-use topoccl_synth::algorithms::{Registry, Request};
 use topoccl_synth::blink;
 use topoccl_synth::bound::bound;
+use topoccl_synth::generate::Request;
+use topoccl_synth::registry::Registry;
 use topoccl_synth::schedule::Collective;
 use topoccl_synth::sim::simulate;
 use topoccl_synth::topology::resolve;

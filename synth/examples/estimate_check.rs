@@ -2,7 +2,8 @@
 //! estimate_check -- TOPOLOGY ALGO [COLLECTIVE]` prints both for a few sizes and knobs.
 use std::time::Instant;
 
-use topoccl_synth::algorithms::{Registry, Request};
+use topoccl_synth::generate::Request;
+use topoccl_synth::registry::Registry;
 use topoccl_synth::schedule::Collective;
 use topoccl_synth::sim::lockstep::Lockstep;
 use topoccl_synth::sim::{SimConfig, Simulator};

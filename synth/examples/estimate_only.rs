@@ -2,8 +2,9 @@
 //! `cargo run --release -p topoccl-synth --example estimate_only -- TOPOLOGY ALGO ag|rs|ar`.
 use std::time::Instant;
 
-use topoccl_synth::algorithms::{Registry, Request};
 use topoccl_synth::bound::bound;
+use topoccl_synth::generate::Request;
+use topoccl_synth::registry::Registry;
 use topoccl_synth::schedule::Collective;
 use topoccl_synth::sim::lockstep::Lockstep;
 use topoccl_synth::sim::SimConfig;

@@ -1,8 +1,8 @@
 //! Where the forest's rate goes: the cut bound, the fractional packing, and the lanes it is
 //! run as. `cargo run --release -p topoccl-synth --example forest_diag -- dgx1`
-use topoccl_synth::blink::lanes::lane_counts_on;
 use topoccl_synth::bound::bound;
 use topoccl_synth::forest::packing::{forest_plan, Direction};
+use topoccl_synth::packing::lanes::lane_counts_on;
 use topoccl_synth::schedule::Collective;
 use topoccl_synth::topology::resolve;
 

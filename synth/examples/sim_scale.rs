@@ -3,7 +3,8 @@
 //! (topology, algorithm, channels; 0 channels: the algorithm's default).
 use std::time::Instant;
 
-use topoccl_synth::algorithms::{Registry, Request};
+use topoccl_synth::generate::Request;
+use topoccl_synth::registry::Registry;
 use topoccl_synth::schedule::Collective;
 use topoccl_synth::sim::Simulator;
 use topoccl_synth::topology::resolve;

@@ -1,7 +1,7 @@
 //! TACOS all-gather at scale: steps and predicted time against the in-bandwidth bound, and how
 //! long synthesis takes. `cargo run --release -p topoccl-synth --example tacos_scale -- torus3d:8x8x16`
 use topoccl_synth::tacos::attempts::best_all_gather;
-use topoccl_synth::tacos::ten::TenOptions;
+use topoccl_synth::tacos::problem::TenOptions;
 use topoccl_synth::tacos::WINDOW;
 use topoccl_synth::topology::{logical::RankGraph, resolve};
 

@@ -14,7 +14,7 @@
 //!   on irregular graphs reduce-then-broadcast trees can be faster, so both shapes are bounded
 //!   and the better one is the bound: RS+AG at n·x*/2, trees at the certified upper end of the
 //!   fractional packing of bidirectional trees whose edges take any path of the machine
-//!   ([`crate::blink::routed`]). (The ceiling of trees on the rank graph, one path per pair,
+//!   ([`crate::packing::routed`]). (The ceiling of trees on the rank graph, one path per pair,
 //!   which is all a schedule of the IR can use, is reported beside it.)
 //! - **all-to-all**: each rank sends and receives (n−1)/n² of the buffer through its own links.
 //!
@@ -25,9 +25,9 @@ use std::collections::BinaryHeap;
 
 use petgraph::visit::EdgeRef;
 
-use crate::blink::packing::{pack_trees, PackingShape};
-use crate::blink::routed::routed_tree_ceiling;
 use crate::flow::FlowNetwork;
+use crate::packing::fractional::{pack_trees, PackingShape};
+use crate::packing::routed::routed_tree_ceiling;
 use crate::schedule::{Collective, Rank};
 use crate::topology::logical::RankGraph;
 use crate::topology::routing::Entry;

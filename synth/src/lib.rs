@@ -7,7 +7,7 @@
 //! produces.
 //!
 //! ```
-//! use topoccl_synth::{algorithms::{Registry, Request}, schedule::Collective, sim, topology, verify};
+//! use topoccl_synth::{generate::Request, registry::Registry, schedule::Collective, sim, topology, verify};
 //!
 //! let dgx1 = topology::resolve("dgx1")?;
 //! let ring = Registry::builtin().generate("ring", &Request::new(&dgx1, Collective::AllReduce))?;
@@ -23,12 +23,16 @@ pub mod bound;
 pub mod error;
 pub mod flow;
 pub mod forest;
+pub mod generate;
 pub mod hash;
+pub mod packing;
 pub mod recent;
+pub mod registry;
 pub mod schedule;
 pub mod sim;
 pub mod tacos;
 pub mod topology;
+pub mod trees;
 pub mod verify;
 
 pub use error::{Error, Result};

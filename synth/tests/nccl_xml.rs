@@ -5,7 +5,8 @@
 
 use std::path::{Path, PathBuf};
 
-use topoccl_synth::algorithms::{Registry, Request};
+use topoccl_synth::generate::Request;
+use topoccl_synth::registry::Registry;
 use topoccl_synth::schedule::Collective;
 use topoccl_synth::topology::{nccl_xml, resolve, LinkKind, NodeIndex, NodeKind, Topology};
 use topoccl_synth::{bound, sim, verify};

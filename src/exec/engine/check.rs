@@ -5,7 +5,7 @@ use topoccl_transports::Meta;
 
 use super::RunConfig;
 use crate::error::{Error, Result};
-use crate::exec::wire::CallHeader;
+use crate::wire::CallHeader;
 
 /// A message must belong to this very call and have the expected length.
 pub(crate) fn check(

@@ -32,12 +32,12 @@ use topoccl_transports::{wait, Connection, MemSpace, Meta, Region, WaitFd};
 
 use super::inflight::InFlight;
 use super::memory::Memory;
-use super::ops::{Fence, LocalOps, Workspace};
 use super::program::{Action, Program, XStep};
-use super::wire::CallHeader;
 use crate::diag::Board;
 use crate::error::{Error, Result};
+use crate::ops::{Fence, LocalOps, Workspace};
 use crate::types::{Dtype, ReduceOp};
+use crate::wire::CallHeader;
 
 /// Idle rounds spent spinning, then yielding, before sleeping (shared memory).
 const SPIN_ROUNDS: u32 = 256;

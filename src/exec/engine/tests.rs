@@ -2,8 +2,8 @@
 
 use super::*;
 use crate::exec::memory::{Span, INPUT, OUTPUT};
-use crate::exec::ops::CpuOps;
 use crate::exec::program::XChannel;
+use crate::ops::CpuOps;
 use topoccl_transports::{Result as TransportResult, Ticket};
 
 /// The methods of a test connection that only sends: nothing arrives, nothing closes.

@@ -22,7 +22,7 @@ fn a_schedule_filed_under_another_collective_is_ignored() {
         follow_paths: s.options.sim.follow_paths,
     };
     let mut gather = Registry::builtin()
-        .generate("ring", &topoccl_synth::algorithms::Request::new(&s.topology, Collective::AllGather))
+        .generate("ring", &topoccl_synth::generate::Request::new(&s.topology, Collective::AllGather))
         .unwrap();
     gather.name = "misfiled".into();
     s.schedules.store_on_disk(&key, &gather);
@@ -86,7 +86,7 @@ fn a_schedule_filed_for_another_rank_count_is_ignored() {
     let key = s.schedules.key(&s.registry, &choice, Collective::AllGather, 4096).unwrap();
     let eight = resolve("ring:8").unwrap();
     let foreign = Registry::builtin()
-        .generate("ring", &topoccl_synth::algorithms::Request::new(&eight, Collective::AllGather))
+        .generate("ring", &topoccl_synth::generate::Request::new(&eight, Collective::AllGather))
         .unwrap();
     s.schedules.store_on_disk(&key, &foreign);
     let got = s.schedule(&choice, Collective::AllGather, 4096).unwrap();

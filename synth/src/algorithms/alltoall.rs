@@ -4,8 +4,8 @@
 //! a receive to send on, and every input block is read before any output block is written:
 //! the schedule is also correct in place.
 
-use super::{unsupported, Request, ScheduleGenerator};
 use crate::error::Result;
+use crate::generate::{unsupported, Request, ScheduleGenerator};
 use crate::schedule::{Collective, Op, Schedule, ScheduleBuilder, Slot};
 
 pub struct PairwiseAllToAll;

@@ -18,8 +18,8 @@
 use super::hier_doubling;
 use super::rails::HostLayout;
 use super::ring::{all_gather_round, all_reduce_round, reduce_scatter_round, ring_edges};
-use super::{unsupported, Request, ScheduleGenerator};
 use crate::error::Result;
+use crate::generate::{unsupported, Request, ScheduleGenerator};
 use crate::schedule::{Collective, Rank, Schedule, ScheduleBuilder, Slot, StepRef};
 use crate::sim::lockstep::{pass_us, Lockstep};
 

@@ -8,8 +8,8 @@
 //! sums on both partners, in one commutative operation.
 
 use super::rhd::Layout;
-use super::{unsupported, Request, ScheduleGenerator};
 use crate::error::Result;
+use crate::generate::{unsupported, Request, ScheduleGenerator};
 use crate::schedule::{Collective, Op, Schedule, ScheduleBuilder, Slot};
 
 pub struct RecursiveDoubling;

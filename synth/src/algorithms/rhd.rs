@@ -4,8 +4,8 @@
 //! the result back at the end; the odd neighbour's block group covers both ranks' blocks.
 //! log₂ p steps each way: the algorithm of choice for mid sizes on well-connected topologies.
 
-use super::{unsupported, Request, ScheduleGenerator};
 use crate::error::Result;
+use crate::generate::{unsupported, Request, ScheduleGenerator};
 use crate::schedule::{Collective, Op, Rank, Schedule, ScheduleBuilder, Slot};
 
 pub struct RecursiveHalvingDoubling;

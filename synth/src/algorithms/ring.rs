@@ -5,8 +5,9 @@
 //! algorithms (hierarchical) reuse them on sub-rings.
 
 use super::rails::HostLayout;
-use super::{ring_order, unsupported, Request, ScheduleGenerator};
+use super::ring_order;
 use crate::error::Result;
+use crate::generate::{unsupported, Request, ScheduleGenerator};
 use crate::schedule::{Collective, Op, Rank, Schedule, ScheduleBuilder, Slot};
 use crate::sim::lockstep::{pass_us, Lockstep};
 

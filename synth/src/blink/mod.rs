@@ -3,7 +3,7 @@
 //! topology — where rings need a Hamiltonian cycle of fast links (fragmented DGX-1 allocations
 //! often have none), trees only need connectivity.
 //!
-//! - [`packing`]: fractional packing by multiplicative weights, with a certified ceiling.
+//! - [`fractional`]: fractional packing by multiplicative weights, with a certified ceiling.
 //! - [`select`]: LP over the trees found, then an ILP that keeps a few (Blink's second stage).
 //! - [`exact`]: where capacities are whole multiples of a unit (NVLink counts) and the trees are
 //!   rooted (broadcast, reduce), Edmonds' theorem gives an exact integral packing with as many
@@ -13,23 +13,16 @@
 //! broadcast and reduce use arborescences out of / into the root. Chunks of a tree are
 //! pipelined, one step per chunk, emitted by the same [`TreeLanes`] as the double binary tree.
 
-pub mod arborescence;
-pub mod exact;
-pub mod lanes;
-pub mod multipath;
-pub mod packing;
-pub mod routed;
-pub mod select;
-
-use crate::algorithms::tree::{Tree, TreeLanes};
-use crate::algorithms::{unsupported, Request, ScheduleGenerator};
 use crate::error::Result;
+use crate::generate::{unsupported, Request, ScheduleGenerator};
+use crate::packing::fractional::{self, pack_trees, PackedTree, PackingShape};
+use crate::packing::multipath::{self, MultipathPlan};
+use crate::packing::{exact, lanes, select};
 use crate::recent::Recent;
 use crate::schedule::{Collective, Schedule, ScheduleBuilder};
 use crate::topology::logical::RankGraph;
 use crate::topology::Topology;
-use multipath::MultipathPlan;
-use packing::{pack_trees, PackedTree, PackingShape};
+use crate::trees::{Tree, TreeLanes};
 
 /// MWU stops when its rate is this close to its certificate (the LP then closes most of the gap).
 const TOLERANCE: f64 = 0.02;
@@ -77,7 +70,7 @@ pub fn plan(topo: &Topology, collective: Collective) -> Result<TreePlan> {
     }
     let graph = RankGraph::of(topo);
     if topo.nranks() > PACKING_MAX_RANKS {
-        let trees = packing::spread_trees(&graph, shape, LARGE_TREES);
+        let trees = fractional::spread_trees(&graph, shape, LARGE_TREES);
         let rate = trees.iter().map(|t| t.rate).sum::<f64>();
         if trees.is_empty() {
             return Err(unsupported("blink", collective, "the ranks cannot be spanned by trees of usable links"));

@@ -2,7 +2,7 @@
 //!
 //! The executor and the network share a link equally between the streams on it, so the forest
 //! is run as lanes that each carry the same share of every root's shard, one tree per root
-//! each ([`crate::blink::lanes`]). Rounding a fractional packing of many thin bundles to whole
+//! each ([`crate::packing::lanes`]). Rounding a fractional packing of many thin bundles to whole
 //! lanes can cost several points: on a DGX-1 24 bundles rounded to 51 lanes realize 95 % of the
 //! cut bound although the fractional packing reaches 99 %. Here the trees of a fixed number of
 //! lanes are chosen directly: greedily, each root's cheapest tree under an exponential penalty
@@ -18,7 +18,7 @@
 //! ([`LanePacking::filled_rate`]).
 
 use super::packing::{Direction, RootTree, TreeOracle};
-use crate::blink::multipath::PathArc;
+use crate::packing::multipath::PathArc;
 use crate::schedule::Rank;
 
 /// Lane counts tried.

@@ -9,7 +9,7 @@
 //!   its root holds the sum), which is what beats Blink's trees where reduce-scatter plus
 //!   all-gather is the better shape.
 //!
-//! The plan is emitted as equal lanes ([`crate::blink::lanes`]): every lane carries the same
+//! The plan is emitted as equal lanes ([`crate::packing::lanes`]): every lane carries the same
 //! share of every shard, since links are shared equally between the message streams on them,
 //! not in proportion to planned rates. The lanes are packed whole where that
 //! realizes more than giving each fractional bundle a whole number of lanes (`lanes.rs`).
@@ -17,13 +17,13 @@
 mod lanes;
 pub mod packing;
 
-use crate::algorithms::tree::{Tree, TreeLanes};
-use crate::algorithms::{unsupported, Request, ScheduleGenerator};
-use crate::blink::lanes::lane_counts_on;
 use crate::error::Result;
+use crate::generate::{unsupported, Request, ScheduleGenerator};
+use crate::packing::lanes::lane_counts_on;
 use crate::recent::Recent;
 use crate::schedule::{Collective, Op, Rank, Schedule, ScheduleBuilder, Slot};
 use crate::topology::Topology;
+use crate::trees::{Tree, TreeLanes};
 use packing::{forest_plan, Direction, ForestPlan, RootTree};
 use std::sync::Arc;
 

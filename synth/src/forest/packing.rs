@@ -12,11 +12,11 @@
 //! several paths cross are shared exactly.
 
 use super::lanes::{filled_rate, pack_whole};
-use crate::blink::arborescence::{min_arborescence, WeightedArc};
-use crate::blink::lanes::lane_counts_on;
-use crate::blink::multipath::{path_arcs, PathArc};
-use crate::blink::packing::{garg_konemann, FoundTree};
-use crate::blink::select::select;
+use crate::packing::arborescence::{min_arborescence, WeightedArc};
+use crate::packing::fractional::{garg_konemann, FoundTree};
+use crate::packing::lanes::lane_counts_on;
+use crate::packing::multipath::{path_arcs, PathArc};
+use crate::packing::select::select;
 use crate::schedule::Rank;
 use crate::topology::Topology;
 

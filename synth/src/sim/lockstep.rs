@@ -6,7 +6,7 @@
 //! The round ends with its slowest flow, whose max-min rate is exactly the smallest such
 //! share. So a round of `b`-byte messages takes `b / rate + latency`, and the schedule takes
 //! the sum of its rounds. Generators whose shape allows it give that sum
-//! ([`ScheduleGenerator::estimate`](crate::algorithms::ScheduleGenerator::estimate)), and the
+//! ([`ScheduleGenerator::estimate`](crate::generate::ScheduleGenerator::estimate)), and the
 //! tuner prices them at scale without simulating millions of messages.
 //!
 //! Phases that run side by side (a pipeline's stages) are given as one set of flows. The
@@ -202,7 +202,8 @@ impl<'t> Lockstep<'t> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithms::{Registry, Request};
+    use crate::generate::Request;
+    use crate::registry::Registry;
     use crate::schedule::Collective;
     use crate::sim::Simulator;
     use crate::topology::resolve;

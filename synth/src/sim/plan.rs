@@ -187,7 +187,8 @@ impl Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithms::{Registry, Request};
+    use crate::generate::Request;
+    use crate::registry::Registry;
     use crate::schedule::Collective;
     use crate::topology::resolve;
 

@@ -3,7 +3,8 @@
 //! rare ones decides whether a far rank's chunk can move on every step: on the 16-rank 2D torus
 //! and hypercube chunk order needs 5 steps and other orders the optimal 4 (⌈15 / 4⌉).
 
-use super::ten::{all_gather, transfer_times, uniform, TenOptions, TenSchedule};
+use super::problem::{TenOptions, TenSchedule};
+use super::ten::{all_gather, transfer_times, uniform};
 use crate::error::Result;
 use crate::topology::logical::RankGraph;
 

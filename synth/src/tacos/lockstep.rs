@@ -18,7 +18,7 @@ use super::matching::{
     NONE,
 };
 use super::prefetch::prefetch;
-use super::ten::{ChunkId, TenOptions, TenSchedule};
+use super::problem::{ChunkId, TenOptions, TenSchedule};
 use crate::error::{Error, Result};
 use crate::schedule::Rank;
 use crate::topology::logical::RankGraph;

@@ -4,7 +4,7 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 
-use super::ten::ChunkId;
+use super::problem::ChunkId;
 use crate::topology::logical::RankGraph;
 
 /// One bit per (rank, chunk), rank-major: a destination's row is scanned over and over while

@@ -13,16 +13,17 @@ pub mod attempts;
 mod lockstep;
 mod matching;
 mod prefetch;
+pub mod problem;
 pub mod ten;
 
 use rustc_hash::FxHashMap;
 
-use crate::algorithms::{unsupported, Request, ScheduleGenerator};
 use crate::error::Result;
+use crate::generate::{unsupported, Request, ScheduleGenerator};
 use crate::schedule::{Collective, Op, Rank, Schedule, ScheduleBuilder, Slot, StepRef};
 use crate::topology::logical::{RankArc, RankGraph};
 use attempts::best_all_gather;
-use ten::{TenOptions, TenSchedule};
+use problem::{TenOptions, TenSchedule};
 
 /// Message size the link times are computed for when the request gives none (TACOS
 /// synthesizes per size; large messages are where its schedules matter).

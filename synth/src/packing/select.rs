@@ -5,7 +5,7 @@
 
 use good_lp::{constraint, microlp, variable, Expression, ProblemVariables, Solution, SolverModel, Variable};
 
-use super::packing::{PackedTree, PackingShape};
+use super::fractional::{PackedTree, PackingShape};
 use crate::topology::logical::RankGraph;
 
 /// Above this many candidate trees the integer program is not attempted (branch and bound on

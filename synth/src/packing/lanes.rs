@@ -9,7 +9,7 @@
 //! fragments lost 5–10 % of the planned rate that way). Here the lane counts are chosen for the
 //! rate they realize.
 
-use super::packing::{PackedTree, PackingShape};
+use super::fractional::{PackedTree, PackingShape};
 use crate::topology::logical::RankGraph;
 
 /// Lane counts tried around the target, as fractions of it.

@@ -1,6 +1,6 @@
 //! The ceiling of tree packings on the physical machine, for the optimality bound.
 //!
-//! [`packing`](super::packing) packs trees into the rank graph, where a pair of ranks has one
+//! [`fractional`](super::fractional) packs trees into the rank graph, where a pair of ranks has one
 //! arc: the router's path. On a DGX-1 that path is the NVLink where there is one, so the PCIe
 //! switches and CPUs beside it are never counted, and the packing's ceiling is what trees of
 //! single-path pairs can reach, not what the machine can. Here every tree edge is *routed*:
@@ -16,7 +16,7 @@
 //! is the certificate kept as `upper`.
 
 use super::arborescence::min_spanning_tree;
-use super::packing::{garg_konemann, FoundTree};
+use super::fractional::{garg_konemann, FoundTree};
 use crate::topology::routing::{out_groups, PathSearch};
 use crate::topology::Topology;
 
@@ -71,7 +71,7 @@ pub fn routed_tree_ceiling(topo: &Topology, tolerance: f64) -> Option<RoutedCeil
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::blink::packing::{pack_trees, PackingShape};
+    use crate::packing::fractional::{pack_trees, PackingShape};
     use crate::topology::logical::RankGraph;
     use crate::topology::resolve;
 

@@ -2,12 +2,12 @@
 //! a DGX-A100 pair's NVSwitch) and the fabric's (the PCIe switches and CPUs beside it), each
 //! edge direction of each tree taking one of them. The rank graph gives a pair only the
 //! router's path, so trees packed there leave that PCIe idle; Blink's paper runs trees over
-//! both. Packed by Garg–Könemann ([`super::packing::garg_konemann`]) over the machine's link
+//! both. Packed by Garg–Könemann ([`super::fractional::garg_konemann`]) over the machine's link
 //! groups, so links that several paths cross are shared exactly; kept to a few trees by the
 //! same LP/ILP as the one-path plan ([`super::select`]).
 
 use super::arborescence::{min_spanning_tree, orient};
-use super::packing::{center, garg_konemann, FoundTree, PackedTree};
+use super::fractional::{center, garg_konemann, FoundTree, PackedTree};
 use crate::topology::logical::RankGraph;
 use crate::topology::routing::Router;
 use crate::topology::{Rank, Topology};
@@ -141,7 +141,7 @@ pub fn multipath_plan(topo: &Topology, tolerance: f64, slack: f64) -> Option<Mul
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::blink::routed::routed_tree_ceiling;
+    use crate::packing::routed::routed_tree_ceiling;
     use crate::topology::resolve;
 
     #[test]

@@ -9,7 +9,7 @@
 //! ≥ k−1 (the only sets that lose an arc are those containing v but not u). Lovász showed such an arc always
 //! exists; when F spans, recurse on G − F with k−1. Each test is one max flow.
 
-use super::packing::PackedTree;
+use super::fractional::PackedTree;
 use crate::flow::FlowNetwork;
 use crate::schedule::Rank;
 use crate::topology::logical::RankGraph;
