@@ -19,7 +19,7 @@ pub(crate) const HELLO_DEADLINE: Duration = Duration::from_secs(5);
 /// Unauthenticated connections held at once.
 pub(crate) const MAX_UNGREETED: usize = 64;
 
-struct Pending<const N: usize> {
+struct Ungreeted<const N: usize> {
     stream: TcpStream,
     hello: [u8; N],
     got: usize,
@@ -28,7 +28,7 @@ struct Pending<const N: usize> {
 
 /// Connections accepted on one listener whose `N`-byte hello has not fully arrived yet.
 pub(crate) struct Greeter<const N: usize> {
-    pending: Vec<Pending<N>>,
+    pending: Vec<Ungreeted<N>>,
     deadline: Duration,
     cap: usize,
     /// Connections dropped so far (wrong prefix, too slow, or evicted), for diagnostics.
@@ -66,7 +66,7 @@ impl<const N: usize> Greeter<N> {
                         self.pending.remove(0);
                         self.dropped += 1;
                     }
-                    self.pending.push(Pending { stream, hello: [0; N], got: 0, since: Instant::now() });
+                    self.pending.push(Ungreeted { stream, hello: [0; N], got: 0, since: Instant::now() });
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if matches!(e.kind(), ErrorKind::Interrupted | ErrorKind::ConnectionAborted) => continue,
@@ -119,7 +119,7 @@ impl<const N: usize> Greeter<N> {
 }
 
 /// Reads what has arrived of `p`'s hello; `Err` once the connection is closed or broken.
-fn read_some<const N: usize>(p: &mut Pending<N>) -> Result<usize, ()> {
+fn read_some<const N: usize>(p: &mut Ungreeted<N>) -> Result<usize, ()> {
     let mut total = 0;
     while p.got < N {
         match p.stream.read(&mut p.hello[p.got..]) {

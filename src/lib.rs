@@ -36,4 +36,4 @@ pub use error::{Error, Result};
 pub use topoccl_synth as synth;
 pub use topoccl_synth::schedule::Collective;
 pub use topoccl_transports as transports;
-pub use types::{DataType, Dtype, ReduceOp, Reduction, Scalar};
+pub use types::{Dtype, Element, ReduceOp, Reduction, Scalar};

@@ -172,7 +172,7 @@ pub enum Scalar {
 
 impl Scalar {
     /// The scalar holding `value`.
-    pub fn of<T: DataType>(value: T) -> Scalar {
+    pub fn of<T: Element>(value: T) -> Scalar {
         let mut bytes = [0u8; 8];
         let v = bytemuck::bytes_of(&value);
         bytes[..v.len()].copy_from_slice(v);
@@ -222,13 +222,13 @@ impl fmt::Display for Reduction {
 ///
 /// Implemented for `i8`, `u8`, `i32`, `u32`, `i64`, `u64`, `half::f16`, `f32`, `f64` and
 /// `half::bf16` — NCCL's ten types.
-pub trait DataType: bytemuck::Pod + Send + Sync + 'static {
+pub trait Element: bytemuck::Pod + Send + Sync + 'static {
     const DTYPE: Dtype;
 }
 
 macro_rules! data_types {
     ($($t:ty => $d:ident),* $(,)?) => {
-        $(impl DataType for $t { const DTYPE: Dtype = Dtype::$d; })*
+        $(impl Element for $t { const DTYPE: Dtype = Dtype::$d; })*
     };
 }
 

@@ -7,9 +7,9 @@ mod common;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use topoccl::{Collective, CollectiveCall, DataType, Error, ReduceOp, TransportPolicy};
+use topoccl::{Collective, CollectiveCall, Element, Error, ReduceOp, TransportPolicy};
 
-fn sum_call<T: DataType>(count: usize) -> CollectiveCall {
+fn sum_call<T: Element>(count: usize) -> CollectiveCall {
     CollectiveCall::new(Collective::AllReduce, T::DTYPE, count).reduced_with(ReduceOp::Sum)
 }
 

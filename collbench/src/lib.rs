@@ -32,7 +32,7 @@ use topoccl_synth::topology;
 
 use crate::error::{Error, Result};
 use launch::Role;
-use plan::Plan;
+use plan::SweepSpec;
 use topoccl::{Config, TransportPolicy};
 
 /// Command-line arguments (nccl-tests' flags where they exist; `-n` is the number of local
@@ -168,7 +168,7 @@ pub fn run(args: &Args, out: &mut dyn Write) -> Result<i32> {
         simulate::run(args, out)?;
         return Ok(0);
     }
-    let plan = Plan::parse(args)?;
+    let plan = SweepSpec::parse(args)?;
     if let Some(spec) = &args.emulate {
         if !emulate::is_emulated_rank() {
             return emulate::run(args, spec, out);
@@ -239,7 +239,7 @@ pub fn run(args: &Args, out: &mut dyn Write) -> Result<i32> {
 
 fn run_rank(
     args: &Args,
-    plan: &Plan,
+    plan: &SweepSpec,
     topo: Option<topology::Topology>,
     comm: topoccl::Communicator,
     config: &Config,

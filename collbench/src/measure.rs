@@ -11,7 +11,7 @@ use topoccl_synth::sim::Simulator;
 use topoccl_synth::topology::Topology;
 
 use super::check::{self, Value};
-use super::plan::{Bench, Plan};
+use super::plan::{Bench, SweepSpec};
 use super::table::{Block, MeasuredReport, MeasuredRow, Predicted, RowId, Timing};
 use crate::error::{Error, Result};
 use topoccl::comm::{CollectiveCall, Communicator, Config, UniqueId, UNIQUE_ID_BYTES};
@@ -97,7 +97,13 @@ fn describe_ranks(comm: &mut Communicator) -> Result<Vec<String>> {
 
 /// Runs the plan on this rank; rank 0 fills and prints the report. Returns the report (on
 /// every rank, with the wrong counts every rank agrees on).
-pub fn run(plan: &Plan, first: Communicator, config: &Config, out: Output<'_>, mode: String) -> Result<MeasuredReport> {
+pub fn run(
+    plan: &SweepSpec,
+    first: Communicator,
+    config: &Config,
+    out: Output<'_>,
+    mode: String,
+) -> Result<MeasuredReport> {
     let mut comms = vec![first];
     for &t in &plan.transports[1..] {
         let c = join_another(&mut comms[0], Config { transport: t, ..config.clone() })?;
@@ -120,7 +126,7 @@ pub fn run(plan: &Plan, first: Communicator, config: &Config, out: Output<'_>, m
             for &bench in &plan.benches {
                 let group = rows(bench);
                 // Send/recv has no algorithm: measured once per transport.
-                if !Plan::builds(algo, bench) || (bench == Bench::SendRecv && ai > 0) {
+                if !SweepSpec::builds(algo, bench) || (bench == Bench::SendRecv && ai > 0) {
                     if me == 0 && bench != Bench::SendRecv {
                         writeln!(out.out, "#\n# {} · algorithm {algo}: does not build it, skipped", bench.name())
                             .map_err(io)?;
@@ -241,7 +247,7 @@ fn fill_input(op: Op, me: u32, dtype: Dtype, buf: &mut [u8], in_place: bool) {
 #[allow(clippy::too_many_arguments)]
 fn measure(
     comm: &mut Communicator,
-    plan: &Plan,
+    plan: &SweepSpec,
     bench: Bench,
     dtype: Dtype,
     rop: ReduceOp,

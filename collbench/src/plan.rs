@@ -63,7 +63,7 @@ pub fn sizes_of(args: &Args) -> Result<Vec<u64>> {
 
 /// The parsed sweep.
 #[derive(Debug, Clone)]
-pub struct Plan {
+pub struct SweepSpec {
     pub sizes: Vec<u64>,
     pub benches: Vec<Bench>,
     pub dtypes: Vec<Dtype>,
@@ -83,8 +83,8 @@ fn list(s: &str) -> impl Iterator<Item = &str> {
     s.split(',').map(str::trim).filter(|x| !x.is_empty())
 }
 
-impl Plan {
-    pub fn parse(args: &Args) -> Result<Plan> {
+impl SweepSpec {
+    pub fn parse(args: &Args) -> Result<SweepSpec> {
         let sizes = sizes_of(args)?;
         let mut benches = Vec::new();
         for c in list(&args.collective) {
@@ -136,7 +136,7 @@ impl Plan {
                 args.average
             )));
         }
-        Ok(Plan {
+        Ok(SweepSpec {
             sizes,
             benches,
             dtypes,

@@ -16,7 +16,7 @@ use crate::log::{self, Subsys};
 
 /// One collective call, the caller's buffers and its stream.
 #[derive(Clone, Copy)]
-pub struct Collective {
+pub struct CollectiveArgs {
     pub call: CollectiveCall,
     pub send: Buffer,
     pub recv: Buffer,
@@ -25,7 +25,7 @@ pub struct Collective {
 
 /// One send (`send`) or receive, and its stream.
 #[derive(Clone, Copy)]
-pub struct Transfer {
+pub struct TransferArgs {
     pub send: bool,
     pub buf: Buffer,
     pub dtype: Dtype,
@@ -39,20 +39,20 @@ fn on_stream(stream: StreamRef, buffers: &[Buffer]) -> bool {
     stream != StreamRef::LEGACY || buffers.iter().any(|b| !b.is_null() && b.space != MemSpace::Host)
 }
 
-impl Collective {
+impl CollectiveArgs {
     pub fn on_stream(&self) -> bool {
         on_stream(self.stream, &[self.send, self.recv])
     }
 }
 
-impl Transfer {
+impl TransferArgs {
     pub fn on_stream(&self) -> bool {
         on_stream(self.stream, &[self.buf])
     }
 }
 
 /// Runs a collective: to completion, or queued on its stream.
-pub fn run_collective(h: &Handle, c: &Collective) -> Result<()> {
+pub fn run_collective(h: &Handle, c: &CollectiveArgs) -> Result<()> {
     h.with_comm(|comm| {
         if log::info_enabled(Subsys::Tuning) && c.call.count > 0 {
             if let Ok(choice) = comm.algorithm_for(&c.call) {
@@ -76,7 +76,7 @@ pub fn run_collective(h: &Handle, c: &Collective) -> Result<()> {
 }
 
 /// Runs sends and receives together (a lone `ncclSend`/`ncclRecv`, as a group of one).
-pub fn run_transfers(h: &Handle, transfers: &[Transfer]) -> Result<()> {
+pub fn run_transfers(h: &Handle, transfers: &[TransferArgs]) -> Result<()> {
     for w in submit_all(h, transfers, &[])? {
         finish(h, &w)?;
     }
@@ -86,7 +86,11 @@ pub fn run_transfers(h: &Handle, transfers: &[Transfer]) -> Result<()> {
 /// Queues a communicator's share of a group: its sends and receives as one batch, then its
 /// collectives in call order. The works to wait for ([`finish`]): those not ordered by a
 /// stream.
-pub fn submit_all(h: &Handle, transfers: &[Transfer], collectives: &[Collective]) -> Result<Vec<topoccl::Work>> {
+pub fn submit_all(
+    h: &Handle,
+    transfers: &[TransferArgs],
+    collectives: &[CollectiveArgs],
+) -> Result<Vec<topoccl::Work>> {
     h.with_comm(|comm| {
         let mut works = Vec::with_capacity(collectives.len() + 1);
         let mut streams = transfers.iter().filter(|t| t.on_stream()).map(|t| t.stream);

@@ -16,12 +16,12 @@ use std::sync::Arc;
 
 use topoccl::{Communicator, Config, UniqueId};
 
-use crate::call::{self, Collective, Transfer};
+use crate::call::{self, CollectiveArgs, TransferArgs};
 use crate::error::{usage, Error, Result};
 use crate::handle::Handle;
 
-/// Work waiting for the group's end.
-pub enum Work {
+/// Work deferred to the group's end.
+pub enum Deferred {
     Init {
         handle: Arc<Handle>,
         id: UniqueId,
@@ -38,29 +38,29 @@ pub enum Work {
     },
     Collective {
         handle: Arc<Handle>,
-        call: Collective,
+        call: CollectiveArgs,
     },
     Transfer {
         handle: Arc<Handle>,
-        transfer: Transfer,
+        transfer: TransferArgs,
     },
 }
 
-impl Work {
+impl Deferred {
     /// The communicator whose thread runs this.
     fn lane(&self) -> usize {
         match self {
-            Work::Init { handle, .. } | Work::Collective { handle, .. } | Work::Transfer { handle, .. } => {
+            Deferred::Init { handle, .. } | Deferred::Collective { handle, .. } | Deferred::Transfer { handle, .. } => {
                 Arc::as_ptr(handle) as usize
             }
-            Work::Split { parent, .. } => Arc::as_ptr(parent) as usize,
+            Deferred::Split { parent, .. } => Arc::as_ptr(parent) as usize,
         }
     }
 
     /// Settles handles still waiting on this work (the group failed before it ran).
     fn cancel(self, why: &str) {
         match self {
-            Work::Init { handle, .. } | Work::Split { child: Some(handle), .. } => {
+            Deferred::Init { handle, .. } | Deferred::Split { child: Some(handle), .. } => {
                 handle.finish_start(Err(usage(format!("not created: {why}"))))
             }
             _ => {}
@@ -69,15 +69,15 @@ impl Work {
 }
 
 #[derive(Default)]
-struct Pending {
+struct GroupState {
     depth: usize,
-    work: Vec<Work>,
+    work: Vec<Deferred>,
     /// The first call of the group that failed when it was made.
     failed: Option<String>,
 }
 
 thread_local! {
-    static GROUP: RefCell<Pending> = RefCell::new(Pending::default());
+    static GROUP: RefCell<GroupState> = RefCell::new(GroupState::default());
 }
 
 /// Whether calls on this thread are being grouped.
@@ -90,7 +90,7 @@ pub fn start() {
 }
 
 /// Queues work for the group's end.
-pub fn push(work: Work) {
+pub fn push(work: Deferred) {
     GROUP.with(|g| g.borrow_mut().work.push(work));
 }
 
@@ -128,7 +128,7 @@ pub fn simulate_end() -> Result<f64> {
     let mut total = 0.0;
     for w in work {
         match w {
-            Work::Collective { handle, call } => total += handle.with_comm(|c| Ok(c.estimate_us(&call.call)?))?,
+            Deferred::Collective { handle, call } => total += handle.with_comm(|c| Ok(c.estimate_us(&call.call)?))?,
             other => other.cancel("the group was only simulated (ncclGroupSimulateEnd)"),
         }
     }
@@ -136,7 +136,7 @@ pub fn simulate_end() -> Result<f64> {
 }
 
 /// Leaves one group level: the outermost level's work and the first failure in it.
-fn take_level() -> Result<(Vec<Work>, Option<String>)> {
+fn take_level() -> Result<(Vec<Deferred>, Option<String>)> {
     GROUP.with(|g| {
         let mut g = g.borrow_mut();
         if g.depth == 0 {
@@ -150,8 +150,8 @@ fn take_level() -> Result<(Vec<Work>, Option<String>)> {
     })
 }
 
-fn run(work: Vec<Work>) -> Result<()> {
-    let mut lanes: Vec<(usize, Vec<Work>)> = Vec::new();
+fn run(work: Vec<Deferred>) -> Result<()> {
+    let mut lanes: Vec<(usize, Vec<Deferred>)> = Vec::new();
     for w in work {
         let lane = w.lane();
         match lanes.iter_mut().find(|(l, _)| *l == lane) {
@@ -166,11 +166,11 @@ fn run(work: Vec<Work>) -> Result<()> {
         }
     };
     // Inits and splits, concurrently across communicators.
-    let (starts, calls): (Vec<Vec<Work>>, Vec<Vec<Work>>) = lanes
+    let (starts, calls): (Vec<Vec<Deferred>>, Vec<Vec<Deferred>>) = lanes
         .into_iter()
-        .map(|(_, w)| w.into_iter().partition(|w| matches!(w, Work::Init { .. } | Work::Split { .. })))
+        .map(|(_, w)| w.into_iter().partition(|w| matches!(w, Deferred::Init { .. } | Deferred::Split { .. })))
         .unzip();
-    let starts: Vec<Vec<Work>> = starts.into_iter().filter(|s| !s.is_empty()).collect();
+    let starts: Vec<Vec<Deferred>> = starts.into_iter().filter(|s| !s.is_empty()).collect();
     if starts.len() == 1 {
         starts.into_iter().for_each(|s| note(run_starts(s)));
     } else if !starts.is_empty() {
@@ -200,11 +200,11 @@ fn run(work: Vec<Work>) -> Result<()> {
 }
 
 /// One communicator's inits and splits, in call order.
-fn run_starts(work: Vec<Work>) -> Result<()> {
+fn run_starts(work: Vec<Deferred>) -> Result<()> {
     let mut first_error: Option<Error> = None;
     for w in work {
         let r = match w {
-            Work::Init { handle, id, rank, nranks, config } => {
+            Deferred::Init { handle, id, rank, nranks, config } => {
                 match Communicator::init_with(&id, rank, nranks, *config).map_err(Error::from) {
                     Ok(comm) => {
                         handle.finish_start(Ok(comm));
@@ -216,7 +216,7 @@ fn run_starts(work: Vec<Work>) -> Result<()> {
                     }
                 }
             }
-            Work::Split { parent, child, color, key } => split(&parent, child, color, key),
+            Deferred::Split { parent, child, color, key } => split(&parent, child, color, key),
             _ => Ok(()),
         };
         if let Err(e) = r {
@@ -228,21 +228,21 @@ fn run_starts(work: Vec<Work>) -> Result<()> {
 
 /// Queues one communicator's sends and receives (one batch) and its collectives (in call
 /// order); the handle and the queued works.
-fn submit_lane(work: Vec<Work>) -> Result<(Arc<Handle>, Vec<topoccl::Work>)> {
-    let mut transfers: Vec<Transfer> = Vec::new();
+fn submit_lane(work: Vec<Deferred>) -> Result<(Arc<Handle>, Vec<topoccl::Work>)> {
+    let mut transfers: Vec<TransferArgs> = Vec::new();
     let mut collectives = Vec::new();
     let mut handle: Option<Arc<Handle>> = None;
     for w in work {
         match w {
-            Work::Transfer { handle: h, transfer } => {
+            Deferred::Transfer { handle: h, transfer } => {
                 transfers.push(transfer);
                 handle = Some(h);
             }
-            Work::Collective { handle: h, call } => {
+            Deferred::Collective { handle: h, call } => {
                 collectives.push(call);
                 handle = Some(h);
             }
-            Work::Init { .. } | Work::Split { .. } => {}
+            Deferred::Init { .. } | Deferred::Split { .. } => {}
         }
     }
     let handle = handle.ok_or_else(|| Error::Panic("a group lane without a communicator".into()))?;

@@ -123,7 +123,7 @@ def _consecutive(ts: Sequence[torch.Tensor]) -> int | None:
 
 
 class _Op:
-    """One call as the executor runs it: ``pre`` (copies in), ``issue`` (the library calls;
+    """One call as the call queue runs it: ``pre`` (copies in), ``issue`` (the library calls;
     inside a coalesced group, between ncclGroupStart and ncclGroupEnd), ``post`` (copies out)."""
 
     __slots__ = ("name", "pre", "issue", "post", "cleanup")

@@ -1,10 +1,10 @@
-"""Work objects and the per-process-group executor.
+"""Work objects and the per-process-group call queue.
 
 Every call of a process group runs in the order it was issued, on every rank alike: calls go
 to one FIFO per process group, drained by one worker thread. A synchronous call
 (``async_op=False``) that finds the worker idle and nothing queued runs in the caller's own
 thread instead (no thread hand-off, which costs several times a small all_reduce); see
-``Executor`` for why that keeps the order. A future's callbacks run on the
+``CallQueue`` for why that keeps the order. A future's callbacks run on the
 worker, right after the call they follow; calls they make run there at once (the same place
 in the sequence on every rank).
 """
@@ -40,8 +40,8 @@ class Work(_WorkBase):
         self._fut: torch.futures.Future | None = None
         # Made inside a coalescing block, which has not ended yet.
         self._deferred = False
-        # The executor that runs it (set when queued): waiting on its own worker would hang.
-        self._executor: "Executor | None" = None
+        # The call queue that runs it (set when queued): waiting on its own worker would hang.
+        self._queue: "CallQueue | None" = None
 
     # Completion (called once, by whichever thread ran the call) --------------------------
 
@@ -65,7 +65,7 @@ class Work(_WorkBase):
                 "_coalescing_manager) before the block ended: it runs when the block ends"
             )
         if not self._done:
-            ex = self._executor
+            ex = self._queue
             if ex is not None and ex._thread is threading.current_thread():
                 raise RuntimeError(
                     f"topoccl: wait() on {self._op} from the process group's own worker thread (a future "
@@ -143,7 +143,7 @@ def _seconds(timeout: Any) -> float | None:
     return s
 
 
-class Executor:
+class CallQueue:
     """Runs tasks one at a time, in submission order.
 
     A synchronous call runs in the calling thread when nothing is queued or running
@@ -170,12 +170,12 @@ class Executor:
         self._closed = False
 
     def on_worker(self) -> bool:
-        """Whether the caller is this executor's worker thread (a future callback)."""
+        """Whether the caller is this queue's worker thread (a future callback)."""
         t = self._thread
         return t is not None and t.ident == threading.get_ident()
 
     def try_inline(self) -> bool:
-        """Claims the executor for a call in the caller's thread, if nothing is queued or
+        """Claims the queue for a call in the caller's thread, if nothing is queued or
         running (then the caller runs it and calls :meth:`end_inline`)."""
         if not self.inline:
             return False

@@ -2,7 +2,7 @@
 call on a topoccl communicator through the NCCL C ABI (``_lib``).
 
 Each method checks its arguments in the caller's thread (so a bad call raises at once, on
-the rank that made it), then hands the executor (``_work.Executor``) a task; the task makes
+the rank that made it), then hands the call queue (``_work.CallQueue``) a task; the task makes
 contiguous copies where needed, calls the library (GIL released), copies results back and
 completes the :class:`~topoccl._work.Work` it returned. The task holds every tensor it uses
 until it has run.
@@ -41,7 +41,7 @@ from ._calls import (
     _timeout_env,
 )
 from ._lib import NcclError
-from ._work import Executor, Work
+from ._work import CallQueue, Work
 
 ReduceOp = dist.ReduceOp
 RedOpType = ReduceOp.RedOpType
@@ -98,7 +98,7 @@ class ProcessGroupTopoccl(dist.ProcessGroup):
             uid = bytes(store.get(key))
         with _timeout_env(timeout):
             self._comm = self._lib.comm_init_rank(size, uid, rank)
-        self._exec = Executor(f"{group_name or 'pg'}-{n}")
+        self._exec = CallQueue(f"{group_name or 'pg'}-{n}")
 
     # Identity -------------------------------------------------------------------------------
 
@@ -200,7 +200,7 @@ class ProcessGroupTopoccl(dist.ProcessGroup):
                 ex.end_inline()
             return None
         work = Work(result, op.name)
-        work._executor = ex
+        work._queue = ex
         ex.enqueue(lambda: self._run_ops([op], op.name, [work]))
         return work
 
@@ -836,7 +836,7 @@ class ProcessGroupTopoccl(dist.ProcessGroup):
             return work
         all_works = works + [work]
         for w in all_works:
-            w._executor = self._exec
+            w._queue = self._exec
         self._live_comm()
         self._exec.enqueue(lambda: self._run_ops(ops, "coalesced", all_works))
         return work

@@ -9,7 +9,7 @@
 //! - **Checkpoints** are counted in collective calls, which every rank makes alike: once some
 //!   size ran a quick choice, after [`FIRST_INTERVAL`] calls, then at doubling intervals up to
 //!   [`LONGEST_INTERVAL`], from the start again whenever another size runs a quick choice.
-//! - At a checkpoint the front queues an **agreement** ahead of the call: a one-byte-per-size
+//! - At a checkpoint the submitting side queues an **agreement** ahead of the call: a one-byte-per-size
 //!   all-reduce (minimum), over every size ever planned on a quick choice, of whether this rank
 //!   has the size's decision. The bytes are filled when the executor reaches it, and its result
 //!   switches the sizes every rank has ([`Refinements::switch`]) right there in the queue: every
@@ -19,9 +19,9 @@
 //!   nothing (no message). That is safe to do alone: a size is switched only by an agreement,
 //!   which all ranks ran at the same place in their queues, so where one rank's executor sees
 //!   every size switched, every rank's does at that place. The agreement is queued all the same
-//!   (the front cannot know what the executor will see), numbered as a call of its own.
+//!   (the submitting side cannot know what the executor will see), numbered as a call of its own.
 //!
-//! Nothing waits: the front reads no agreement's result, and the executor finds in
+//! Nothing waits: the submitting side reads no agreement's result, and the executor finds in
 //! [`Refinements`] what the background thread made. An agreement that fails (a peer died) has
 //! no caller: the next call fails with its error.
 
@@ -30,7 +30,7 @@ use std::sync::Arc;
 use super::plan::plan_of;
 use super::submit::call_header;
 use super::work::Task;
-use super::{Communicator, Front};
+use super::{CallState, Communicator};
 use crate::buffer::Buffer;
 use crate::call::CollectiveCall;
 use crate::error::Result;
@@ -54,7 +54,7 @@ pub(crate) enum Refine {
     Agreement { keys: Vec<DecisionKey>, refinements: Arc<Refinements>, flags: Vec<u8> },
 }
 
-/// The checkpoint count of one communicator's front.
+/// The checkpoint count of one communicator's calls (in its `CallState`).
 pub(super) struct Checkpoints {
     /// Sizes planned on a quick choice when counting last restarted.
     sizes: usize,
@@ -69,14 +69,14 @@ impl Default for Checkpoints {
 }
 
 impl Communicator {
-    /// Counts one collective call about to be planned, under the front lock, and queues an
+    /// Counts one collective call about to be planned, under the `CallState` lock, and queues an
     /// agreement ahead of it at a checkpoint (see the module documentation).
-    pub(super) fn checkpoint(&self, front: &mut Front) -> Result<()> {
-        let sizes = front.planner.quick.len();
+    pub(super) fn checkpoint(&self, calls: &mut CallState) -> Result<()> {
+        let sizes = calls.planner.quick.len();
         if sizes == 0 {
             return Ok(());
         }
-        let c = &mut front.checkpoints;
+        let c = &mut calls.checkpoints;
         if c.sizes != sizes {
             *c = Checkpoints { sizes, ..Checkpoints::default() };
         }
@@ -86,26 +86,26 @@ impl Communicator {
         }
         c.since = 0;
         c.interval = (c.interval * 2).min(LONGEST_INTERVAL);
-        let refinements = front.planner.tuner.refinements();
-        let keys = front.planner.quick.clone();
-        let job = self.agreement(front, keys, refinements)?;
+        let refinements = calls.planner.tuner.refinements();
+        let keys = calls.planner.quick.clone();
+        let job = self.agreement(calls, keys, refinements)?;
         // Its buffer travels in the job; its result is read by the executor.
-        drop(self.shared.submit(job));
+        drop(self.runner.submit(job));
         Ok(())
     }
 
     /// The all-reduce (minimum) of one byte per size of `keys`, in place in its own buffer.
-    fn agreement(&self, front: &mut Front, keys: Vec<DecisionKey>, refinements: Arc<Refinements>) -> Result<Task> {
+    fn agreement(&self, calls: &mut CallState, keys: Vec<DecisionKey>, refinements: Arc<Refinements>) -> Result<Task> {
         let mut flags = vec![0u8; keys.len()];
         let call = CollectiveCall::new(Collective::AllReduce, Dtype::Uint8, flags.len()).reduced_with(ReduceOp::Min);
         // The buffer moves into the job below; moving a Vec does not move its heap block, which
         // lives as long as the job.
         let (send, recv) = self.in_place(&call, Buffer::host(flags.as_mut_ptr()), flags.len())?;
         let checked = call.check(self.rank, self.nranks, send, recv)?;
-        let plan = front.planner.internal_plan(call.collective, 1, call.count)?;
+        let plan = calls.planner.internal_plan(call.collective, 1, call.count)?;
         // Numbered as a call of its own, so that the diagnosis tells it from its neighbours.
-        let header = call_header(&call, front.seq, plan.hash);
-        front.seq = front.seq.wrapping_add(1);
+        let header = call_header(&call, calls.seq, plan.hash);
+        calls.seq = calls.seq.wrapping_add(1);
         Ok(Task {
             job: Job::Collective(CollectiveJob { checked, plan, header, sync: None }),
             refine: Some(Box::new(Refine::Agreement { keys, refinements, flags })),

@@ -28,13 +28,13 @@ use crate::buffer::Buffer;
 use crate::call::CollectiveCall;
 use crate::cuda::StreamRef;
 use crate::error::{Error, Result};
-use crate::types::{DataType, ReduceOp};
+use crate::types::{Element, ReduceOp};
 
 fn bytes<T>(len: usize) -> usize {
     len * std::mem::size_of::<T>()
 }
 
-fn typed<T: DataType>(call: &CollectiveCall) -> Result<()> {
+fn typed<T: Element>(call: &CollectiveCall) -> Result<()> {
     if call.dtype != T::DTYPE {
         return Err(Error::InvalidArgument(format!("a call of {} on a buffer of {}", call.dtype, T::DTYPE)));
     }
@@ -44,7 +44,7 @@ fn typed<T: DataType>(call: &CollectiveCall) -> Result<()> {
 impl Communicator {
     /// Queues `call` from `send` to `recv` (device buffers of the lengths the call implies) on
     /// `stream`.
-    pub fn submit_device<T: DataType>(
+    pub fn submit_device<T: Element>(
         &self,
         call: &CollectiveCall,
         send: &impl DevicePtr<T>,
@@ -65,7 +65,7 @@ impl Communicator {
     }
 
     /// Queues `call` in place on one device buffer (aliased as NCCL aliases in-place calls).
-    pub fn submit_device_in_place<T: DataType>(
+    pub fn submit_device_in_place<T: Element>(
         &self,
         call: &CollectiveCall,
         buf: &mut impl DevicePtrMut<T>,
@@ -80,7 +80,7 @@ impl Communicator {
     }
 
     /// All-reduce of device buffers on `stream`.
-    pub fn all_reduce_device<T: DataType>(
+    pub fn all_reduce_device<T: Element>(
         &self,
         send: &impl DevicePtr<T>,
         recv: &mut impl DevicePtrMut<T>,
@@ -98,7 +98,7 @@ impl Group<'_, '_> {
     /// # Safety
     /// The buffer must stay valid and unwritten until the stream the group is submitted on
     /// has passed it ([`Group::submit_on`]).
-    pub unsafe fn send_device<T: DataType>(
+    pub unsafe fn send_device<T: Element>(
         &mut self,
         data: &impl DevicePtr<T>,
         peer: u32,
@@ -113,7 +113,7 @@ impl Group<'_, '_> {
     ///
     /// # Safety
     /// As for [`Group::send_device`], and nothing else may use the buffer meanwhile.
-    pub unsafe fn recv_device<T: DataType>(
+    pub unsafe fn recv_device<T: Element>(
         &mut self,
         data: &mut impl DevicePtrMut<T>,
         peer: u32,

@@ -4,11 +4,11 @@
 //! pairs, in order, with a receive from itself, and is a local copy.
 
 use super::work::Work;
-use super::{Communicator, Front};
+use super::{CallState, Communicator};
 use crate::buffer::Buffer;
 use crate::error::{Error, Result};
 use crate::exec::job::{Job, Transfer, TransferJob};
-use crate::types::{DataType, Dtype, ReduceOp, Reduction};
+use crate::types::{Dtype, Element, ReduceOp, Reduction};
 use crate::wire::{reduction_code, CallHeader, Called};
 
 /// Which stream of point-to-point messages a group's transfers use. Each is matched in order
@@ -88,11 +88,11 @@ impl<'c, 'b> Group<'c, 'b> {
         Ok(())
     }
 
-    pub fn send<T: DataType>(&mut self, data: &'b [T], peer: u32) -> Result<()> {
+    pub fn send<T: Element>(&mut self, data: &'b [T], peer: u32) -> Result<()> {
         self.push(true, Buffer::host(data.as_ptr()), T::DTYPE, data.len(), peer)
     }
 
-    pub fn recv<T: DataType>(&mut self, data: &'b mut [T], peer: u32) -> Result<()> {
+    pub fn recv<T: Element>(&mut self, data: &'b mut [T], peer: u32) -> Result<()> {
         self.push(false, Buffer::host(data.as_mut_ptr()), T::DTYPE, data.len(), peer)
     }
 
@@ -129,9 +129,9 @@ impl<'c, 'b> Group<'c, 'b> {
     /// Runs every collected transfer; returns when all are done.
     pub fn end(self) -> Result<()> {
         let comm = self.comm;
-        let mut front = comm.front();
-        match self.prepare(&mut front)? {
-            Some(job) => comm.shared.run_blocking(front, job.into()),
+        let mut calls = comm.calls();
+        match self.prepare(&mut calls)? {
+            Some(job) => comm.runner.run_blocking(calls, job.into()),
             None => Ok(()),
         }
     }
@@ -144,16 +144,16 @@ impl<'c, 'b> Group<'c, 'b> {
     /// until the work has completed, not only until this returns.
     pub unsafe fn submit(self) -> Result<Work> {
         let comm = self.comm;
-        let mut front = comm.front();
-        Ok(match self.prepare(&mut front)? {
-            Some(job) => comm.shared.submit(job.into()),
-            None => Work::done(&comm.shared),
+        let mut calls = comm.calls();
+        Ok(match self.prepare(&mut calls)? {
+            Some(job) => comm.runner.submit(job.into()),
+            None => Work::done(&comm.runner),
         })
     }
 
-    /// Checks the group and numbers its transfers, under the front lock (`front`), which the
+    /// Checks the group and numbers its transfers, under the `CallState` lock (`calls`), which the
     /// caller holds until the job is admitted so the queue's order is the call order.
-    pub(super) fn prepare(self, front: &mut Front) -> Result<Option<Job>> {
+    pub(super) fn prepare(self, calls: &mut CallState) -> Result<Option<Job>> {
         let Group { comm, ops, lane, .. } = self;
         comm.usable()?;
         if ops.is_empty() {
@@ -175,7 +175,7 @@ impl<'c, 'b> Group<'c, 'b> {
                 )));
             }
         }
-        let Front { p2p_sent, p2p_received, put_sent, put_received, .. } = front;
+        let CallState { p2p_sent, p2p_received, put_sent, put_received, .. } = calls;
         let (sent, received, tag) = match lane {
             Lane::SendRecv => (p2p_sent, p2p_received, crate::exec::program::P2P_TAG),
             Lane::Put => (put_sent, put_received, crate::exec::program::PUT_TAG),

@@ -66,7 +66,7 @@ use crate::exec::{Executor, Settings};
 use crate::tuner::cache::DiskCache;
 use crate::tuner::{Selector, SelectorOptions};
 use plan::Planner;
-use work::Shared;
+use work::Runner;
 
 /// Stops a communicator's running call from another thread.
 #[derive(Clone, Debug)]
@@ -82,7 +82,7 @@ impl AbortHandle {
 
 /// Whether a communicator has failed, readable from any thread ([`Communicator::health`]).
 #[derive(Clone)]
-pub struct Health(Arc<Shared>);
+pub struct Health(Arc<Runner>);
 
 impl std::fmt::Debug for Health {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -113,16 +113,17 @@ pub struct Communicator {
     counted: connect::Counted,
     /// Where calls are checked, planned and numbered; held while a call is admitted to the
     /// queue, so the queue's order is the call order.
-    front: Mutex<Front>,
-    shared: Arc<Shared>,
+    calls: Mutex<CallState>,
+    runner: Arc<Runner>,
     progress: Option<JoinHandle<()>>,
     /// The listening socket the peers dialled (its address is in their `peers`), kept open so
     /// that a shrink can connect the survivors without a working data path (`resize.rs`).
     listener: Mutex<Option<TcpListener>>,
 }
 
-/// The submitting side's state.
-struct Front {
+/// What calls are checked, planned and numbered with, under one lock: the tuner and plans, the
+/// call sequence and point-to-point counters, the device binding.
+struct CallState {
     planner: Planner,
     /// When the ranks next agree on switching sizes to the tuner's background decisions.
     checkpoints: agree::Checkpoints,
@@ -296,13 +297,13 @@ impl Communicator {
         crate::diag::service::register(&board)?;
         exec.board = Some(board);
         let transports = exec.transports();
-        let shared = Shared::new(exec);
-        let runner = shared.clone();
+        let runner = Runner::new(exec);
+        let progress_runner = runner.clone();
         let progress = std::thread::Builder::new()
             .name(format!("topoccl-r{rank}"))
-            .spawn(move || runner.progress_loop())
+            .spawn(move || progress_runner.progress_loop())
             .map_err(|e| Error::io("starting the progress thread", e))?;
-        let front = Front {
+        let calls = CallState {
             planner: Planner::new(rank, nranks, tuner),
             checkpoints: agree::Checkpoints::default(),
             seq: 0,
@@ -325,8 +326,8 @@ impl Communicator {
             topology,
             transports,
             counted,
-            front: Mutex::new(front),
-            shared,
+            calls: Mutex::new(calls),
+            runner,
             progress: Some(progress),
             listener: Mutex::new(Some(listener)),
         };
@@ -340,9 +341,9 @@ impl Communicator {
         Ok(comm)
     }
 
-    fn front(&self) -> MutexGuard<'_, Front> {
-        // Every critical section leaves `Front` consistent, so a poisoned lock is usable.
-        self.front.lock().unwrap_or_else(|p| p.into_inner())
+    fn calls(&self) -> MutexGuard<'_, CallState> {
+        // Every critical section leaves `CallState` consistent, so a poisoned lock is usable.
+        self.calls.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn rank(&self) -> u32 {
@@ -378,25 +379,25 @@ impl Communicator {
 
     /// A handle that aborts this communicator's calls from another thread.
     pub fn abort_handle(&self) -> AbortHandle {
-        AbortHandle(self.shared.abort.clone())
+        AbortHandle(self.runner.abort.clone())
     }
 
     /// The error that made the communicator unusable, if any (`ncclCommGetAsyncError`).
     pub fn error(&self) -> Option<String> {
-        self.shared.broken()
+        self.runner.broken()
     }
 
     /// A handle that reads whether the communicator has failed, from any thread, without
     /// waiting for a running call (a failure of a call queued on a stream shows only there).
     pub fn health(&self) -> Health {
-        Health(self.shared.clone())
+        Health(self.runner.clone())
     }
 
     /// Waits until every call queued so far has completed on the host (`ncclCommFinalize`);
     /// the error that broke the communicator, if one did.
     pub fn flush(&self) -> Result<()> {
-        self.shared.flush();
-        match self.shared.failure() {
+        self.runner.flush();
+        match self.runner.failure() {
             Some(e) => Err(Error::Broken(e.to_string())),
             None => Ok(()),
         }
@@ -420,9 +421,9 @@ impl Communicator {
         let mut all = vec![0u8; SPLIT_RECORD * self.nranks as usize];
         self.all_gather(&record, &mut all)?;
         let split_no = {
-            let mut front = self.front();
-            front.splits += 1;
-            front.splits - 1
+            let mut calls = self.calls();
+            calls.splits += 1;
+            calls.splits - 1
         };
         let Some(color) = color else { return Ok(None) };
         let mut members: Vec<(i32, u32, PeerInfo)> = all
@@ -452,8 +453,8 @@ impl Communicator {
     /// Releases the communicator (`ncclCommDestroy`) once every queued call has completed;
     /// connections are closed. The error that broke it, if one did.
     pub fn destroy(mut self) -> Result<()> {
-        self.shared.flush();
-        let broken = self.shared.broken();
+        self.runner.flush();
+        let broken = self.runner.broken();
         self.shutdown(false);
         match broken {
             Some(why) => Err(Error::Broken(why)),
@@ -466,18 +467,18 @@ impl Communicator {
     fn shutdown(&mut self, abort: bool) {
         let Some(progress) = self.progress.take() else { return };
         if abort {
-            self.shared.abort.store(true, Ordering::Relaxed);
-            self.shared.drain(|| Error::Aborted);
+            self.runner.abort.store(true, Ordering::Relaxed);
+            self.runner.drain(|| Error::Aborted);
         }
-        self.shared.close();
+        self.runner.close();
         // The thread ends once the queue is empty; a running call ends within the deadline
         // (or at once, aborted).
         let _ = progress.join();
-        self.shared.with_executor(|e| e.close_links());
+        self.runner.with_executor(|e| e.close_links());
     }
 
     fn usable(&self) -> Result<()> {
-        match self.shared.unusable() {
+        match self.runner.unusable() {
             Some(e) => Err(e),
             None => Ok(()),
         }
@@ -488,20 +489,20 @@ impl Communicator {
     /// call (calls with different schedules are reported as mismatched). An algorithm that
     /// cannot build a collective leaves that collective to the tuner.
     pub fn set_algorithm(&mut self, algo: Option<&str>) -> Result<()> {
-        let mut front = self.front();
-        front.planner.tuner.set_forced(algo)?;
-        let forced = front.planner.tuner.forced().map(str::to_string);
-        front.planner.clear();
-        drop(front);
+        let mut calls = self.calls();
+        calls.planner.tuner.set_forced(algo)?;
+        let forced = calls.planner.tuner.forced().map(str::to_string);
+        calls.planner.clear();
+        drop(calls);
         self.config.algo = forced;
         Ok(())
     }
 
     /// Adds a user tuner (see [`crate::tuner::Tuner`]); every rank must add the same one.
     pub fn add_tuner(&mut self, tuner: Box<dyn crate::tuner::Tuner>) -> Result<()> {
-        let mut front = self.front();
-        front.planner.tuner.add_tuner(tuner)?;
-        front.planner.clear();
+        let mut calls = self.calls();
+        calls.planner.tuner.add_tuner(tuner)?;
+        calls.planner.clear();
         Ok(())
     }
 
@@ -528,7 +529,7 @@ impl Drop for Communicator {
     /// Without [`Communicator::destroy`]: calls still queued or running are aborted (nothing
     /// waits on a peer that may never come), then the connections close.
     fn drop(&mut self) {
-        let busy = self.shared.busy();
+        let busy = self.runner.busy();
         self.shutdown(busy);
     }
 }

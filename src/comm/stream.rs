@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use super::group::Group;
 use super::work::Work;
-use super::{Communicator, Front};
+use super::{CallState, Communicator};
 use crate::buffer::Buffer;
 use crate::call::CollectiveCall;
 use crate::cuda::{Binding, Context, StreamRef};
@@ -24,8 +24,8 @@ use crate::exec::job::Job;
 impl Communicator {
     /// The communicator's device binding, checked against `stream` (made from the stream's
     /// context by the first call).
-    fn binding_for(front: &mut Front, stream: StreamRef) -> Result<Arc<Binding>> {
-        if let Some(b) = &front.binding {
+    fn binding_for(calls: &mut CallState, stream: StreamRef) -> Result<Arc<Binding>> {
+        if let Some(b) = &calls.binding {
             b.check_stream(stream)?;
             return Ok(b.clone());
         }
@@ -42,22 +42,22 @@ impl Communicator {
         // communicator is used with its device's context until destroyed).
         let ctx = unsafe { Context::adopt(raw) }?;
         let b = Binding::new(ctx)?;
-        front.binding = Some(b.clone());
+        calls.binding = Some(b.clone());
         Ok(b)
     }
 
     /// Checks that calls on `stream` can run here (binding the communicator to the stream's
     /// context if it is not bound yet), queuing nothing.
     pub fn check_stream(&self, stream: StreamRef) -> Result<()> {
-        let mut front = self.front();
-        Communicator::binding_for(&mut front, stream)?;
+        let mut calls = self.calls();
+        Communicator::binding_for(&mut calls, stream)?;
         stream.not_capturing()
     }
 
     /// The CUDA device this communicator runs device calls on (`ncclCommCuDevice`): the one it
     /// is bound to, else the device of the context current on this thread.
     pub fn cuda_device(&self) -> Result<u32> {
-        if let Some(b) = &self.front().binding {
+        if let Some(b) = &self.calls().binding {
             return Ok(b.context().ordinal());
         }
         let raw = Context::current()?.ok_or_else(|| {
@@ -82,15 +82,15 @@ impl Communicator {
         stream: StreamRef,
     ) -> Result<Work> {
         self.usable()?;
-        let mut front = self.front();
-        let binding = Communicator::binding_for(&mut front, stream)?;
+        let mut calls = self.calls();
+        let binding = Communicator::binding_for(&mut calls, stream)?;
         stream.not_capturing()?;
-        let Some(mut task) = self.prepare(&mut front, call, send, recv)? else { return Ok(Work::done(&self.shared)) };
+        let Some(mut task) = self.prepare(&mut calls, call, send, recv)? else { return Ok(Work::done(&self.runner)) };
         let sync = binding.attach(stream)?;
         if let Job::Collective(c) = &mut task.job {
             c.sync = Some(sync);
         }
-        Ok(self.shared.submit(task))
+        Ok(self.runner.submit(task))
     }
 }
 
@@ -102,14 +102,14 @@ impl Group<'_, '_> {
     /// As for [`Group::submit`], until the stream has passed the transfers.
     pub unsafe fn submit_on(self, stream: StreamRef) -> Result<Work> {
         let comm = self.comm();
-        let mut front = comm.front();
-        let binding = Communicator::binding_for(&mut front, stream)?;
+        let mut calls = comm.calls();
+        let binding = Communicator::binding_for(&mut calls, stream)?;
         stream.not_capturing()?;
-        let Some(mut job) = self.prepare(&mut front)? else { return Ok(Work::done(&comm.shared)) };
+        let Some(mut job) = self.prepare(&mut calls)? else { return Ok(Work::done(&comm.runner)) };
         let sync = binding.attach(stream)?;
         if let Job::Transfers(t) = &mut job {
             t.sync = Some(sync);
         }
-        Ok(comm.shared.submit(job.into()))
+        Ok(comm.runner.submit(job.into()))
     }
 }

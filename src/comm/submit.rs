@@ -1,4 +1,4 @@
-//! Submitting calls: checked and planned under the communicator's front lock (so the queue's
+//! Submitting calls: checked and planned under the communicator's `CallState` lock (so the queue's
 //! order is the call order on every thread), then run on the caller's thread or queued
 //! ([`super::work`]). The blocking calls of the typed and byte-level APIs come through
 //! [`Communicator::collective_raw`]; [`Communicator::submit`] returns at once.
@@ -10,20 +10,20 @@
 
 use super::agree::Refine;
 use super::work::{Task, Work};
-use super::{Communicator, Front};
+use super::{CallState, Communicator};
 use crate::buffer::Buffer;
 use crate::call::CollectiveCall;
 use crate::error::{Error, Result};
 use crate::exec::job::{CollectiveJob, Job};
 use crate::tuner::Choice;
-use crate::types::DataType;
+use crate::types::Element;
 use crate::wire::{reduction_code, CallHeader, Called};
 
 impl Communicator {
     /// What this communicator runs `call` with: the algorithm and its knobs.
     pub fn algorithm_for(&self, call: &CollectiveCall) -> Result<Choice> {
         let block_bytes = call.count.saturating_mul(call.dtype.size());
-        self.front().planner.choice(call.collective, block_bytes)
+        self.calls().planner.choice(call.collective, block_bytes)
     }
 
     /// What the tuner expects `call` to take on this communicator's topology, in
@@ -34,31 +34,31 @@ impl Communicator {
             return Ok(0.0);
         }
         let block_bytes = call.count.saturating_mul(call.dtype.size());
-        self.front().planner.estimate_us(call.collective, block_bytes)
+        self.calls().planner.estimate_us(call.collective, block_bytes)
     }
 
-    /// Checks and plans `call` and numbers it, under the front lock (`front`); `None` for an
+    /// Checks and plans `call` and numbers it, under the `CallState` lock (`calls`); `None` for an
     /// empty call (it only counts).
     pub(super) fn prepare(
         &self,
-        front: &mut Front,
+        calls: &mut CallState,
         call: &CollectiveCall,
         send: Buffer,
         recv: Buffer,
     ) -> Result<Option<Task>> {
         let checked = call.check(self.rank, self.nranks, send, recv)?;
         if call.count == 0 {
-            front.seq = front.seq.wrapping_add(1);
+            calls.seq = calls.seq.wrapping_add(1);
             return Ok(None);
         }
         // Planning depends only on what every rank shares, so it fails alike everywhere and
         // leaves the ranks in step; so does a checkpoint (`super::agree`), which may queue an
         // agreement ahead of this call.
-        self.checkpoint(front)?;
-        let (plan, quick) = front.planner.plan(call.collective, call.dtype.size(), call.count)?;
-        let header = call_header(call, front.seq, plan.hash);
-        front.seq = front.seq.wrapping_add(1);
-        let refine = quick.map(|key| Box::new(Refine::Quick { key, refinements: front.planner.tuner.refinements() }));
+        self.checkpoint(calls)?;
+        let (plan, quick) = calls.planner.plan(call.collective, call.dtype.size(), call.count)?;
+        let header = call_header(call, calls.seq, plan.hash);
+        calls.seq = calls.seq.wrapping_add(1);
+        let refine = quick.map(|key| Box::new(Refine::Quick { key, refinements: calls.planner.tuner.refinements() }));
         Ok(Some(Task { job: Job::Collective(CollectiveJob { checked, plan, header, sync: None }), refine }))
     }
 
@@ -80,9 +80,9 @@ impl Communicator {
     /// either (or read `recv`) until the call returns.
     pub unsafe fn collective_raw(&self, call: &CollectiveCall, send: Buffer, recv: Buffer) -> Result<()> {
         self.usable()?;
-        let mut front = self.front();
-        match self.prepare(&mut front, call, send, recv)? {
-            Some(job) => self.shared.run_blocking(front, job),
+        let mut calls = self.calls();
+        match self.prepare(&mut calls, call, send, recv)? {
+            Some(job) => self.runner.run_blocking(calls, job),
             None => Ok(()),
         }
     }
@@ -95,17 +95,17 @@ impl Communicator {
     /// returned, or its `test` said it is done) rather than until this returns.
     pub unsafe fn submit(&self, call: &CollectiveCall, send: Buffer, recv: Buffer) -> Result<Work> {
         self.usable()?;
-        let mut front = self.front();
-        Ok(match self.prepare(&mut front, call, send, recv)? {
-            Some(job) => self.shared.submit(job),
-            None => Work::done(&self.shared),
+        let mut calls = self.calls();
+        Ok(match self.prepare(&mut calls, call, send, recv)? {
+            Some(job) => self.runner.submit(job),
+            None => Work::done(&self.runner),
         })
     }
 
     /// Queues `call` on buffers it owns until the call is done: `send` is read, `recv`
     /// written (lengths as [`Communicator::collective_bytes`] requires); both come back from
     /// [`Pending::wait`]. In place: pass an empty `send` and the one buffer as `recv`.
-    pub fn submit_owned<T: DataType>(
+    pub fn submit_owned<T: Element>(
         &self,
         call: &CollectiveCall,
         send: Vec<T>,

@@ -1,4 +1,4 @@
-//! The typed API: slices of any [`DataType`], checked lengths, NCCL's semantics.
+//! The typed API: slices of any [`Element`], checked lengths, NCCL's semantics.
 //!
 //! ```
 //! use topoccl::{Communicator, ReduceOp, UniqueId};
@@ -27,100 +27,100 @@ use topoccl_synth::schedule::Collective;
 use super::Communicator;
 use crate::call::CollectiveCall;
 use crate::error::Result;
-use crate::types::{DataType, ReduceOp};
+use crate::types::{Element, ReduceOp};
 
-fn bytes<T: DataType>(s: &[T]) -> &[u8] {
+fn bytes<T: Element>(s: &[T]) -> &[u8] {
     bytemuck::cast_slice(s)
 }
 
-fn bytes_mut<T: DataType>(s: &mut [T]) -> &mut [u8] {
+fn bytes_mut<T: Element>(s: &mut [T]) -> &mut [u8] {
     bytemuck::cast_slice_mut(s)
 }
 
-fn call<T: DataType>(collective: Collective, op: ReduceOp, count: usize) -> CollectiveCall {
+fn call<T: Element>(collective: Collective, op: ReduceOp, count: usize) -> CollectiveCall {
     CollectiveCall::new(collective, T::DTYPE, count).reduced_with(op)
 }
 
 impl Communicator {
     /// `recv[i] = Σ over ranks of send[i]` (with `op` for Σ). Equal lengths.
-    pub fn all_reduce<T: DataType>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+    pub fn all_reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
         let c = call::<T>(Collective::AllReduce, op, send.len());
         self.collective_bytes(&c, bytes(send), bytes_mut(recv))
     }
 
-    pub fn all_reduce_in_place<T: DataType>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+    pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
         let c = call::<T>(Collective::AllReduce, op, buf.len());
         self.collective_bytes_in_place(&c, bytes_mut(buf))
     }
 
     /// Rank r receives block r of the reduction: `send.len() == nranks × recv.len()`.
-    pub fn reduce_scatter<T: DataType>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+    pub fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
         let c = call::<T>(Collective::ReduceScatter, op, recv.len());
         self.collective_bytes(&c, bytes(send), bytes_mut(recv))
     }
 
     /// In place: rank r's result lands in block r of `buf` (NCCL's in-place layout).
-    pub fn reduce_scatter_in_place<T: DataType>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+    pub fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
         let count = self.block_len(buf.len())?;
         self.collective_bytes_in_place(&call::<T>(Collective::ReduceScatter, op, count), bytes_mut(buf))
     }
 
     /// `recv` is every rank's `send`, in rank order: `recv.len() == nranks × send.len()`.
-    pub fn all_gather<T: DataType>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+    pub fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
         let c = call::<T>(Collective::AllGather, ReduceOp::Sum, send.len());
         self.collective_bytes(&c, bytes(send), bytes_mut(recv))
     }
 
     /// In place: each rank's contribution is already in its block of `buf`.
-    pub fn all_gather_in_place<T: DataType>(&self, buf: &mut [T]) -> Result<()> {
+    pub fn all_gather_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
         let count = self.block_len(buf.len())?;
         self.collective_bytes_in_place(&call::<T>(Collective::AllGather, ReduceOp::Sum, count), bytes_mut(buf))
     }
 
     /// `recv = root's send`. `send` is read on the root only (pass `&[]` elsewhere).
-    pub fn broadcast<T: DataType>(&self, send: &[T], recv: &mut [T], root: u32) -> Result<()> {
+    pub fn broadcast<T: Element>(&self, send: &[T], recv: &mut [T], root: u32) -> Result<()> {
         let c = call::<T>(Collective::Broadcast { root }, ReduceOp::Sum, recv.len());
         self.collective_bytes(&c, bytes(send), bytes_mut(recv))
     }
 
-    pub fn broadcast_in_place<T: DataType>(&self, buf: &mut [T], root: u32) -> Result<()> {
+    pub fn broadcast_in_place<T: Element>(&self, buf: &mut [T], root: u32) -> Result<()> {
         let c = call::<T>(Collective::Broadcast { root }, ReduceOp::Sum, buf.len());
         self.collective_bytes_in_place(&c, bytes_mut(buf))
     }
 
     /// The root's `recv` gets the reduction; `recv` is written on the root only (pass
     /// `&mut []` elsewhere).
-    pub fn reduce<T: DataType>(&self, send: &[T], recv: &mut [T], op: ReduceOp, root: u32) -> Result<()> {
+    pub fn reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp, root: u32) -> Result<()> {
         let c = call::<T>(Collective::Reduce { root }, op, send.len());
         self.collective_bytes(&c, bytes(send), bytes_mut(recv))
     }
 
-    pub fn reduce_in_place<T: DataType>(&self, buf: &mut [T], op: ReduceOp, root: u32) -> Result<()> {
+    pub fn reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp, root: u32) -> Result<()> {
         let c = call::<T>(Collective::Reduce { root }, op, buf.len());
         self.collective_bytes_in_place(&c, bytes_mut(buf))
     }
 
     /// Block j of `send` goes to rank j, landing in block `rank` there:
     /// `send.len() == recv.len() == nranks × block`.
-    pub fn all_to_all<T: DataType>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+    pub fn all_to_all<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
         let count = self.block_len(send.len())?;
         let c = call::<T>(Collective::AllToAll, ReduceOp::Sum, count);
         self.collective_bytes(&c, bytes(send), bytes_mut(recv))
     }
 
-    pub fn all_to_all_in_place<T: DataType>(&self, buf: &mut [T]) -> Result<()> {
+    pub fn all_to_all_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
         let count = self.block_len(buf.len())?;
         self.collective_bytes_in_place(&call::<T>(Collective::AllToAll, ReduceOp::Sum, count), bytes_mut(buf))
     }
 
     /// Sends `data` to `peer`, which must call [`Communicator::recv`] with as many elements.
-    pub fn send<T: DataType>(&self, data: &[T], peer: u32) -> Result<()> {
+    pub fn send<T: Element>(&self, data: &[T], peer: u32) -> Result<()> {
         let mut g = self.group();
         g.send(data, peer)?;
         g.end()
     }
 
-    pub fn recv<T: DataType>(&self, data: &mut [T], peer: u32) -> Result<()> {
+    pub fn recv<T: Element>(&self, data: &mut [T], peer: u32) -> Result<()> {
         let mut g = self.group();
         g.recv(data, peer)?;
         g.end()

@@ -23,10 +23,10 @@
 //! call within milliseconds and every queued one at once. Waiting has no deadline of its own
 //! but never hangs: the executor's `TOPOCCL_TIMEOUT` and abort end every running call.
 
-use std::cell::UnsafeCell;
 use std::collections::VecDeque;
+use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
 use super::agree::Refine;
@@ -93,35 +93,63 @@ struct Queue {
     progress_asleep: bool,
 }
 
-/// What callers and the progress thread share.
+/// What runs jobs, shared by callers and the progress thread: the queue, the executor, and
+/// whose turn it is to run.
 ///
-/// One thread at a time runs jobs: the one that set `running`. The hot path — a blocking call
-/// on an idle communicator — claims `running` with one compare-and-swap and lets it go with one
-/// store, touching the queue's lock only when someone needs telling: `attention` counts the
-/// queued jobs and the threads asleep on `progressed`. A party that starts to wait raises
-/// `attention` and then looks at what it waits for; a runner changes what it looks at and then
-/// reads `attention`. Both sides use sequentially consistent operations, so at least one sees
-/// the other (Dekker): no wake-up is lost.
-pub(crate) struct Shared {
+/// One thread at a time runs jobs: the one holding the executor's lock, its [`Turn`], taken
+/// with `try_lock` and never waited on. The hot path — a blocking call on an idle communicator
+/// — takes it with one compare-and-swap and lets it go, touching the queue's lock only when
+/// someone needs telling: `attention` counts the queued jobs and the threads asleep on
+/// `progressed`. A party that starts to wait raises `attention` and then looks at what it waits
+/// for (`running`, which says whether the lock is held: a lock cannot be asked); a runner
+/// changes what it looks at and then reads `attention`. Both sides use sequentially consistent
+/// operations, so at least one sees the other (Dekker): no wake-up is lost.
+pub(crate) struct Runner {
     queue: Mutex<Queue>,
+    /// The executor; holding its lock is the turn to run jobs.
+    exec: Mutex<Executor>,
+    /// Whether a [`Turn`] is out: set after the lock is taken, cleared before it is let go.
     running: AtomicBool,
     attention: AtomicU32,
     /// Signalled when work is queued for the progress thread, or it should end.
     work_ready: Condvar,
     /// Signalled when a job finishes or the executor is free again.
     progressed: Condvar,
-    /// Used only by the thread that holds `running` (see [`Shared::executor`]).
-    exec: UnsafeCell<Executor>,
     pub abort: Arc<AtomicBool>,
     /// Set once `Queue::broken` is, for a check without the queue's lock.
     is_broken: AtomicBool,
 }
 
-// SAFETY: every field but `exec` is Sync by itself; `exec` is only touched through
-// `Shared::executor`, by the one thread that holds `running` (a compare-and-swap hands it out to
-// one thread at a time), so the executor is never used from two threads at once. `Executor` is
-// Send, which is what moving its use between threads needs.
-unsafe impl Sync for Shared {}
+/// The turn to run jobs: the executor, held by one thread. Letting it go (dropping it, a panic
+/// too) clears `running` before the lock and then wakes whoever needs telling.
+struct Turn<'r> {
+    runner: &'r Runner,
+    exec: ManuallyDrop<MutexGuard<'r, Executor>>,
+}
+
+impl std::ops::Deref for Turn<'_> {
+    type Target = Executor;
+    fn deref(&self) -> &Executor {
+        &self.exec
+    }
+}
+
+impl std::ops::DerefMut for Turn<'_> {
+    fn deref_mut(&mut self) -> &mut Executor {
+        &mut self.exec
+    }
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        self.runner.running.store(false, Ordering::SeqCst);
+        // SAFETY: dropped once, here, and never used after.
+        unsafe { ManuallyDrop::drop(&mut self.exec) };
+        if self.runner.attention.load(Ordering::SeqCst) > 0 {
+            self.runner.wake(&lock(&self.runner.queue));
+        }
+    }
+}
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding these locks cannot leave them inconsistent (every critical section
@@ -129,24 +157,32 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-impl Shared {
-    pub(crate) fn new(exec: Executor) -> Arc<Shared> {
+impl Runner {
+    pub(crate) fn new(exec: Executor) -> Arc<Runner> {
         let abort = exec.abort.clone();
-        Arc::new(Shared {
+        Arc::new(Runner {
             queue: Mutex::new(Queue::default()),
+            exec: Mutex::new(exec),
             running: AtomicBool::new(false),
             attention: AtomicU32::new(0),
             work_ready: Condvar::new(),
             progressed: Condvar::new(),
-            exec: UnsafeCell::new(exec),
             abort,
             is_broken: AtomicBool::new(false),
         })
     }
 
     /// Claims the executor's turn if nobody holds it.
-    fn claim(&self) -> bool {
-        self.running.compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst).is_ok()
+    fn claim(&self) -> Option<Turn<'_>> {
+        let exec = match self.exec.try_lock() {
+            Ok(e) => e,
+            // A job that panicked leaves the executor as a failed job does (its links may be
+            // mid-message, and the next call's mismatch says so).
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return None,
+        };
+        self.running.store(true, Ordering::SeqCst);
+        Some(Turn { runner: self, exec: ManuallyDrop::new(exec) })
     }
 
     /// Sleeps on `progressed` until woken (or `timeout` passes), unless `ready` already holds
@@ -196,18 +232,18 @@ impl Shared {
     /// Runs `f` on the executor with nothing running (waits for the running job to end).
     pub(crate) fn with_executor<R>(&self, f: impl FnOnce(&mut Executor) -> R) -> R {
         let mut q = lock(&self.queue);
-        while !self.claim() {
-            q = self.sleep(q, None, || !self.running.load(Ordering::SeqCst));
-        }
+        let mut turn = loop {
+            match self.claim() {
+                Some(t) => break t,
+                None => q = self.sleep(q, None, || !self.running.load(Ordering::SeqCst)),
+            }
+        };
         drop(q);
-        // SAFETY: this thread holds `running` (claimed above) until `release` below.
-        let r = f(unsafe { self.executor() });
-        self.release();
-        r
+        f(&mut turn)
     }
 
     /// Queues `job` for the progress thread; its handle.
-    pub(crate) fn submit(self: &Arc<Shared>, task: Task) -> Work {
+    pub(crate) fn submit(self: &Arc<Runner>, task: Task) -> Work {
         let state = Arc::new(WorkState::default());
         let mut q = lock(&self.queue);
         q.jobs.push_back(Queued { task, state: state.clone() });
@@ -215,66 +251,38 @@ impl Shared {
         if !self.running.load(Ordering::SeqCst) {
             self.wake(&q);
         }
-        Work { state, shared: self.clone() }
+        Work { state, runner: self.clone() }
     }
 
     /// Runs a blocking call's `job`, admitted in call order while the caller holds `order`
     /// (the lock that orders its calls, let go here): on this thread when nothing is queued or
     /// running, the job never moved, else queued behind the others and waited for.
-    pub(crate) fn run_blocking<G>(self: &Arc<Shared>, order: G, mut task: Task) -> Result<()> {
-        if self.claim_idle() {
+    pub(crate) fn run_blocking<G>(self: &Arc<Runner>, order: G, mut task: Task) -> Result<()> {
+        if let Some(mut turn) = self.claim_idle() {
             drop(order);
-            let r = self.run_job(&mut task);
-            self.release();
-            return r;
+            return self.run_job(&mut turn, &mut task);
         }
         let work = self.submit(task);
         drop(order);
         work.wait()
     }
 
-    /// Gives the executor's turn up: the progress thread takes what is queued, waiters look
-    /// again (the queue's lock only when someone needs telling).
-    fn release(&self) {
-        self.running.store(false, Ordering::SeqCst);
-        if self.attention.load(Ordering::SeqCst) > 0 {
-            self.wake(&lock(&self.queue));
-        }
-    }
-
     /// Claims the executor for a blocking call admitted under the lock that orders calls, if
     /// nothing is queued or running.
-    fn claim_idle(&self) -> bool {
+    fn claim_idle(&self) -> Option<Turn<'_>> {
         // Nothing queued (submissions hold the caller's lock, so none can be added meanwhile)
         // and nobody running: this call is next.
-        if self.attention.load(Ordering::SeqCst) == 0 && self.claim() {
-            if self.attention.load(Ordering::SeqCst) == 0 {
-                return true;
-            }
-            // Someone started waiting meanwhile: take the common path.
-            self.release();
+        if self.attention.load(Ordering::SeqCst) != 0 {
+            return None;
         }
-        false
+        let turn = self.claim()?;
+        // Someone started waiting meanwhile: let go, and take the common path.
+        (self.attention.load(Ordering::SeqCst) == 0).then_some(turn)
     }
 
-    /// The executor.
-    ///
-    /// # Safety
-    /// The calling thread must hold `running` (have claimed it and not released it), and use
-    /// the reference only until it releases it.
-    #[allow(clippy::mut_from_ref)]
-    unsafe fn executor(&self) -> &mut Executor {
-        // SAFETY: `running` is held by one thread at a time, and only that thread calls this
-        // (this fn's contract), so no other reference to the executor exists meanwhile.
-        unsafe { &mut *self.exec.get() }
-    }
-
-    /// Runs `job` with `running` already set (without releasing it).
-    fn run_job(&self, task: &mut Task) -> Result<()> {
-        debug_assert!(self.running.load(Ordering::Relaxed), "a job run without the executor's turn");
-        // SAFETY: every caller holds `running` (claimed by `claim_idle` or `take`) and
-        // releases it only after this returns.
-        let exec = unsafe { self.executor() };
+    /// Runs `task` on the executor `turn` holds.
+    fn run_job(&self, turn: &mut Turn<'_>, task: &mut Task) -> Result<()> {
+        let exec: &mut Executor = turn;
         if let Some(e) = self.unusable() {
             task.job.release();
             return Err(e);
@@ -329,23 +337,28 @@ impl Shared {
         Err(e)
     }
 
-    /// Runs a queued job with `running` already set; records its result and releases the
-    /// executor.
-    fn execute(&self, mut item: Queued) {
-        let result = self.run_job(&mut item.task);
+    /// Runs a queued job on `turn`, records its result and lets the turn go.
+    fn execute(&self, (mut item, mut turn): (Queued, Turn<'_>)) {
+        let result = self.run_job(&mut turn, &mut item.task);
         item.state.finish(result);
-        self.release();
     }
 
     /// Takes the next queued job, claiming the executor's turn; none if the queue is empty or
     /// someone runs.
-    fn take(&self, q: &mut Queue) -> Option<Queued> {
-        if q.jobs.is_empty() || !self.claim() {
-            return None;
+    /// (The caller holds the queue's lock, so no turn may be let go here: letting go may lock
+    /// the queue.)
+    fn take(&self, q: &mut Queue) -> Option<(Queued, Turn<'_>)> {
+        let item = q.jobs.pop_front()?;
+        match self.claim() {
+            Some(turn) => {
+                self.attention.fetch_sub(1, Ordering::SeqCst);
+                Some((item, turn))
+            }
+            None => {
+                q.jobs.push_front(item);
+                None
+            }
         }
-        let item = q.jobs.pop_front();
-        self.attention.fetch_sub(1, Ordering::SeqCst);
-        item
     }
 
     /// The progress thread: runs queued work until the communicator closes.
@@ -437,7 +450,7 @@ impl Shared {
 /// call (it still runs, in order).
 pub struct Work {
     state: Arc<WorkState>,
-    shared: Arc<Shared>,
+    runner: Arc<Runner>,
 }
 
 impl std::fmt::Debug for Work {
@@ -448,10 +461,10 @@ impl std::fmt::Debug for Work {
 
 impl Work {
     /// A handle of a call that is already done (an empty call).
-    pub(crate) fn done(shared: &Arc<Shared>) -> Work {
+    pub(crate) fn done(runner: &Arc<Runner>) -> Work {
         let state = WorkState::default();
         state.finish(Ok(()));
-        Work { state: Arc::new(state), shared: shared.clone() }
+        Work { state: Arc::new(state), runner: runner.clone() }
     }
 
     /// Whether the call has completed: `Ok(false)` while it is queued or running, `Ok(true)`
@@ -481,21 +494,21 @@ impl Work {
     }
 
     fn wait_until(&self, deadline: Option<Instant>) -> Option<Result<()>> {
-        let shared = &self.shared;
+        let runner = &self.runner;
         loop {
             if let Some(r) = self.state.outcome() {
                 return Some(r);
             }
-            let mut q = lock(&shared.queue);
+            let mut q = lock(&runner.queue);
             if self.state.done.load(Ordering::SeqCst) {
                 continue;
             }
             // Help: run the oldest queued job while nobody else runs one (it is ours, or one
             // that must run before ours).
             if deadline.is_none() {
-                if let Some(item) = shared.take(&mut q) {
+                if let Some(item) = runner.take(&mut q) {
                     drop(q);
-                    shared.execute(item);
+                    runner.execute(item);
                     continue;
                 }
             }
@@ -503,16 +516,42 @@ impl Work {
             match deadline {
                 // Woken when a job finishes: ours, or one before it, which frees the executor
                 // for this thread to help.
-                None => drop(shared.sleep(q, None, || done() || !shared.running.load(Ordering::SeqCst))),
+                None => drop(runner.sleep(q, None, || done() || !runner.running.load(Ordering::SeqCst))),
                 // Without helping (a job run here could outlast the deadline): ours only.
                 Some(d) => {
                     let left = d.saturating_duration_since(Instant::now());
                     if left.is_zero() {
                         return None;
                     }
-                    drop(shared.sleep(q, Some(left), done));
+                    drop(runner.sleep(q, Some(left), done));
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exec::Settings;
+
+    fn runner() -> Arc<Runner> {
+        let settings = Settings::new(1 << 19, 1 << 20, Duration::from_secs(5), false);
+        Runner::new(Executor::new(0, vec![None], settings, Arc::new(AtomicBool::new(false))))
+    }
+
+    #[test]
+    fn a_panic_on_the_executor_lets_the_turn_go() {
+        let r = runner();
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            r.with_executor(|_| panic!("a job panicked"));
+        }));
+        assert!(panicked.is_err());
+        assert!(!r.busy(), "the turn is still out after the panic");
+        // The next user of the executor gets it (before the turn was a guard, it waited forever).
+        let (tx, rx) = std::sync::mpsc::channel();
+        let again = r.clone();
+        std::thread::spawn(move || tx.send(again.with_executor(|e| e.rank)).unwrap());
+        assert_eq!(rx.recv_timeout(Duration::from_secs(5)), Ok(0));
     }
 }

@@ -4,7 +4,7 @@
 
 use super::layout::ChunkLayout;
 use super::memory::{MemId, Span, INPUT, OUTPUT, SCRATCH};
-use topoccl_synth::schedule::{Buffer, Dep, Op, Schedule, Slot};
+use topoccl_synth::schedule::{BufferKind, Dep, Op, Schedule, Slot};
 
 /// Message tag of grouped point-to-point transfers (collective channels use their index).
 pub(crate) const P2P_TAG: u32 = 1 << 30;
@@ -41,7 +41,7 @@ impl Action {
 
 /// One step, over `len` bytes. Unused spans and peers are left at their defaults.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct XStep {
+pub(crate) struct ProgramStep {
     pub action: Action,
     pub from: u32,
     pub to: u32,
@@ -54,7 +54,7 @@ pub(crate) struct XStep {
     pub meta: u32,
 }
 
-impl XStep {
+impl ProgramStep {
     /// The spans the step touches.
     fn spans(&self) -> impl Iterator<Item = Span> {
         let src = self.action.reads_src().then_some(self.src);
@@ -64,7 +64,7 @@ impl XStep {
 
     /// True when slice `i` of this step only touches bytes that slice `i` of `on` touched, so
     /// it may run as soon as that slice of `on` has (cut-through), instead of after all of it.
-    fn follows_slicewise(&self, on: &XStep) -> bool {
+    fn follows_slicewise(&self, on: &ProgramStep) -> bool {
         self.len == on.len && self.spans().all(|s| on.spans().any(|o| o == s))
     }
 
@@ -74,7 +74,7 @@ impl XStep {
     /// message still meets the step that expects it. A chunk received on one link and sent on
     /// along the next then moves cut-through, as in a ring, though the IR keeps both on one
     /// channel.
-    fn may_trail(&self, prev: &XStep) -> bool {
+    fn may_trail(&self, prev: &ProgramStep) -> bool {
         let clash = (self.action.sends() && prev.action.sends() && self.to == prev.to)
             || (self.action.receives() && prev.action.receives() && self.from == prev.from);
         !clash && self.follows_slicewise(prev)
@@ -82,19 +82,19 @@ impl XStep {
 }
 
 #[derive(Debug, Clone, Default)]
-pub(crate) struct XChannel {
+pub(crate) struct ProgramChannel {
     pub tag: u32,
-    pub steps: Vec<XStep>,
+    pub steps: Vec<ProgramStep>,
     /// Cross-channel dependencies, as in the IR (sorted by step).
     pub deps: Vec<Dep>,
-    /// Per dependency: whether it holds slice by slice ([`XStep::follows_slicewise`]).
+    /// Per dependency: whether it holds slice by slice ([`ProgramStep::follows_slicewise`]).
     pub slicewise: Vec<bool>,
     /// Per step: whether it may run slice by slice behind the step before it (see
-    /// [`XStep::may_trail`]); the first step's flag is false.
+    /// [`ProgramStep::may_trail`]); the first step's flag is false.
     pub trails: Vec<bool>,
 }
 
-impl XChannel {
+impl ProgramChannel {
     /// The dependencies of `step`, each with whether it holds slice by slice.
     pub(crate) fn deps_of(&self, step: u32) -> impl Iterator<Item = (&Dep, bool)> + '_ {
         let start = self.deps.partition_point(|d| d.step < step);
@@ -109,7 +109,7 @@ impl XChannel {
 /// One rank's program for one call.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Program {
-    pub channels: Vec<XChannel>,
+    pub channels: Vec<ProgramChannel>,
     /// Every rank this program exchanges messages with.
     pub peers: Vec<u32>,
 }
@@ -128,9 +128,9 @@ impl Program {
         let Some(mine) = schedule.ranks.get(rank as usize) else { return prog };
         let span = |slot: Slot, count: u32| {
             let mem: MemId = match slot.buffer {
-                Buffer::Input => INPUT,
-                Buffer::Output => OUTPUT,
-                Buffer::Scratch => SCRATCH,
+                BufferKind::Input => INPUT,
+                BufferKind::Output => OUTPUT,
+                BufferKind::Scratch => SCRATCH,
             };
             let (off, len) = layout.range(slot.index as usize, count as usize);
             Span::new(mem, off, len)
@@ -160,9 +160,9 @@ impl Program {
                 if action.sends() {
                     prog.note_peer(to);
                 }
-                steps.push(XStep { action, from, to, src, dst, len, meta: 0 });
+                steps.push(ProgramStep { action, from, to, src, dst, len, meta: 0 });
             }
-            prog.channels.push(XChannel {
+            prog.channels.push(ProgramChannel {
                 tag: c as u32,
                 steps,
                 deps: ch.deps.clone(),
@@ -202,22 +202,22 @@ impl Program {
         let action = if send { Action::Send } else { Action::Recv };
         let none = Span::new(INPUT, 0, 0);
         let step = if send {
-            XStep { action, from: 0, to: peer, src: span, dst: none, len: span.len, meta }
+            ProgramStep { action, from: 0, to: peer, src: span, dst: none, len: span.len, meta }
         } else {
-            XStep { action, from: peer, to: 0, src: none, dst: span, len: span.len, meta }
+            ProgramStep { action, from: peer, to: 0, src: none, dst: span, len: span.len, meta }
         };
-        let key = |s: &XStep| (s.action, if send { s.to } else { s.from });
+        let key = |s: &ProgramStep| (s.action, if send { s.to } else { s.from });
         match self.channels.iter_mut().find(|c| c.tag == tag && c.steps.first().map(key) == Some((action, peer))) {
             Some(ch) => ch.steps.push(step),
-            None => self.channels.push(XChannel { tag, steps: vec![step], ..XChannel::default() }),
+            None => self.channels.push(ProgramChannel { tag, steps: vec![step], ..ProgramChannel::default() }),
         }
     }
 
     /// Adds a local copy (a send of this rank to itself met by its receive), on a channel of
     /// its own.
     pub(crate) fn add_copy(&mut self, dst: Span, src: Span) {
-        let step = XStep { action: Action::Copy, from: 0, to: 0, src, dst, len: dst.len, meta: 0 };
-        self.channels.push(XChannel { tag: P2P_TAG, steps: vec![step], ..XChannel::default() });
+        let step = ProgramStep { action: Action::Copy, from: 0, to: 0, src, dst, len: dst.len, meta: 0 };
+        self.channels.push(ProgramChannel { tag: P2P_TAG, steps: vec![step], ..ProgramChannel::default() });
     }
 }
 

@@ -14,7 +14,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use fixedbitset::FixedBitSet;
 
 use crate::error::{Error, Result};
-use crate::schedule::{Buffer, Collective, Op, Rank, Schedule, Slot};
+use crate::schedule::{BufferKind, Collective, Op, Rank, Schedule, Slot};
 
 /// Above this many channels in total, the (quadratic) race check is skipped.
 const RACE_CHECK_MAX_CHANNELS: usize = 2048;
@@ -96,16 +96,16 @@ impl<'s> Machine<'s> {
         let out = self.s.output_chunks();
         if !self.opts.in_place {
             return match slot.buffer {
-                Buffer::Input => i as usize,
-                Buffer::Output => (inp + i) as usize,
-                Buffer::Scratch => (inp + out + i) as usize,
+                BufferKind::Input => i as usize,
+                BufferKind::Output => (inp + i) as usize,
+                BufferKind::Scratch => (inp + out + i) as usize,
             };
         }
         // In place: one main buffer of C chunks, then scratch.
         match (slot.buffer, self.s.collective) {
-            (Buffer::Scratch, _) => (c + i) as usize,
-            (Buffer::Input, Collective::AllGather) => (rank * self.k + i) as usize,
-            (Buffer::Output, Collective::ReduceScatter) => (rank * self.k + i) as usize,
+            (BufferKind::Scratch, _) => (c + i) as usize,
+            (BufferKind::Input, Collective::AllGather) => (rank * self.k + i) as usize,
+            (BufferKind::Output, Collective::ReduceScatter) => (rank * self.k + i) as usize,
             _ => i as usize,
         }
     }
@@ -129,7 +129,7 @@ impl<'s> Machine<'s> {
 
     fn write(&mut self, rank: Rank, g: usize, at: &str, slot: Slot, values: Vec<Value>) -> Result<()> {
         if let Collective::Reduce { root } = self.s.collective {
-            if slot.buffer == Buffer::Output && rank != root {
+            if slot.buffer == BufferKind::Output && rank != root {
                 return Err(self.fail(format!("{at} writes the output buffer, which reduce only has at the root")));
             }
         }

@@ -10,9 +10,9 @@
 use std::fmt::Debug;
 
 use half::{bf16, f16};
-use topoccl::{Communicator, DataType, ReduceOp};
+use topoccl::{Communicator, Element, ReduceOp};
 
-pub trait Elem: DataType + PartialEq + Debug {
+pub trait Elem: Element + PartialEq + Debug {
     fn of(v: i64) -> Self;
     fn mean(sum: i64, n: i64) -> Self;
 }

@@ -3,15 +3,15 @@
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 
-use topoccl::{Buffer, Collective as Kind, CollectiveCall, Dtype, ReduceOp, Reduction};
+use topoccl::{Buffer, Collective, CollectiveCall, Dtype, ReduceOp, Reduction};
 
 use topoccl::cuda::StreamRef;
 
 use super::{dtype_of, export, guard, rank_of, root_arg};
 use crate::abi::*;
-use crate::call::{self, Collective, Transfer};
+use crate::call::{self, CollectiveArgs, TransferArgs};
 use crate::error::{invalid, Result};
-use crate::group::{self, Work};
+use crate::group::{self, Deferred};
 use crate::handle::{self, Handle};
 use crate::log::{self, Subsys};
 use crate::raw;
@@ -33,7 +33,7 @@ fn op_of(h: &Handle, op: ncclRedOp_t, dtype: Dtype) -> Result<Reduction> {
 #[allow(clippy::too_many_arguments)]
 fn collective(
     name: &str,
-    kind: Kind,
+    kind: Collective,
     send: *const c_void,
     recv: *mut c_void,
     count: usize,
@@ -58,10 +58,14 @@ fn collective(
                 "{name}: opCount {seq:x} sendbuff {send:p} recvbuff {recv:p} count {count} datatype {datatype} op {op} root {root} comm {comm:p} [nranks={n}] stream {stream:p}"
             ),
         );
-        let call =
-            Collective { call, send: Buffer::at(send), recv: Buffer::at(recv), stream: StreamRef::from_raw(stream) };
+        let call = CollectiveArgs {
+            call,
+            send: Buffer::at(send),
+            recv: Buffer::at(recv),
+            stream: StreamRef::from_raw(stream),
+        };
         if group::active() {
-            group::push(Work::Collective { handle: h, call });
+            group::push(Deferred::Collective { handle: h, call });
         } else {
             call::run_collective(&h, &call)?;
         }
@@ -91,15 +95,15 @@ fn transfer(
             format_args!("{name}: buff {buf:p} count {count} datatype {datatype} peer {peer} comm {comm:p}"),
         );
         let stream = StreamRef::from_raw(stream);
-        submit_transfers(&h, vec![Transfer { send, buf: Buffer::at(buf), dtype, count, peer, stream }])?;
+        submit_transfers(&h, vec![TransferArgs { send, buf: Buffer::at(buf), dtype, count, peer, stream }])?;
         Ok(NCCL_SUCCESS)
     })
 }
 
 /// Transfers join the open group, or run now.
-fn submit_transfers(h: &Arc<Handle>, list: Vec<Transfer>) -> Result<()> {
+fn submit_transfers(h: &Arc<Handle>, list: Vec<TransferArgs>) -> Result<()> {
     if group::active() {
-        list.into_iter().for_each(|transfer| group::push(Work::Transfer { handle: h.clone(), transfer }));
+        list.into_iter().for_each(|transfer| group::push(Deferred::Transfer { handle: h.clone(), transfer }));
     } else if !list.is_empty() {
         call::run_transfers(h, &list)?;
     }
@@ -140,7 +144,7 @@ fn rooted_transfers(
         let (spread, single) = if gather { (recv as usize, send as usize) } else { (send as usize, recv as usize) };
         let block_of = |r: u32| Buffer::at((spread + r as usize * block) as *const c_void);
         let mut list = Vec::new();
-        let t = |send: bool, buf: Buffer, peer: u32| Transfer { send, buf, dtype, count, peer, stream };
+        let t = |send: bool, buf: Buffer, peer: u32| TransferArgs { send, buf, dtype, count, peer, stream };
         if count > 0 {
             if rank == root {
                 for r in 0..n {
@@ -199,7 +203,7 @@ fn all_to_all(
     comm: ncclComm_t,
     st: cudaStream_t,
 ) -> ncclResult_t {
-    collective("ncclAlltoAll", Kind::AllToAll, s, r, n, t, 0, 0, comm, st)
+    collective("ncclAlltoAll", Collective::AllToAll, s, r, n, t, 0, 0, comm, st)
 }
 
 fn all_reduce(
@@ -211,7 +215,7 @@ fn all_reduce(
     comm: ncclComm_t,
     st: cudaStream_t,
 ) -> ncclResult_t {
-    collective("ncclAllReduce", Kind::AllReduce, s, r, n, t, op, 0, comm, st)
+    collective("ncclAllReduce", Collective::AllReduce, s, r, n, t, op, 0, comm, st)
 }
 
 fn reduce_scatter(
@@ -223,7 +227,7 @@ fn reduce_scatter(
     comm: ncclComm_t,
     st: cudaStream_t,
 ) -> ncclResult_t {
-    collective("ncclReduceScatter", Kind::ReduceScatter, s, r, n, t, op, 0, comm, st)
+    collective("ncclReduceScatter", Collective::ReduceScatter, s, r, n, t, op, 0, comm, st)
 }
 
 fn all_gather(
@@ -234,7 +238,7 @@ fn all_gather(
     comm: ncclComm_t,
     st: cudaStream_t,
 ) -> ncclResult_t {
-    collective("ncclAllGather", Kind::AllGather, s, r, n, t, 0, 0, comm, st)
+    collective("ncclAllGather", Collective::AllGather, s, r, n, t, 0, 0, comm, st)
 }
 
 fn broadcast(
@@ -246,11 +250,11 @@ fn broadcast(
     comm: ncclComm_t,
     st: cudaStream_t,
 ) -> ncclResult_t {
-    collective("ncclBroadcast", Kind::Broadcast { root: 0 }, s, r, n, t, 0, root, comm, st)
+    collective("ncclBroadcast", Collective::Broadcast { root: 0 }, s, r, n, t, 0, root, comm, st)
 }
 
 fn bcast(b: *mut c_void, n: usize, t: ncclDataType_t, root: c_int, comm: ncclComm_t, st: cudaStream_t) -> ncclResult_t {
-    collective("ncclBcast", Kind::Broadcast { root: 0 }, b, b, n, t, 0, root, comm, st)
+    collective("ncclBcast", Collective::Broadcast { root: 0 }, b, b, n, t, 0, root, comm, st)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -264,7 +268,7 @@ fn reduce(
     comm: ncclComm_t,
     st: cudaStream_t,
 ) -> ncclResult_t {
-    collective("ncclReduce", Kind::Reduce { root: 0 }, s, r, n, t, op, root, comm, st)
+    collective("ncclReduce", Collective::Reduce { root: 0 }, s, r, n, t, op, root, comm, st)
 }
 
 fn send(

@@ -8,7 +8,7 @@ use topoccl::{Communicator, UniqueId};
 use super::{export, guard};
 use crate::abi::*;
 use crate::error::{invalid, Error, Result};
-use crate::group::{self, Work};
+use crate::group::{self, Deferred};
 use crate::handle::{self, Handle};
 use crate::log::{self, Subsys};
 use crate::raw;
@@ -71,7 +71,7 @@ pub(super) fn init_rank_config(
         unsafe { raw::put(comm, ptr, "comm") }?;
         log::info(Subsys::Init, Some(rank), format_args!("comm {ptr:p} rank {rank} nranks {nranks} - Init START"));
         if group::active() {
-            group::push(Work::Init { handle: h, id, rank, nranks, config: Box::new(core) });
+            group::push(Deferred::Init { handle: h, id, rank, nranks, config: Box::new(core) });
             return Ok(NCCL_SUCCESS);
         }
         if !requested.blocking {
@@ -189,7 +189,7 @@ fn split(
             unsafe { raw::put(newcomm, h.clone().publish(), "newcomm") }?;
         }
         if group::active() {
-            group::push(Work::Split { parent, child, color, key });
+            group::push(Deferred::Split { parent, child, color, key });
             return Ok(NCCL_SUCCESS);
         }
         let result = group::split(&parent, child.clone(), color, key);

@@ -32,7 +32,7 @@ use topoccl_transports::{wait, Connection, MemSpace, Meta, Region, WaitFd};
 
 use super::inflight::InFlight;
 use super::memory::Memory;
-use super::program::{Action, Program, XStep};
+use super::program::{Action, Program, ProgramStep};
 use crate::diag::Board;
 use crate::error::{Error, Result};
 use crate::ops::{Fence, LocalOps, Workspace};
@@ -78,7 +78,7 @@ impl RunConfig<'_> {
 }
 
 /// How far a channel is: slices `< slice` of `step` are done, and slices `< trail` of the step
-/// after it, where that step trails `step` slice by slice (`XChannel::trails`).
+/// after it, where that step trails `step` slice by slice (`ProgramChannel::trails`).
 #[derive(Debug, Clone, Copy, Default)]
 struct ChannelState {
     step: usize,
@@ -99,7 +99,7 @@ impl ChannelState {
 
 struct Run<'r> {
     prog: &'r Program,
-    /// Call headers the steps' messages carry (`XStep::meta` indexes them).
+    /// Call headers the steps' messages carry (`ProgramStep::meta` indexes them).
     metas: &'r [Meta],
     mem: &'r Memory,
     links: &'r mut Links,
@@ -383,7 +383,7 @@ impl Run<'_> {
     /// Does bytes `[off, off + n)` of step `st`; false when it must wait. A receive that only
     /// copies, whose message has not come yet, offers its destination to the sender first
     /// (once: `offered` records it), so a one-sided connection can put the payload there.
-    fn slice(&mut self, st: &XStep, tag: u32, off: usize, n: usize, offered: &mut bool) -> Result<bool> {
+    fn slice(&mut self, st: &ProgramStep, tag: u32, off: usize, n: usize, offered: &mut bool) -> Result<bool> {
         let (dtype, op) = (self.cfg.dtype, self.cfg.op);
         if st.action.sends() {
             let l = link(self.links, st.to)?;
@@ -544,7 +544,7 @@ impl Run<'_> {
     /// itself: memory it reaches, or memory it reads for this one send (RDMA verbs, from
     /// device memory straight into the peer's offer for this very message, which is the tag's
     /// next after those waiting here).
-    fn sends_itself(&mut self, st: &XStep, off: usize, n: usize, tmp: Region, tag: u32) -> Result<bool> {
+    fn sends_itself(&mut self, st: &ProgramStep, off: usize, n: usize, tmp: Region, tag: u32) -> Result<bool> {
         let data = match st.action {
             Action::RecvReduceSend => tmp,
             Action::Send => self.mem.span(st.src.slice(off, n), false)?,
@@ -559,7 +559,7 @@ impl Run<'_> {
 /// The regions of bytes `[off, off + n)` of the spans `st` uses (the others are placeholders,
 /// left empty).
 #[inline]
-fn spans(mem: &Memory, st: &XStep, off: usize, n: usize) -> Result<(Region, Region)> {
+fn spans(mem: &Memory, st: &ProgramStep, off: usize, n: usize) -> Result<(Region, Region)> {
     let src = if st.action.reads_src() { mem.span(st.src.slice(off, n), false)? } else { Region::EMPTY };
     let dst = if st.action.writes_dst() { mem.span(st.dst.slice(off, n), true)? } else { Region::EMPTY };
     Ok((src, dst))

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::exec::memory::{Span, INPUT, OUTPUT};
-use crate::exec::program::XChannel;
+use crate::exec::program::ProgramChannel;
 use crate::ops::CpuOps;
 use topoccl_transports::{Result as TransportResult, Ticket};
 
@@ -74,9 +74,9 @@ fn channels_sharing_a_connection_take_turns() {
     // the others sent any (what starved one Blink tree's lanes behind another's).
     let slice = 8;
     let data = [0u8; 32];
-    let channel = |tag| XChannel {
+    let channel = |tag| ProgramChannel {
         tag,
-        steps: vec![XStep {
+        steps: vec![ProgramStep {
             action: Action::Send,
             from: 0,
             to: 1,
@@ -86,7 +86,7 @@ fn channels_sharing_a_connection_take_turns() {
             meta: 0,
         }],
         trails: vec![false],
-        ..XChannel::default()
+        ..ProgramChannel::default()
     };
     let prog = Program { channels: (0..3).map(channel).collect(), peers: vec![1] };
     let mut mem = Memory::new();
@@ -160,15 +160,15 @@ fn a_step_does_not_overwrite_bytes_a_queued_send_still_reads() {
     let input = [7u8; 8];
     let mut output = [1u8; 8];
     let out = Region::of_mut(&mut output);
-    let step = |action, src, dst| XStep { action, from: 0, to: 1, src, dst, len: 8, meta: 0 };
-    let ch = XChannel {
+    let step = |action, src, dst| ProgramStep { action, from: 0, to: 1, src, dst, len: 8, meta: 0 };
+    let ch = ProgramChannel {
         tag: 0,
         steps: vec![
             step(Action::Send, Span::new(OUTPUT, 0, 8), Span::new(INPUT, 0, 0)),
             step(Action::Copy, Span::new(INPUT, 0, 8), Span::new(OUTPUT, 0, 8)),
         ],
         trails: vec![false, false],
-        ..XChannel::default()
+        ..ProgramChannel::default()
     };
     let prog = Program { channels: vec![ch], peers: vec![1] };
     let mut mem = Memory::new();

@@ -198,19 +198,19 @@ impl fmt::Display for Collective {
 
 /// One of a rank's three buffers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Buffer {
+pub enum BufferKind {
     Input,
     Output,
     Scratch,
 }
 
-impl Buffer {
+impl BufferKind {
     /// MSCCL's one-letter name (`i`, `o`, `s`).
     pub fn letter(self) -> char {
         match self {
-            Buffer::Input => 'i',
-            Buffer::Output => 'o',
-            Buffer::Scratch => 's',
+            BufferKind::Input => 'i',
+            BufferKind::Output => 'o',
+            BufferKind::Scratch => 's',
         }
     }
 }
@@ -220,19 +220,19 @@ impl Buffer {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(into = "String", try_from = "String")]
 pub struct Slot {
-    pub buffer: Buffer,
+    pub buffer: BufferKind,
     pub index: u32,
 }
 
 impl Slot {
     pub fn input(index: u32) -> Slot {
-        Slot { buffer: Buffer::Input, index }
+        Slot { buffer: BufferKind::Input, index }
     }
     pub fn output(index: u32) -> Slot {
-        Slot { buffer: Buffer::Output, index }
+        Slot { buffer: BufferKind::Output, index }
     }
     pub fn scratch(index: u32) -> Slot {
-        Slot { buffer: Buffer::Scratch, index }
+        Slot { buffer: BufferKind::Scratch, index }
     }
     /// The slot `k` chunks further in the same buffer.
     pub fn offset(self, k: u32) -> Slot {
@@ -257,9 +257,9 @@ impl FromStr for Slot {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Slot, String> {
         let buffer = match s.chars().next() {
-            Some('i') => Buffer::Input,
-            Some('o') => Buffer::Output,
-            Some('s') => Buffer::Scratch,
+            Some('i') => BufferKind::Input,
+            Some('o') => BufferKind::Output,
+            Some('s') => BufferKind::Scratch,
             _ => return Err(format!("slot `{s}` must start with i, o or s")),
         };
         let index = s[1..].parse().map_err(|_| format!("slot `{s}` has no chunk index"))?;
@@ -468,11 +468,11 @@ impl Schedule {
     }
 
     /// Size of one buffer in chunks.
-    pub fn buffer_chunks(&self, buffer: Buffer) -> u32 {
+    pub fn buffer_chunks(&self, buffer: BufferKind) -> u32 {
         match buffer {
-            Buffer::Input => self.input_chunks(),
-            Buffer::Output => self.output_chunks(),
-            Buffer::Scratch => self.scratch_chunks,
+            BufferKind::Input => self.input_chunks(),
+            BufferKind::Output => self.output_chunks(),
+            BufferKind::Scratch => self.scratch_chunks,
         }
     }
 
