@@ -9,7 +9,8 @@
 //! - **Checkpoints** are counted in collective calls, which every rank makes alike: once some
 //!   size ran a quick choice, after [`FIRST_INTERVAL`] calls, then at doubling intervals up to
 //!   [`LONGEST_INTERVAL`], from the start again whenever another size runs a quick choice.
-//! - At a checkpoint the submitting side queues an **agreement** ahead of the call: a one-byte-per-size
+//! - At a checkpoint the submitting side queues an **agreement** ahead of the call (with it: the
+//!   runner of the call runs the agreement first, [`super::work::Task::agreement`]): a one-byte-per-size
 //!   all-reduce (minimum), over every size ever planned on a quick choice, of whether this rank
 //!   has the size's decision. The bytes are filled when the executor reaches it, and its result
 //!   switches the sizes every rank has ([`Refinements::switch`]) right there in the queue: every
@@ -69,12 +70,12 @@ impl Default for Checkpoints {
 }
 
 impl Communicator {
-    /// Counts one collective call about to be planned, under the `CallState` lock, and queues an
-    /// agreement ahead of it at a checkpoint (see the module documentation).
-    pub(super) fn checkpoint(&self, calls: &mut CallState) -> Result<()> {
+    /// Counts one collective call about to be planned, under the `CallState` lock; at a
+    /// checkpoint, the agreement to run ahead of it (see the module documentation).
+    pub(super) fn checkpoint(&self, calls: &mut CallState) -> Result<Option<Box<Task>>> {
         let sizes = calls.planner.quick.len();
         if sizes == 0 {
-            return Ok(());
+            return Ok(None);
         }
         let c = &mut calls.checkpoints;
         if c.sizes != sizes {
@@ -82,16 +83,14 @@ impl Communicator {
         }
         c.since += 1;
         if c.since < c.interval {
-            return Ok(());
+            return Ok(None);
         }
         c.since = 0;
         c.interval = (c.interval * 2).min(LONGEST_INTERVAL);
         let refinements = calls.planner.tuner.refinements();
         let keys = calls.planner.quick.clone();
-        let job = self.agreement(calls, keys, refinements)?;
         // Its buffer travels in the job; its result is read by the executor.
-        drop(self.runner.submit(job));
-        Ok(())
+        Ok(Some(Box::new(self.agreement(calls, keys, refinements)?)))
     }
 
     /// The all-reduce (minimum) of one byte per size of `keys`, in place in its own buffer.
@@ -109,6 +108,7 @@ impl Communicator {
         Ok(Task {
             job: Job::Collective(CollectiveJob { checked, plan, header, sync: None }),
             refine: Some(Box::new(Refine::Agreement { keys, refinements, flags })),
+            agreement: None,
         })
     }
 }

@@ -86,7 +86,16 @@ impl Communicator {
         let binding = Communicator::binding_for(&mut calls, stream)?;
         stream.not_capturing()?;
         let Some(mut task) = self.prepare(&mut calls, call, send, recv)? else { return Ok(Work::done(&self.runner)) };
-        let sync = binding.attach(stream)?;
+        let sync = match binding.attach(stream) {
+            Ok(s) => s,
+            Err(e) => {
+                // The agreement is every rank's, whatever became of this rank's call.
+                if let Some(a) = task.agreement.take() {
+                    drop(self.runner.submit(*a));
+                }
+                return Err(e);
+            }
+        };
         if let Job::Collective(c) = &mut task.job {
             c.sync = Some(sync);
         }

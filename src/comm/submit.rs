@@ -52,14 +52,15 @@ impl Communicator {
             return Ok(None);
         }
         // Planning depends only on what every rank shares, so it fails alike everywhere and
-        // leaves the ranks in step; so does a checkpoint (`super::agree`), which may queue an
+        // leaves the ranks in step; so does a checkpoint (`super::agree`), which may put an
         // agreement ahead of this call.
-        self.checkpoint(calls)?;
+        let agreement = self.checkpoint(calls)?;
         let (plan, quick) = calls.planner.plan(call.collective, call.dtype.size(), call.count)?;
         let header = call_header(call, calls.seq, plan.hash);
         calls.seq = calls.seq.wrapping_add(1);
         let refine = quick.map(|key| Box::new(Refine::Quick { key, refinements: calls.planner.tuner.refinements() }));
-        Ok(Some(Task { job: Job::Collective(CollectiveJob { checked, plan, header, sync: None }), refine }))
+        let job = Job::Collective(CollectiveJob { checked, plan, header, sync: None });
+        Ok(Some(Task { job, refine, agreement }))
     }
 
     /// Checks `call` from `send` to `recv` as it would run, queuing nothing: a group checks every

@@ -40,11 +40,14 @@ use crate::exec::Executor;
 pub(crate) struct Task {
     pub job: Job,
     pub refine: Option<Box<Refine>>,
+    /// An agreement that runs just before this job, by whoever runs it: queued with the call
+    /// it precedes, it costs no hand-over of its own to the progress thread.
+    pub agreement: Option<Box<Task>>,
 }
 
 impl From<Job> for Task {
     fn from(job: Job) -> Task {
-        Task { job, refine: None }
+        Task { job, refine: None, agreement: None }
     }
 }
 
@@ -280,8 +283,18 @@ impl Runner {
         (self.attention.load(Ordering::SeqCst) == 0).then_some(turn)
     }
 
-    /// Runs `task` on the executor `turn` holds.
+    /// Runs `task` on the executor `turn` holds, after the agreement it carries. An agreement
+    /// that fails has no caller: the failure breaks the communicator and is kept for the next
+    /// call ([`Queue::unseen`]), which is this task.
     fn run_job(&self, turn: &mut Turn<'_>, task: &mut Task) -> Result<()> {
+        if let Some(mut agreement) = task.agreement.take() {
+            let _ = self.run_one(turn, &mut agreement);
+        }
+        self.run_one(turn, task)
+    }
+
+    /// Runs one task's job on the executor `turn` holds.
+    fn run_one(&self, turn: &mut Turn<'_>, task: &mut Task) -> Result<()> {
         let exec: &mut Executor = turn;
         if let Some(e) = self.unusable() {
             task.job.release();
