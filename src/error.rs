@@ -77,36 +77,6 @@ impl Error {
     pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Error {
         Error::Io { context: context.into(), source }
     }
-
-    /// The same error (one failure reported to several waiters); an I/O source keeps its kind
-    /// and message.
-    pub fn duplicate(&self) -> Error {
-        match self {
-            Error::Synth(e) => Error::Synth(e.clone()),
-            Error::InvalidArgument(m) => Error::InvalidArgument(m.clone()),
-            Error::Io { context, source } => {
-                Error::Io { context: context.clone(), source: std::io::Error::new(source.kind(), source.to_string()) }
-            }
-            Error::Bootstrap(m) => Error::Bootstrap(m.clone()),
-            Error::Transport { peer, source } => Error::Transport { peer: *peer, source: source.clone() },
-            Error::PeerFailed { peer, reason } => Error::PeerFailed { peer: *peer, reason: reason.clone() },
-            Error::Timeout { rank, secs, call, waiting } => {
-                Error::Timeout { rank: *rank, secs: *secs, call: call.clone(), waiting: waiting.clone() }
-            }
-            Error::Mismatch { rank, peer, theirs, ours } => {
-                Error::Mismatch { rank: *rank, peer: *peer, theirs: theirs.clone(), ours: ours.clone() }
-            }
-            Error::Fault { rank, cause, seen } => {
-                Error::Fault { rank: *rank, cause: cause.clone(), seen: Box::new(seen.duplicate()) }
-            }
-            Error::Aborted => Error::Aborted,
-            Error::Broken(m) => Error::Broken(m.clone()),
-            Error::Cuda(m) => Error::Cuda(m.clone()),
-            Error::NoNvml(m) => Error::NoNvml(m.clone()),
-            Error::Nvml(m) => Error::Nvml(m.clone()),
-            Error::Internal(m) => Error::Internal(m.clone()),
-        }
-    }
 }
 
 impl Error {
@@ -128,7 +98,33 @@ impl Error {
 }
 
 impl Clone for Error {
+    /// The same error (one failure reported to several waiters); an I/O source keeps its kind
+    /// and message.
     fn clone(&self) -> Error {
-        self.duplicate()
+        match self {
+            Error::Synth(e) => Error::Synth(e.clone()),
+            Error::InvalidArgument(m) => Error::InvalidArgument(m.clone()),
+            Error::Io { context, source } => {
+                Error::Io { context: context.clone(), source: std::io::Error::new(source.kind(), source.to_string()) }
+            }
+            Error::Bootstrap(m) => Error::Bootstrap(m.clone()),
+            Error::Transport { peer, source } => Error::Transport { peer: *peer, source: source.clone() },
+            Error::PeerFailed { peer, reason } => Error::PeerFailed { peer: *peer, reason: reason.clone() },
+            Error::Timeout { rank, secs, call, waiting } => {
+                Error::Timeout { rank: *rank, secs: *secs, call: call.clone(), waiting: waiting.clone() }
+            }
+            Error::Mismatch { rank, peer, theirs, ours } => {
+                Error::Mismatch { rank: *rank, peer: *peer, theirs: theirs.clone(), ours: ours.clone() }
+            }
+            Error::Fault { rank, cause, seen } => {
+                Error::Fault { rank: *rank, cause: cause.clone(), seen: seen.clone() }
+            }
+            Error::Aborted => Error::Aborted,
+            Error::Broken(m) => Error::Broken(m.clone()),
+            Error::Cuda(m) => Error::Cuda(m.clone()),
+            Error::NoNvml(m) => Error::NoNvml(m.clone()),
+            Error::Nvml(m) => Error::Nvml(m.clone()),
+            Error::Internal(m) => Error::Internal(m.clone()),
+        }
     }
 }

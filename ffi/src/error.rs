@@ -58,9 +58,11 @@ impl Error {
             _ => Error::InvalidUsage(message),
         }
     }
+}
 
+impl Clone for Error {
     /// The same code and message.
-    pub fn duplicate(&self) -> Error {
+    fn clone(&self) -> Error {
         Error::with_code(self.code(), self.to_string())
     }
 }

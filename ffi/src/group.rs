@@ -211,7 +211,7 @@ fn run_starts(work: Vec<Deferred>) -> Result<()> {
                         Ok(())
                     }
                     Err(e) => {
-                        handle.finish_start(Err(e.duplicate()));
+                        handle.finish_start(Err(e.clone()));
                         Err(e)
                     }
                 }
@@ -261,7 +261,7 @@ pub fn split(parent: &Handle, child: Option<Arc<Handle>>, color: Option<u32>, ke
         (Ok(_), None) => Ok(()),
         (Ok(None), Some(h)) => {
             let e = usage("the split gave this rank no communicator");
-            h.finish_start(Err(e.duplicate()));
+            h.finish_start(Err(e.clone()));
             Err(e)
         }
         (Err(e), child) => {

@@ -76,7 +76,7 @@ impl WorkState {
         }
         Some(match &*lock(&self.result) {
             Some(Ok(())) | None => Ok(()),
-            Some(Err(e)) => Err(e.duplicate()),
+            Some(Err(e)) => Err(e.clone()),
         })
     }
 }
@@ -340,9 +340,9 @@ impl Runner {
         exec.close_links();
         let mut q = lock(&self.queue);
         if q.broken.is_none() {
-            q.broken = Some(e.duplicate());
+            q.broken = Some(e.clone());
             if super::agree::unwaited(task) {
-                q.unseen = Some(e.duplicate());
+                q.unseen = Some(e.clone());
             }
         }
         drop(q);
@@ -443,7 +443,7 @@ impl Runner {
         if !self.is_broken.load(Ordering::Acquire) {
             return None;
         }
-        lock(&self.queue).broken.as_ref().map(Error::duplicate)
+        lock(&self.queue).broken.clone()
     }
 
     /// Fails every queued job with `why` (an abort), without running it.

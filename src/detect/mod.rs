@@ -76,7 +76,7 @@ pub fn detect() -> Result<Detected> {
 /// every communicator of the process asks).
 pub fn detected() -> Result<&'static Detected> {
     static DETECTED: OnceLock<Result<Detected>> = OnceLock::new();
-    DETECTED.get_or_init(detect).as_ref().map_err(Error::duplicate)
+    DETECTED.get_or_init(detect).as_ref().map_err(Error::clone)
 }
 
 /// The rank subset a detection setting names: `None` for `detect`, the ranks for

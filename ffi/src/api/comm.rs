@@ -94,7 +94,7 @@ pub(super) fn init_rank_config(
             }
             Err(e) => {
                 let e = Error::from(e);
-                h.finish_start(Err(e.duplicate()));
+                h.finish_start(Err(e.clone()));
                 let _ = handle::release(ptr);
                 // SAFETY: `comm` is this entry point's out-parameter: NULL or writable (the API's contract).
                 unsafe { raw::put(comm, std::ptr::null_mut(), "comm") }?;
