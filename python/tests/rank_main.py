@@ -441,6 +441,14 @@ def check_async(c: Checker) -> None:
             dist.all_gather_into_tensor(o, i)
     for i, o in enumerate(outs):
         c.eq(o, torch.cat([torch.full((2,), float(r * 10 + i)) for r in range(WORLD)]), f"coalesced all_gather_into_tensor {i}")
+    # all_gather_coalesced: output_tensor_lists[r][i] is rank r's input i (torch's documented
+    # layout); inputs of two sizes, so a transposed reading fails or mixes them up.
+    ins = [torch.full((2,), float(RANK * 10 + 1)), torch.full((3,), float(RANK * 10 + 2))]
+    outs = [[torch.zeros(2), torch.zeros(3)] for _ in range(WORLD)]
+    dist.all_gather_coalesced(outs, ins)
+    for r in range(WORLD):
+        for i, n in enumerate((2, 3)):
+            c.eq(outs[r][i], torch.full((n,), float(r * 10 + i + 1)), f"all_gather_coalesced rank {r} input {i}")
     # Functional collectives (C++ callers, as torch.compile'd code and FSDP2/TP use them).
     import torch.distributed._functional_collectives as funcol
 

@@ -470,13 +470,22 @@ class ProcessGroupTopoccl(dist.ProcessGroup):
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     def allgather_coalesced(self, output_lists, input_tensors, opts=None):
+        # torch's layout (and Gloo's): output_lists[r][i] receives rank r's input i.
         opts = opts or _AllgatherOptions()
+        inputs = [_check_tensor(t, "input tensor") for t in input_tensors]
+        if len(output_lists) != self._size or any(len(outs) != len(inputs) for outs in output_lists):
+            raise ValueError(
+                f"topoccl: allgather_coalesced needs {self._size} output lists (one per rank), each of "
+                f"{len(inputs)} tensors (one per input)"
+            )
         ops = []
-        for outs, inp in zip(output_lists, input_tensors):
-            inp = _check_tensor(inp, "input tensor")
-            outs = [_check_tensor(o, "output tensor") for o in outs]
-            if len(outs) != self._size or any(o.numel() != inp.numel() for o in outs):
-                raise ValueError("topoccl: allgather_coalesced needs world_size outputs the size of each input")
+        for i, inp in enumerate(inputs):
+            outs = [_check_tensor(output_lists[r][i], "output tensor") for r in range(self._size)]
+            if any(o.numel() != inp.numel() or o.dtype != inp.dtype for o in outs):
+                raise ValueError(
+                    f"topoccl: allgather_coalesced: every rank's output {i} must be {inp.numel()} elements of "
+                    f"{inp.dtype}, as input {i} is"
+                )
             ops.append(self._allgather_list_op(inp, outs))
         return self._submit(_seq("allgather_coalesced", ops), list(output_lists), _sync(opts))
 
