@@ -127,22 +127,8 @@ pub(crate) fn find(me: u32, nranks: u32, mine: &Status, mut ask: impl FnMut(u32)
 /// when none has a majority). Ranks that have not reached that call are behind, not out of
 /// step; ranks that do not answer are named too.
 pub(crate) fn odd_one_out(me: u32, what: &str, seq: Option<u32>, all: &[Answer]) -> Verdict {
-    let call_no = |a: &Answer| -> Option<String> {
-        let Answer::Status(s) = a else { return None };
-        s.call.iter().chain(s.recent.iter()).find(|c| c.seq.is_some() && c.seq == seq).map(|c| c.text.clone())
-    };
-    let mut counts: Vec<(String, usize)> = Vec::new();
-    for c in all.iter().filter_map(call_no) {
-        match counts.iter_mut().find(|(k, _)| *k == c) {
-            Some((_, n)) => *n += 1,
-            None => counts.push((c, 1)),
-        }
-    }
-    counts.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
-    let majority = match counts.as_slice() {
-        [(c, n), rest @ ..] if rest.first().map_or(true, |(_, m)| m < n) => Some(c.clone()),
-        _ => None,
-    };
+    let call_no = |a: &Answer| call_numbered(seq, a);
+    let majority = majority_call(seq, all);
     let mut culprits = Vec::new();
     let mut parts = Vec::new();
     for (r, a) in all.iter().enumerate() {
@@ -166,6 +152,37 @@ pub(crate) fn odd_one_out(me: u32, what: &str, seq: Option<u32>, all: &[Answer])
         text: format!("ranks called different things: {}{most} ({what})", parts.join(", ")),
         found_by: me,
     }
+}
+
+/// The description of the call numbered `seq` that a rank's answer shows, if it made one.
+fn call_numbered(seq: Option<u32>, a: &Answer) -> Option<String> {
+    let Answer::Status(s) = a else { return None };
+    s.call.iter().chain(s.recent.iter()).find(|c| c.seq.is_some() && c.seq == seq).map(|c| c.text.clone())
+}
+
+/// The call numbered `seq` that more ranks made than any other, if one did.
+fn majority_call(seq: Option<u32>, all: &[Answer]) -> Option<String> {
+    let mut counts: Vec<(String, usize)> = Vec::new();
+    for c in all.iter().filter_map(|a| call_numbered(seq, a)) {
+        match counts.iter_mut().find(|(k, _)| *k == c) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((c, 1)),
+        }
+    }
+    counts.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+    match counts.as_slice() {
+        [(c, n), rest @ ..] if rest.first().map_or(true, |(_, m)| m < n) => Some(c.clone()),
+        _ => None,
+    }
+}
+
+/// Whether the vote on a mismatch at call `seq` waits on a rank that is only slower: no call
+/// has a majority yet, and some rank that answered has not made call `seq` and has not
+/// failed. It gets there within moments (the finder keeps its connections open meanwhile),
+/// and its call decides; asked too soon, two disagreeing ranks of three would both be named.
+pub(crate) fn waits_for_behind(seq: Option<u32>, all: &[Answer]) -> bool {
+    majority_call(seq, all).is_none()
+        && all.iter().any(|a| matches!(a, Answer::Status(s) if s.error.is_none()) && call_numbered(seq, a).is_none())
 }
 
 /// What the chain does at a rank another waits for.
@@ -403,6 +420,24 @@ mod tests {
         assert_eq!(odd_one_out(0, "mismatch", Some(7), &answers).culprits, vec![2]);
         // Two ranks, two calls: no majority, both named.
         assert_eq!(odd_one_out(0, "mismatch", Some(7), &[answers[0].clone(), answers[2].clone()]).culprits, vec![0, 1]);
+    }
+
+    #[test]
+    fn a_vote_without_majority_waits_for_a_rank_that_is_only_behind() {
+        // Ranks 0 and 2 disagree on call #7; rank 1, still in #6, has no vote yet.
+        let mut all: Vec<Status> = [7, 6, 7].iter().enumerate().map(|(r, &c)| waiting(r as u32, c, &[])).collect();
+        all[2].call = Some(CallInfo { seq: Some(7), text: "call #7: reduce".into() });
+        let answers =
+            |all: &[Status]| -> Vec<Answer> { all.iter().cloned().map(|s| Answer::Status(Box::new(s))).collect() };
+        assert!(waits_for_behind(Some(7), &answers(&all)));
+        // It failed meanwhile: it will never vote.
+        all[1].error = Some("closed".into());
+        assert!(!waits_for_behind(Some(7), &answers(&all)));
+        // It reached #7 (the same call as rank 0): a majority, rank 2 is out of step.
+        all[1].error = None;
+        all[1].call = call(7);
+        assert!(!waits_for_behind(Some(7), &answers(&all)));
+        assert_eq!(odd_one_out(0, "mismatch", Some(7), &answers(&all)).culprits, vec![2]);
     }
 
     #[test]

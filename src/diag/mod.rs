@@ -338,14 +338,24 @@ pub(crate) fn explain(board: &Board, e: Error) -> Error {
                 // Which side of a mismatch is out of step: the ranks whose call differs from
                 // most ranks' (asking everyone, which only a mismatch needs).
                 let ranks: Vec<u32> = (0..board.id.watch.len() as u32).collect();
-                let all = protocol::for_each_rank(&ranks, |r| {
-                    if r == me {
-                        protocol::Answer::Status(Box::new(mine.clone()))
-                    } else {
-                        protocol::ask(&board.id, r)
-                    }
-                });
-                let found = cause::odd_one_out(me, &e.to_string(), mine.call.as_ref().and_then(|c| c.seq), &all);
+                let ask_all = || {
+                    protocol::for_each_rank(&ranks, |r| {
+                        if r == me {
+                            protocol::Answer::Status(Box::new(mine.clone()))
+                        } else {
+                            protocol::ask(&board.id, r)
+                        }
+                    })
+                };
+                let seq = mine.call.as_ref().and_then(|c| c.seq);
+                let mut all = ask_all();
+                // A rank that is only slower gets a vote if it gets there in a moment.
+                let settle = Instant::now() + board.id.answer_within / 2;
+                while cause::waits_for_behind(seq, &all) && Instant::now() < settle {
+                    std::thread::sleep(Duration::from_millis(10));
+                    all = ask_all();
+                }
+                let found = cause::odd_one_out(me, &e.to_string(), seq, &all);
                 match (&e, found.culprits.is_empty()) {
                     // Every rank made the same calls: the message itself was not what its
                     // sender's call sends (corrupted on the way, or a confused sender).
