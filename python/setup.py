@@ -1,10 +1,15 @@
 """Builds the ``topoccl`` Python package: ``pip install ./python`` from the repository root.
 
-The build runs ``cargo build --release -p topoccl-ffi`` in the repository (this directory's
-parent, or ``$TOPOCCL_REPO``) and puts the library it makes (``libnccl.so``, soname
-``libnccl.so.2``) into the package as ``topoccl/lib/libnccl.so.2``, which ``import topoccl``
-loads (``$TOPOCCL_NCCL_LIB`` overrides it at run time). No other native code is built: the
-package reaches the library through its C ABI with ctypes.
+Two native parts:
+
+* the library: ``cargo build --release -p topoccl-ffi`` in the repository (this directory's
+  parent, or ``$TOPOCCL_REPO``); its ``libnccl.so`` (soname ``libnccl.so.2``) goes into the
+  package as ``topoccl/lib/libnccl.so.2``, which the backend opens (``$TOPOCCL_NCCL_LIB``
+  overrides it at run time);
+* the backend, ``topoccl._C`` (C++ in ``topoccl/csrc``), compiled by ``build_ext.py`` with
+  torch's extension tooling against the torch of the environment being installed into. pip
+  builds in an isolated environment without torch, so ``build_ext.py`` runs in a child
+  interpreter with that isolation removed (the same interpreter, its own site-packages).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
@@ -57,15 +63,45 @@ def build_library() -> str:
     return built
 
 
+def build_backend(build_lib: str) -> None:
+    """Compiles ``topoccl._C`` into ``build_lib/topoccl`` (``build_ext.py``, in a child
+    interpreter that sees the installing environment's torch)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONNOUSERSITE")}
+    env.pop("PIP_BUILD_TRACKER", None)
+    probe = subprocess.run([sys.executable, "-c", "import torch"], env=env, capture_output=True, text=True)
+    if probe.returncode != 0:
+        raise RuntimeError(
+            "topoccl: the backend is compiled against the installed torch, but `import torch` fails in "
+            f"{sys.executable} ({probe.stderr.strip().splitlines()[-1] if probe.stderr.strip() else 'no torch'}): "
+            "install torch first"
+        )
+    # What build_py copied from an in-place build of the checkout (build_ext.py --inplace) is
+    # not necessarily compiled against this environment's torch: always compile.
+    import glob
+
+    for stale in glob.glob(os.path.join(build_lib, "topoccl", "_C*.so")) + [os.path.join(build_lib, "topoccl", "_build_info.py")]:
+        if os.path.abspath(stale).startswith(os.path.join(HERE, "topoccl")) and build_lib == HERE:
+            continue  # an editable install compiles in place: the file is the build's own
+        if os.path.exists(stale):
+            os.remove(stale)
+    temp = os.path.join(HERE, "build", "temp-backend")
+    cmd = [sys.executable, os.path.join(HERE, "build_ext.py"), build_lib, temp, os.path.join(REPO, "ffi", "include")]
+    print("topoccl: compiling the C++ backend (topoccl/csrc) against the installed torch", flush=True)
+    if subprocess.run(cmd, env=env, cwd=HERE).returncode != 0:
+        raise RuntimeError("topoccl: compiling the C++ backend failed (see above)")
+
+
 class BuildPyWithLibrary(build_py):
-    """build_py, plus the library in ``topoccl/lib/`` (in the build tree, and for editable
-    installs in the source tree)."""
+    """build_py, plus the library in ``topoccl/lib/`` and the compiled backend (in the build
+    tree, and for editable installs in the source tree)."""
 
     def run(self):
         super().run()
         lib = build_library()
         targets = [os.path.join(self.build_lib, "topoccl", "lib")]
-        if getattr(self, "editable_mode", False):
+        editable = getattr(self, "editable_mode", False)
+        build_backend(HERE if editable else self.build_lib)
+        if editable:
             targets = [os.path.join(HERE, "topoccl", "lib")]
         for d in targets:
             os.makedirs(d, exist_ok=True)
@@ -101,12 +137,12 @@ except ImportError:
 setup(
     name="topoccl",
     version="0.1.0",
-    description="torch.distributed backend 'topoccl' (CPU tensors) on topoccl's NCCL-compatible library",
+    description="torch.distributed backend 'topoccl' (CPU tensors): a C++ c10d::Backend on topoccl's library",
     long_description=open(os.path.join(HERE, "README.md")).read() if os.path.exists(os.path.join(HERE, "README.md")) else "",
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     packages=["topoccl"],
-    package_data={"topoccl": ["lib/*"]},
+    package_data={"topoccl": ["lib/*", "_C*.so", "_build_info.py"]},
     python_requires=">=3.9",
     install_requires=["torch>=2.1"],
     entry_points={"torch.distributed.backends": ["topoccl = topoccl:register"]},

@@ -41,7 +41,7 @@ pub enum Error {
     #[error("rank {peer} failed or exited: {reason}")]
     PeerFailed { peer: u32, reason: String },
     /// Nothing moved for the whole deadline.
-    #[error("rank {rank}: {call} made no progress for {secs:.1} s (TOPOCCL_TIMEOUT): {waiting}")]
+    #[error("rank {rank}: {call} timed out: no progress for {secs:.1} s (TOPOCCL_TIMEOUT): {waiting}")]
     Timeout { rank: u32, secs: f64, call: String, waiting: String },
     /// Ranks called different things.
     #[error("rank {rank} ran {ours}, but rank {peer} ran {theirs}")]

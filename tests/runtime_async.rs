@@ -204,3 +204,38 @@ fn dropping_a_communicator_while_another_thread_waits_on_its_work_does_not_hang(
     assert!(matches!(e, Some(Error::Aborted) | Some(Error::Broken(_))), "{e:?}");
     idle.join().unwrap();
 }
+
+/// A completion runs once per call with the call's result: at once if registered after the
+/// call ended, else on the thread that finished it, after it let go of the executor (so the
+/// completion may wait for the communicator: here it waits for a later call, which would
+/// hang if it ran while the executor was held).
+#[test]
+fn completions_run_once_with_the_result_and_may_wait_for_later_calls() {
+    use std::sync::mpsc;
+    let got = common::on_ranks(2, &common::config(TransportPolicy::Shm, 60.0), |comm| {
+        let n = 1 << 16;
+        let first = comm.submit_owned(&sum_call::<f32>(n), vec![1.0f32; n], vec![0.0; n]).unwrap();
+        let second = comm.submit_owned(&sum_call::<f32>(n), vec![2.0f32; n], vec![0.0; n]).unwrap();
+        let later = second.work().clone();
+        let first_work = first.work().clone();
+        let (tx, rx) = mpsc::channel();
+        let tx2 = tx.clone();
+        first.work().on_complete(move |r| {
+            // Waits for the second call from inside the first one's completion.
+            let waited = later.wait().is_ok();
+            tx.send(("first", r.is_ok(), waited)).unwrap();
+        });
+        let (_, sums) = second.wait().unwrap();
+        let (_, firsts) = first.wait().unwrap();
+        // Registered after the end: runs at once, here.
+        first_work.on_complete(move |r| tx2.send(("after", r.is_ok(), true)).unwrap());
+        let mut told: Vec<_> = rx.iter().take(2).collect();
+        told.sort();
+        assert!(rx.recv_timeout(Duration::from_millis(100)).is_err(), "a completion ran twice");
+        (told, firsts.iter().all(|&x| x == 2.0), sums.iter().all(|&x| x == 4.0))
+    });
+    for (r, (told, a, b)) in got.into_iter().enumerate() {
+        assert_eq!(told, vec![("after", true, true), ("first", true, true)], "rank {r}");
+        assert!(a && b, "rank {r}: wrong sums");
+    }
+}

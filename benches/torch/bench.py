@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
 """torch.distributed on CPU: gloo against topoccl in the same processes.
 
-One rank of the benchmark (``run.sh`` starts the ranks). The default group is gloo; a second
-group over the same ranks uses topoccl (``dist.new_group(backend="topoccl")``), so both are
-timed on the same data, one after the other, size by size.
+One rank of the benchmark (``run.sh`` starts the ranks). The default group is gloo; more groups
+over the same ranks use topoccl's C++ backend (``"topoccl"``) and the Python backend it replaced
+(``"topoccl_py"``, ``benches/torch/pybackend``), so all are timed on the same data, one after the
+other, size by size.
 
   * all_reduce (sum, float32, async_op=False) from 8 B to 64 MiB, x4 steps: mean time per call
     (the slowest rank's), each backend timed for about BENCH_SECONDS per size.
-  * ``direct``: the same all_reduce as a plain ctypes call of ncclAllReduce on the topoccl
-    group's communicator (no torch.distributed dispatch, no work object) - what the backend's
-    Python layer costs on top of the library.
+  * ``ctypes``: the same all_reduce as a plain ctypes call of ncclAllReduce on the C++ backend's
+    communicator (no torch.distributed dispatch, no work object): the library's own cost plus
+    ctypes' (``ncclGetVersion`` through ctypes, a call that does nothing, is printed beside it).
   * a DDP training step (MLP, SGD) with each backend, and the step without communication.
 
 Rank 0 prints markdown tables.
@@ -31,6 +32,7 @@ RANK = int(os.environ["RANK"])
 WORLD = int(os.environ["WORLD_SIZE"])
 
 import topoccl  # noqa: E402
+import topoccl_py  # noqa: E402,F401  (registers "topoccl_py")
 
 
 def sizes(lo: int = 8, hi: int = 64 << 20) -> list[int]:
@@ -71,28 +73,42 @@ def time_loop(fn, budget: float, group) -> float:
     return sync_max(dt, group)
 
 
-def bench_all_reduce(gloo, topo, budget: float, max_bytes: int) -> list[tuple]:
-    lib = topoccl.library
-    comm = topo.comm
+def library():
+    """The library the C++ backend opened (the same handle: same path, RTLD_LOCAL)."""
+    lib = ctypes.CDLL(topoccl.library_path, mode=os.RTLD_LOCAL)
+    lib.ncclAllReduce.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+    lib.ncclGetVersion.argtypes = [ctypes.POINTER(ctypes.c_int)]
+    return lib
+
+
+def bench_all_reduce(gloo, topo, topo_py, budget: float, max_bytes: int) -> list[tuple]:
+    lib = library()
+    comm = topoccl.backend_of(topo).comm
+    version = ctypes.c_int(0)
+    nothing = time_loop(lambda: lib.ncclGetVersion(ctypes.byref(version)), budget, gloo)
     rows = []
     for nbytes in sizes(8, max_bytes):
         n = max(1, nbytes // 4)
-        tg = torch.ones(n)
-        tt = torch.ones(n)
-        td = torch.ones(n)
+        tg, tt, tp, td = (torch.ones(n) for _ in range(4))
         g = time_loop(lambda: dist.all_reduce(tg, group=gloo), budget, gloo)
         t = time_loop(lambda: dist.all_reduce(tt, group=topo), budget, gloo)
+        p = time_loop(lambda: dist.all_reduce(tp, group=topo_py), budget, gloo)
         ptr = td.data_ptr()
 
         def direct():
             rc = lib.ncclAllReduce(ptr, ptr, n, 7, 0, comm, None)
             if rc:
-                lib.check("ncclAllReduce", rc)
+                raise RuntimeError(f"ncclAllReduce returned {rc}")
 
         d = time_loop(direct, budget, gloo)
-        rows.append((nbytes, g, t, d))
+        rows.append((nbytes, g, t, p, d, nothing))
         if RANK == 0:
-            print(f"  {human(nbytes):>8}: gloo {g * 1e6:10.1f} us  topoccl {t * 1e6:10.1f} us  direct {d * 1e6:10.1f} us", file=sys.stderr, flush=True)
+            print(
+                f"  {human(nbytes):>8}: gloo {g * 1e6:9.1f} us  topoccl {t * 1e6:9.1f} us  topoccl_py {p * 1e6:9.1f} us  "
+                f"ctypes {d * 1e6:9.1f} us",
+                file=sys.stderr,
+                flush=True,
+            )
     return rows
 
 
@@ -145,23 +161,30 @@ def main() -> None:
     dist.init_process_group("gloo", rank=RANK, world_size=WORLD)
     gloo = dist.group.WORLD
     topo = dist.new_group(list(range(WORLD)), backend="topoccl")
-    inline = os.environ.get("TOPOCCL_PY_INLINE", "1")
+    topo_py = dist.new_group(list(range(WORLD)), backend="topoccl_py")
     if RANK == 0:
-        print(f"\n### {WORLD} ranks (torch {torch.__version__}, {os.cpu_count()} CPUs, TOPOCCL_PY_INLINE={inline})\n", flush=True)
+        print(f"\n### {WORLD} ranks (torch {torch.__version__}, {os.cpu_count()} CPUs)\n", flush=True)
     if not args.skip_allreduce:
-        rows = bench_all_reduce(gloo, topo, args.budget, args.max_bytes)
+        rows = bench_all_reduce(gloo, topo, topo_py, args.budget, args.max_bytes)
         if RANK == 0:
-            print("all_reduce, float32 sum, async_op=False; mean per call, slowest rank\n")
-            print("| size | gloo µs | topoccl µs | gloo / topoccl | ncclAllReduce via ctypes µs |")
-            print("|---:|---:|---:|---:|---:|")
-            for nbytes, g, t, d in rows:
-                print(f"| {human(nbytes)} | {g * 1e6:.1f} | {t * 1e6:.1f} | {g / t:.2f} | {d * 1e6:.1f} |")
+            print(
+                "all_reduce, float32 sum, async_op=False; mean µs per call, slowest rank. topoccl: the C++ backend; "
+                "topoccl_py: the Python backend it replaced; ctypes: ncclAllReduce called through ctypes on the C++ "
+                f"backend's communicator (ctypes alone, ncclGetVersion: {rows[0][5] * 1e6:.1f} µs)\n"
+            )
+            print("| size | gloo | topoccl | topoccl_py | ctypes | gloo / topoccl | topoccl_py / topoccl |")
+            print("|---:|---:|---:|---:|---:|---:|---:|")
+            for nbytes, g, t, p, d, _ in rows:
+                print(
+                    f"| {human(nbytes)} | {g * 1e6:.1f} | {t * 1e6:.1f} | {p * 1e6:.1f} | {d * 1e6:.1f} | {g / t:.2f} | {p / t:.2f} |"
+                )
             print(flush=True)
     if not args.skip_ddp:
         params = sum(p.numel() for p in make_model(args.width, args.depth).parameters())
         local = bench_ddp(None, args.width, args.depth, args.batch, args.steps, gloo)
         g = bench_ddp(gloo, args.width, args.depth, args.batch, args.steps, gloo)
         t = bench_ddp(topo, args.width, args.depth, args.batch, args.steps, gloo)
+        p = bench_ddp(topo_py, args.width, args.depth, args.batch, args.steps, gloo)
         if RANK == 0:
             print(
                 f"DDP step (MLP {args.depth}x{args.width}, {params / 1e6:.2f} M params = {params * 4 / 2**20:.1f} MiB of "
@@ -172,6 +195,7 @@ def main() -> None:
             print(f"| no DDP (local only) | {local * 1e3:.1f} | |")
             print(f"| DDP gloo | {g * 1e3:.1f} | +{(g - local) * 1e3:.1f} ms |")
             print(f"| DDP topoccl | {t * 1e3:.1f} | +{(t - local) * 1e3:.1f} ms |")
+            print(f"| DDP topoccl_py | {p * 1e3:.1f} | +{(p - local) * 1e3:.1f} ms |")
             print(flush=True)
     dist.destroy_process_group()
 

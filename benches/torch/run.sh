@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# torch.distributed all_reduce and a DDP step: gloo against topoccl, 2 and 4 ranks on this
-# machine. Prints markdown tables (rank 0's stdout); progress goes to stderr.
+# torch.distributed all_reduce and a DDP step: gloo, topoccl's C++ backend and the Python
+# backend it replaced (benches/torch/pybackend), 2 and 4 ranks on this machine, in one run.
+# Prints markdown tables (rank 0's stdout); progress goes to stderr.
 #
 #   benches/torch/run.sh                 # 2 and 4 ranks
 #   RANKS="2" BENCH_SECONDS=0.5 benches/torch/run.sh --skip-ddp
@@ -8,8 +9,8 @@
 # The package is this checkout's python/topoccl; the library is $TOPOCCL_NCCL_LIB, else
 # target/release/libnccl.so (built with `cargo build --release -p topoccl-ffi` if missing).
 # Extra arguments go to bench.py (--max-bytes, --width, --depth, --batch, --steps,
-# --skip-ddp, --skip-allreduce). TOPOCCL_PY_INLINE=0 sends synchronous calls through the
-# worker thread too (see python/topoccl/_work.py).
+# --skip-ddp, --skip-allreduce). The C++ backend is compiled in place first
+# (python/build_ext.py --inplace; nothing to do when up to date).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
@@ -20,10 +21,11 @@ if [[ -z "${TOPOCCL_NCCL_LIB:-}" ]]; then
     fi
 fi
 export TOPOCCL_NCCL_LIB
-export PYTHONPATH="$repo/python${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$repo/python:$here/pybackend${PYTHONPATH:+:$PYTHONPATH}"
 export MASTER_ADDR=127.0.0.1 OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 export TOPOCCL_CACHE_DIR="${TOPOCCL_CACHE_DIR:-${TMPDIR:-/tmp}/topoccl-bench-cache}"
 python3 -c "import torch" 2>/dev/null || { echo "torch is not installed (pip install torch)" >&2; exit 2; }
+python3 "$repo/python/build_ext.py" --inplace >&2
 echo "library: $TOPOCCL_NCCL_LIB" >&2
 for n in ${RANKS:-2 4}; do
     export WORLD_SIZE=$n

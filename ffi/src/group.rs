@@ -20,6 +20,9 @@ use crate::call::{self, CollectiveArgs, TransferArgs};
 use crate::error::{usage, Error, Result};
 use crate::handle::Handle;
 
+/// A group's queued calls: each communicator's works, in the order they run.
+pub type Queued = Vec<(Arc<Handle>, Vec<topoccl::Work>)>;
+
 /// Work deferred to the group's end.
 pub enum Deferred {
     Init {
@@ -115,6 +118,30 @@ pub fn end() -> Result<()> {
     run(work)
 }
 
+/// Ends a group level as [`end`] does, but returns once the outermost level's calls are queued
+/// (inits and splits in it have run): their works, by communicator, to wait for.
+pub fn end_async() -> Result<Queued> {
+    let (work, failed) = take_level()?;
+    if let Some(why) = failed {
+        let msg = format!("a call in the group failed, so nothing in it ran ({why})");
+        work.into_iter().for_each(|w| w.cancel(&msg));
+        return Err(usage(msg));
+    }
+    let (pending, first_error) = submit(work);
+    match first_error {
+        None => Ok(pending),
+        Some(e) => {
+            // Whatever was queued runs on; its failure is what the caller sees.
+            for (handle, works) in pending {
+                for w in works {
+                    let _ = call::finish(&handle, &w);
+                }
+            }
+            Err(e)
+        }
+    }
+}
+
 /// Ends a group level without running anything (`ncclGroupSimulateEnd`): the simulated time,
 /// in microseconds, of the collectives queued in it, one after another as a communicator
 /// runs them (point-to-point transfers add nothing to the estimate). Inits and splits in it
@@ -151,6 +178,20 @@ fn take_level() -> Result<(Vec<Deferred>, Option<String>)> {
 }
 
 fn run(work: Vec<Deferred>) -> Result<()> {
+    let (pending, mut first_error) = submit(work);
+    for (handle, works) in pending {
+        for w in works {
+            if let Err(e) = call::finish(&handle, &w) {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    first_error.map_or(Ok(()), Err)
+}
+
+/// Runs a group's inits and splits, then queues every communicator's calls: the queued works
+/// by communicator, and the first error met.
+fn submit(work: Vec<Deferred>) -> (Queued, Option<Error>) {
     let mut lanes: Vec<(usize, Vec<Deferred>)> = Vec::new();
     for w in work {
         let lane = w.lane();
@@ -183,7 +224,7 @@ fn run(work: Vec<Deferred>) -> Result<()> {
         });
         results.into_iter().for_each(&mut note);
     }
-    // Every communicator's calls queued, then all waited for.
+    // Every communicator's calls queued.
     let mut pending = Vec::new();
     for lane in calls.into_iter().filter(|c| !c.is_empty()) {
         match submit_lane(lane) {
@@ -191,12 +232,7 @@ fn run(work: Vec<Deferred>) -> Result<()> {
             Err(e) => note(Err(e)),
         }
     }
-    for (handle, works) in pending {
-        for w in works {
-            note(call::finish(&handle, &w));
-        }
-    }
-    first_error.map_or(Ok(()), Err)
+    (pending, first_error)
 }
 
 /// One communicator's inits and splits, in call order.

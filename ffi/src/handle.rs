@@ -155,11 +155,11 @@ impl Handle {
     }
 
     /// Records a failure's code as the communicator's asynchronous error, if it broke it.
+    /// Takes no lock of the handle's: it runs in work completions, on the progress thread,
+    /// which a destroy or abort holding that lock may be waiting for.
     pub fn note_failure(&self, code: ncclResult_t) {
-        if let Phase::Ready(comm) = &*self.settled() {
-            if comm.error().is_some() {
-                self.async_error.store(code, Ordering::Release);
-            }
+        if self.health.get().and_then(Health::failure).is_some() {
+            self.async_error.store(code, Ordering::Release);
         }
     }
 

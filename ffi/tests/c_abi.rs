@@ -1,7 +1,8 @@
 //! The C ABI from C: the programs under `tests/c/` include `ffi/include/nccl.h`, link
 //! `-lnccl` against this crate's library installed as `libnccl.so.2`, fork ranks that pass the
 //! unique id through pipes, and check every collective, grouped send/recv, split, abort and
-//! the error codes. Also: the library exports exactly the header's functions.
+//! the error codes. Also: the library exports exactly the header's functions (NCCL 2.30.7's
+//! list), and topoccl.h's extension.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -188,12 +189,17 @@ fn nccl_debug_and_algo_variables_are_honoured() {
 
 /// Function names declared in the header: lines `<return type>  [p]ncclX(`.
 fn header_functions() -> Vec<String> {
-    let text = std::fs::read_to_string(repo().join("ffi/include/nccl.h")).unwrap();
+    declared_in("nccl.h", &["nccl", "pnccl"])
+}
+
+/// The functions `ffi/include/<header>` declares whose names start with one of `prefixes`.
+fn declared_in(header: &str, prefixes: &[&str]) -> Vec<String> {
+    let text = std::fs::read_to_string(repo().join("ffi/include").join(header)).unwrap();
     let mut names: Vec<String> = text
         .lines()
         .filter(|l| ["ncclResult_t ", "const char* ", "void ", "int ", "ncclTeam_t "].iter().any(|t| l.starts_with(t)))
         .filter_map(|l| l.split('(').next()?.split_whitespace().last().map(|s| s.trim_start_matches('*').to_string()))
-        .filter(|n| n.starts_with("nccl") || n.starts_with("pnccl"))
+        .filter(|n| prefixes.iter().any(|p| n.starts_with(p)))
         .collect();
     names.sort();
     names
@@ -225,6 +231,11 @@ fn exported_symbols_are_the_headers_functions() {
         .filter_map(|l| l.split_whitespace().nth(2).map(str::to_string))
         .collect();
     exported.sort();
+    // topoccl's extension (include/topoccl.h) beside NCCL's own list.
+    let (extension, exported): (Vec<String>, Vec<String>) =
+        exported.into_iter().partition(|n| n.starts_with("topoccl"));
+    assert_eq!(extension, declared_in("topoccl.h", &["topoccl"]), "the extension is topoccl.h's functions");
+    assert_eq!(extension.len(), 6);
     let declared = header_functions();
     assert_eq!(exported, declared, "the library exports what the header declares");
     // 82 functions, 82 pnccl twins, and ncclResetDebugInitInternal (no twin).

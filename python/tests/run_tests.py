@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 import time
 
@@ -23,9 +24,7 @@ from launcher import launch  # noqa: E402
 # (name, case, world, extra environment, deadline in seconds); a rank's expected exit status
 # is 0 except where EXIT says otherwise.
 JOBS = [
-    # The 2-rank run sends every call through the worker thread; the 4-rank run lets
-    # synchronous calls run inline when the worker is idle (the default).
-    ("collectives-2-worker", "collectives", 2, {"TOPOCCL_PY_INLINE": "0"}, 150),
+    ("collectives-2", "collectives", 2, {}, 150),
     ("collectives-4", "collectives", 4, {}, 200),
     ("training-2", "training", 2, {}, 150),
     ("training-4", "training", 4, {"TOPOCCL_TEST_FSDP": "0"}, 150),
@@ -70,6 +69,11 @@ def main() -> int:
         print(f"no libnccl.so to test (TOPOCCL_NCCL_LIB={lib!r}): build it with `cargo build --release -p topoccl-ffi`")
         return 2
     os.environ["TOPOCCL_NCCL_LIB"] = os.path.abspath(lib)
+    # The C++ backend, compiled in place against this torch (nothing to do when up to date).
+    built = subprocess.run([sys.executable, os.path.join(REPO, "python", "build_ext.py"), "--inplace"])
+    if built.returncode != 0:
+        print("building the C++ backend (python/build_ext.py --inplace) failed")
+        return 2
     os.environ.pop("TOPOCCL_TIMEOUT", None)  # the tests set it where they need it
     os.environ.setdefault("TOPOCCL_CACHE_DIR", os.path.join(os.environ.get("TMPDIR", "/tmp"), "topoccl-py-test-cache"))
     print(f"library: {os.environ['TOPOCCL_NCCL_LIB']}", flush=True)

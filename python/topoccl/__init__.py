@@ -1,6 +1,7 @@
 """topoccl for PyTorch: ``import topoccl`` registers the torch.distributed backend "topoccl"
-(CPU tensors), which runs every call on topoccl's NCCL-compatible library (``libnccl.so.2``,
-built from this repository's ``ffi/`` crate) through its C ABI.
+for CPU tensors, a C++ ``c10d::Backend`` (``topoccl._C``, compiled against the installed
+torch by ``pip install ./python``) whose calls run on topoccl's library (``libnccl.so.2``, built
+from this repository's ``ffi/`` crate, opened privately beside any NVIDIA NCCL torch loads).
 
     import torch.distributed as dist
     import topoccl  # noqa: F401
@@ -11,19 +12,32 @@ built from this repository's ``ffi/`` crate) through its C ABI.
 
 from __future__ import annotations
 
+import datetime
+import os
+
+import torch
 import torch.distributed as dist
 
-from . import _lib
-from ._lib import NcclError, default_library_path
-from ._work import Work
-from .backend import ProcessGroupTopoccl, create_backend
+try:
+    from . import _C
+    from ._build_info import TORCH_VERSION as _BUILT_FOR
+except ImportError as e:  # pragma: no cover - what a broken install says
+    raise ImportError(
+        "topoccl: the C++ backend (topoccl._C) is not built: install with `pip install ./python` from the "
+        "repository, or run `python3 python/build_ext.py --inplace` in a checkout"
+    ) from e
+
+if _BUILT_FOR != torch.__version__:
+    raise ImportError(
+        f"topoccl: the C++ backend was compiled against torch {_BUILT_FOR}, but torch {torch.__version__} is "
+        "installed: reinstall topoccl (`pip install ./python`) so that it is compiled against this torch"
+    )
 
 __all__ = [
     "BACKEND_NAME",
-    "NcclError",
     "ProcessGroupTopoccl",
-    "Work",
-    "library",
+    "backend_of",
+    "default_library_path",
     "library_path",
     "register",
 ]
@@ -32,9 +46,54 @@ __version__ = "0.1.0"
 
 BACKEND_NAME = "topoccl"
 
-#: The loaded library (``ctypes.CDLL(path, mode=RTLD_LOCAL)``).
-library: _lib.Library = _lib.load()
-library_path: str = library.path
+
+def default_library_path() -> str:
+    """``$TOPOCCL_NCCL_LIB``, else the library installed in the package (``topoccl/lib``)."""
+    env = os.environ.get("TOPOCCL_NCCL_LIB", "").strip()
+    if env:
+        return os.path.realpath(env)
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib")
+    for name in ("libnccl.so.2", "libnccl.so"):
+        p = os.path.join(here, name)
+        if os.path.exists(p):
+            return os.path.realpath(p)
+    raise ImportError(
+        f"topoccl: no library in {here} and TOPOCCL_NCCL_LIB is not set: install with `pip install ./python`, "
+        "or set TOPOCCL_NCCL_LIB to target/release/libnccl.so of a `cargo build --release -p topoccl-ffi`"
+    )
+
+
+#: The library every communicator of this process runs on.
+library_path: str = default_library_path()
+
+
+class ProcessGroupTopoccl(_C.ProcessGroupTopoccl):
+    """The backend (a ``c10d::Backend``): one topoccl communicator, made collectively by
+    ``size`` ranks that share ``store``. torch makes it through :func:`create_backend`; it can
+    also be made directly, as torch's own backends can."""
+
+    def __init__(
+        self,
+        store: dist.Store,
+        rank: int,
+        size: int,
+        timeout: datetime.timedelta = datetime.timedelta(minutes=30),
+        group_name: str = "",
+        library_path: str | None = None,
+    ):
+        super().__init__(store, rank, size, timeout, group_name, library_path or globals()["library_path"])
+
+
+def create_backend(dist_backend_opts, backend_options=None) -> ProcessGroupTopoccl:
+    """torch's creator function (``extended_api=True``)."""
+    o = dist_backend_opts
+    return ProcessGroupTopoccl(o.store, o.group_rank, o.group_size, o.timeout, str(o.group_id or ""))
+
+
+def backend_of(group=None) -> ProcessGroupTopoccl:
+    """The topoccl backend of a process group (default: the default group)."""
+    pg = group if group is not None else dist.group.WORLD
+    return pg._get_backend(torch.device("cpu"))
 
 
 def register() -> None:

@@ -57,27 +57,68 @@ struct Queued {
     state: Arc<WorkState>,
 }
 
-/// How a piece of work ended, once it has.
+/// What runs once a piece of work has ended (see [`Work::on_complete`]).
+pub type Completion = Box<dyn FnOnce(&Result<()>) + Send>;
+
+/// How a piece of work ended, once it has, and who wants to know.
 #[derive(Default)]
 struct WorkState {
     done: AtomicBool,
-    result: Mutex<Option<Result<()>>>,
+    result: Mutex<Outcome>,
+}
+
+#[derive(Default)]
+struct Outcome {
+    result: Option<Result<()>>,
+    /// Registered while the work ran; taken by whoever finishes it.
+    completions: Vec<Completion>,
+}
+
+/// Completions to run, with the result they are told: run by [`Finished::notify`] after the
+/// finisher has let go of the executor and the queue (a completion may make calls and wait).
+#[must_use = "completions must be run (Finished::notify)"]
+struct Finished(Vec<Completion>, Result<()>);
+
+impl Finished {
+    fn notify(self) {
+        let Finished(completions, result) = self;
+        for c in completions {
+            c(&result);
+        }
+    }
 }
 
 impl WorkState {
-    fn finish(&self, r: Result<()>) {
-        *lock(&self.result) = Some(r);
+    fn finish(&self, r: Result<()>) -> Finished {
+        let mut o = lock(&self.result);
+        let completions = std::mem::take(&mut o.completions);
+        let told = if completions.is_empty() { Ok(()) } else { r.clone() };
+        o.result = Some(r);
         self.done.store(true, Ordering::SeqCst);
+        Finished(completions, told)
     }
 
     fn outcome(&self) -> Option<Result<()>> {
         if !self.done.load(Ordering::Acquire) {
             return None;
         }
-        Some(match &*lock(&self.result) {
+        Some(match &lock(&self.result).result {
             Some(Ok(())) | None => Ok(()),
             Some(Err(e)) => Err(e.clone()),
         })
+    }
+
+    /// Runs `c` when the work ends (at once, on this thread, if it has).
+    fn on_complete(&self, c: Completion) {
+        let mut o = lock(&self.result);
+        match &o.result {
+            None => o.completions.push(c),
+            Some(r) => {
+                let r = r.clone();
+                drop(o);
+                c(&r);
+            }
+        }
     }
 }
 
@@ -350,10 +391,13 @@ impl Runner {
         Err(e)
     }
 
-    /// Runs a queued job on `turn`, records its result and lets the turn go.
+    /// Runs a queued job on `turn`, records its result, lets the turn go (which wakes the
+    /// waiters) and then runs the work's completions.
     fn execute(&self, (mut item, mut turn): (Queued, Turn<'_>)) {
         let result = self.run_job(&mut turn, &mut item.task);
-        item.state.finish(result);
+        let finished = item.state.finish(result);
+        drop(turn);
+        finished.notify();
     }
 
     /// Takes the next queued job, claiming the executor's turn; none if the queue is empty or
@@ -451,16 +495,20 @@ impl Runner {
         let mut q = lock(&self.queue);
         let jobs: Vec<Queued> = q.jobs.drain(..).collect();
         self.attention.fetch_sub(jobs.len() as u32, Ordering::SeqCst);
+        let mut finished = Vec::with_capacity(jobs.len());
         for item in jobs {
             item.task.job.release();
-            item.state.finish(Err(why()));
+            finished.push(item.state.finish(Err(why())));
         }
         self.wake(&q);
+        drop(q);
+        finished.into_iter().for_each(Finished::notify);
     }
 }
 
 /// A queued call: wait for it, test it, or read its error. Dropping it does not cancel the
-/// call (it still runs, in order).
+/// call (it still runs, in order). Clones are handles of the same call.
+#[derive(Clone)]
 pub struct Work {
     state: Arc<WorkState>,
     runner: Arc<Runner>,
@@ -476,7 +524,7 @@ impl Work {
     /// A handle of a call that is already done (an empty call).
     pub(crate) fn done(runner: &Arc<Runner>) -> Work {
         let state = WorkState::default();
-        state.finish(Ok(()));
+        state.finish(Ok(())).notify();
         Work { state: Arc::new(state), runner: runner.clone() }
     }
 
@@ -492,6 +540,15 @@ impl Work {
     /// The call's error, if it has failed (`None` while it runs or once it succeeded).
     pub fn error(&self) -> Option<Error> {
         self.state.outcome().and_then(Result::err)
+    }
+
+    /// Runs `completion` with the call's result once it has completed: on the thread that
+    /// finished it (the progress thread, or a waiter that ran it), after that thread has let go
+    /// of the executor, so a completion may make calls and wait for them; at once, on this
+    /// thread, if the call has completed. Keep it short: later calls wait while it runs on
+    /// the progress thread.
+    pub fn on_complete(&self, completion: impl FnOnce(&Result<()>) + Send + 'static) {
+        self.state.on_complete(Box::new(completion));
     }
 
     /// Waits until the call completes (running queued work on this thread meanwhile when no

@@ -26,24 +26,19 @@ use crate::ops::{CpuOps, LocalOps, Workspace};
 pub(crate) struct Settings {
     pub slice_bytes: usize,
     pub max_backlog: usize,
+    /// How long a run may go without progress before it fails. Never earlier (torch's and
+    /// Gloo's timeouts mean the same): finding out why, with a board, comes after.
     pub timeout: Duration,
-    /// The timeout of a run with a board: early enough that finding out why (asking the
-    /// peers, up to two answer deadlines) still ends within `timeout` ([`Settings::new`]).
-    watched_timeout: Duration,
     /// More ranks share this host than it has cores: waiting ranks give their core away.
     pub oversubscribed: bool,
 }
 
 impl Settings {
     pub(crate) fn new(slice_bytes: usize, max_backlog: usize, timeout: Duration, oversubscribed: bool) -> Settings {
-        let watched_timeout = timeout.saturating_sub(2 * crate::diag::answer_within(timeout)).max(timeout / 2);
-        Settings { slice_bytes, max_backlog, timeout, watched_timeout, oversubscribed }
+        Settings { slice_bytes, max_backlog, timeout, oversubscribed }
     }
 
     /// The configuration of one run of the engine.
-    ///
-    /// With a board, a stalled run gives up early enough that finding out why (asking the
-    /// peers, up to two answer deadlines) still ends within the timeout.
     pub(crate) fn run<'a>(
         &self,
         rank: u32,
@@ -53,17 +48,13 @@ impl Settings {
         call: Option<crate::wire::CallHeader>,
         board: Option<&'a Board>,
     ) -> engine::RunConfig<'a> {
-        let timeout = match board {
-            Some(_) => self.watched_timeout,
-            None => self.timeout,
-        };
         engine::RunConfig {
             rank,
             dtype,
             op,
             slice_bytes: self.slice_bytes,
             max_backlog: self.max_backlog,
-            timeout,
+            timeout: self.timeout,
             abort,
             call,
             oversubscribed: self.oversubscribed,

@@ -17,6 +17,7 @@ mod misc;
 mod param;
 mod resize;
 mod rma;
+mod work;
 
 pub use coll::*;
 pub use comm::*;
@@ -25,6 +26,7 @@ pub use misc::*;
 pub use param::*;
 pub use resize::*;
 pub use rma::*;
+pub use work::*;
 
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());

@@ -103,7 +103,7 @@ class ProcessGroupTopoccl(dist.ProcessGroup):
     # Identity -------------------------------------------------------------------------------
 
     def getBackendName(self) -> str:
-        return "topoccl"
+        return "topoccl_py"
 
     # c10d keeps a group's name and description in its per-device backends, which a Python
     # process group has none of: keep them here (torch sets them after creating the group).

@@ -1,0 +1,189 @@
+#include "work.h"
+
+#include <c10/util/Exception.h>
+
+namespace topoccl {
+
+std::exception_ptr callError(const std::string& what, ncclResult_t result, const std::string& message) {
+  std::string text = "topoccl " + what + ": ";
+  if (result == ncclTimeout || result == ncclInProgress) {
+    text += "Timed out";
+    text += result == ncclTimeout ? " (ncclTimeout)" : "";
+  } else {
+    text += resultName(result);
+  }
+  if (!message.empty()) {
+    text += ": " + message;
+  }
+  try {
+    C10_THROW_ERROR(DistBackendError, text);
+  } catch (...) {
+    return std::current_exception();
+  }
+}
+
+namespace {
+
+// The library's completion callback: runs on the thread that finished the batch.
+void onBatchDone(void* arg, ncclResult_t result, const char* message) noexcept {
+  // Exceptions must not cross back into the library.
+  auto* owned = static_cast<std::shared_ptr<Batch>*>(arg);
+  std::shared_ptr<Batch> batch = std::move(*owned);
+  delete owned;
+  std::exception_ptr error;
+  std::string opName = batch->works.empty() ? "call" : batch->works.front()->name();
+  if (result != ncclSuccess) {
+    error = callError(opName, result, message ? message : "");
+  } else {
+    try {
+      for (auto& f : batch->after) {
+        f();
+      }
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  batch->after.clear();
+  auto works = std::move(batch->works);
+  for (auto& w : works) {
+    try {
+      w->complete(error);
+    } catch (...) {
+      // A future's callback threw; torch's future reports that to whoever waits on it.
+    }
+  }
+}
+
+} // namespace
+
+Batch::~Batch() {
+  if (handle != nullptr && lib != nullptr) {
+    lib->WorkFree(handle);
+  }
+}
+
+void Batch::start(const std::shared_ptr<Batch>& batch) {
+  for (auto& w : batch->works) {
+    w->setBatch(batch);
+  }
+  auto* arg = new std::shared_ptr<Batch>(batch);
+  ncclResult_t r = batch->lib->WorkOnComplete(batch->handle, &onBatchDone, arg);
+  if (r != ncclSuccess) {
+    delete arg;
+    auto error = callError("completion", r, batch->lib->describe("topocclWorkOnComplete", r));
+    for (auto& w : batch->works) {
+      w->complete(error);
+    }
+    batch->works.clear();
+  }
+}
+
+TopocclWork::TopocclWork(
+    int rank,
+    c10d::OpType type,
+    const char* name,
+    std::vector<at::Tensor> outputs,
+    std::chrono::milliseconds timeout)
+    : c10d::Work(rank, type), name_(name), outputs_(std::move(outputs)), timeout_(timeout) {}
+
+c10::intrusive_ptr<TopocclWork> TopocclWork::done(
+    int rank, c10d::OpType type, const char* name, std::vector<at::Tensor> outputs, std::exception_ptr error) {
+  auto w = c10::make_intrusive<TopocclWork>(rank, type, name, std::move(outputs), std::chrono::milliseconds(0));
+  w->complete(error);
+  return w;
+}
+
+void TopocclWork::complete(std::exception_ptr error) {
+  c10::intrusive_ptr<c10::ivalue::Future> future;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (completed_) {
+      return;
+    }
+    completed_ = true;
+    exception_ = error;
+    future = future_;
+  }
+  cv_.notify_all();
+  if (future) {
+    settle(future);
+  }
+}
+
+void TopocclWork::settle(const c10::intrusive_ptr<c10::ivalue::Future>& future) {
+  std::exception_ptr error;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    error = exception_;
+  }
+  if (error) {
+    future->setError(error);
+  } else {
+    future->markCompleted(c10::IValue(outputs_));
+  }
+}
+
+bool TopocclWork::isCompleted() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return completed_;
+}
+
+bool TopocclWork::isSuccess() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return completed_ && !exception_;
+}
+
+std::exception_ptr TopocclWork::exception() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return exception_;
+}
+
+std::vector<at::Tensor> TopocclWork::result() {
+  return outputs_;
+}
+
+bool TopocclWork::wait(std::chrono::milliseconds timeout) {
+  std::shared_ptr<Batch> batch = batch_;
+  if (batch && !isCompleted()) {
+    // The caller's deadline, else the call's own; without one, the library's timeout ends a
+    // stalled call. Waiting without a deadline runs queued calls on this thread while no
+    // other thread does (no hand-over to the progress thread).
+    auto deadline = timeout != kNoTimeout ? timeout : timeout_;
+    ncclResult_t r = batch->lib->WorkWait(batch->handle, deadline.count() > 0 ? deadline.count() : -1);
+    if (r == ncclInProgress) {
+      // Past the deadline: the call cannot be taken back, so the communicator is aborted (its
+      // running and queued calls fail at once, on every rank), as NCCL's watchdog does.
+      std::string why = "topoccl " + name_ + ": Timed out waiting " + std::to_string(deadline.count()) + "ms for " +
+          name_ + " to complete";
+      if (batch->onTimeout) {
+        batch->onTimeout();
+        why += " (the communicator was aborted: its calls fail on every rank)";
+      }
+      C10_THROW_ERROR(DistBackendError, why);
+    }
+  }
+  std::unique_lock<std::mutex> lock(mutex_);
+  cv_.wait(lock, [&] { return completed_; });
+  if (exception_) {
+    std::rethrow_exception(exception_);
+  }
+  return true;
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> TopocclWork::getFuture() {
+  bool settleNow = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (future_) {
+      return future_;
+    }
+    future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+    settleNow = completed_;
+  }
+  if (settleNow) {
+    settle(future_);
+  }
+  return future_;
+}
+
+} // namespace topoccl
