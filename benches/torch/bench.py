@@ -8,6 +8,9 @@ other, size by size.
 
   * all_reduce (sum, float32, async_op=False) from 8 B to 64 MiB, x4 steps: mean time per call
     (the slowest rank's), each backend timed for about BENCH_SECONDS per size.
+  * ``backend``: the same all_reduce asked of each topoccl backend object itself
+    (``backend.allreduce([t], opts).wait()``): what each backend costs without torch's
+    ``dist.all_reduce`` dispatch, which a C++ backend pays and a Python ProcessGroup skips.
   * ``ctypes``: the same all_reduce as a plain ctypes call of ncclAllReduce on the C++ backend's
     communicator (no torch.distributed dispatch, no work object): the library's own cost plus
     ctypes' (``ncclGetVersion`` through ctypes, a call that does nothing, is printed beside it).
@@ -93,6 +96,13 @@ def bench_all_reduce(gloo, topo, topo_py, budget: float, max_bytes: int) -> list
         g = time_loop(lambda: dist.all_reduce(tg, group=gloo), budget, gloo)
         t = time_loop(lambda: dist.all_reduce(tt, group=topo), budget, gloo)
         p = time_loop(lambda: dist.all_reduce(tp, group=topo_py), budget, gloo)
+        opts = dist.AllreduceOptions()
+        opts.asyncOp = False
+        cxx = topoccl.backend_of(topo)
+        tb, tq = torch.ones(n), torch.ones(n)
+        tb_ = time_loop(lambda: cxx.allreduce([tb], opts).wait(), budget, gloo)
+        # (The Python backend returns no work for a synchronous call it ran on this thread.)
+        tq_ = time_loop(lambda: (w := topo_py.allreduce([tq], opts)) is None or w.wait(), budget, gloo)
         ptr = td.data_ptr()
 
         def direct():
@@ -101,7 +111,7 @@ def bench_all_reduce(gloo, topo, topo_py, budget: float, max_bytes: int) -> list
                 raise RuntimeError(f"ncclAllReduce returned {rc}")
 
         d = time_loop(direct, budget, gloo)
-        rows.append((nbytes, g, t, p, d, nothing))
+        rows.append((nbytes, g, t, p, d, nothing, tb_, tq_))
         if RANK == 0:
             print(
                 f"  {human(nbytes):>8}: gloo {g * 1e6:9.1f} us  topoccl {t * 1e6:9.1f} us  topoccl_py {p * 1e6:9.1f} us  "
@@ -172,11 +182,15 @@ def main() -> None:
                 "topoccl_py: the Python backend it replaced; ctypes: ncclAllReduce called through ctypes on the C++ "
                 f"backend's communicator (ctypes alone, ncclGetVersion: {rows[0][5] * 1e6:.1f} µs)\n"
             )
-            print("| size | gloo | topoccl | topoccl_py | ctypes | gloo / topoccl | topoccl_py / topoccl |")
-            print("|---:|---:|---:|---:|---:|---:|---:|")
-            for nbytes, g, t, p, d, _ in rows:
+            print(
+                "| size | gloo | topoccl | topoccl_py | gloo / topoccl | topoccl_py / topoccl | backend: topoccl | "
+                "backend: topoccl_py | ctypes |"
+            )
+            print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+            for nbytes, g, t, p, d, _, b, q in rows:
                 print(
-                    f"| {human(nbytes)} | {g * 1e6:.1f} | {t * 1e6:.1f} | {p * 1e6:.1f} | {d * 1e6:.1f} | {g / t:.2f} | {p / t:.2f} |"
+                    f"| {human(nbytes)} | {g * 1e6:.1f} | {t * 1e6:.1f} | {p * 1e6:.1f} | {g / t:.2f} | {p / t:.2f} | "
+                    f"{b * 1e6:.1f} | {q * 1e6:.1f} | {d * 1e6:.1f} |"
                 )
             print(flush=True)
     if not args.skip_ddp:

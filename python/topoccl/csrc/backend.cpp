@@ -144,6 +144,28 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTopoccl::issue(Issue&& what, const st
       return work;
     }
   }
+  if (what.blocking && work->getTimeout().count() == 0) {
+    // Made as blocking library calls (a group for calls that pair up): each runs on this
+    // thread when the communicator is idle, or waits for the calls queued before it.
+    if (what.grouped) {
+      check("ncclGroupStart", lib_.GroupStart());
+      try {
+        callsInGroup(calls);
+      } catch (...) {
+        lib_.GroupEnd();
+        throw;
+      }
+      check(what.name, lib_.GroupEnd());
+    } else {
+      calls();
+    }
+    for (auto& f : what.after) {
+      f();
+    }
+    auto done = TopocclWork::done(rank_, what.type, what.name, what.outputs);
+    done->setSequenceNumber(work->getSequencenumber());
+    return done;
+  }
   check("ncclGroupStart", lib_.GroupStart());
   try {
     callsInGroup(calls);
@@ -227,6 +249,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTopoccl::barrier(const c10d::BarrierO
   ncclComm_t comm = liveComm();
   at::Tensor token = at::zeros({1}, at::kInt);
   Issue what{c10d::OpType::BARRIER, "barrier", opts.timeout, {}, {token}, {}};
+  what.blocking = !opts.asyncOp;
   return issue(std::move(what), [&] {
     check("ncclAllReduce", lib_.AllReduce(ptr(token), ptr(token), 1, ncclInt32, ncclSum, comm, nullptr));
   });

@@ -121,6 +121,11 @@ class ProcessGroupTopoccl : public c10d::Backend {
     std::vector<at::Tensor> outputs;    // the work's result()
     std::vector<at::Tensor> keep;       // alive until the calls ran
     std::vector<std::function<void()>> after;
+    // torch waits at once (async_op=False): the calls run on the caller's thread when nothing
+    // else is queued, with no hand-over to the progress thread.
+    bool blocking = false;
+    // The calls must run together (sends and receives that pair up), not one by one.
+    bool grouped = false;
   };
 
   // Issues one call: `calls` makes the library's calls (each checked through `check`) inside

@@ -28,6 +28,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTopoccl::broadcast(
   const int root = static_cast<int>(opts.rootRank);
   ncclComm_t comm = liveComm();
   Issue what{c10d::OpType::BROADCAST, "broadcast", opts.timeout, {t}, {}, {}};
+  what.blocking = !opts.asyncOp;
   at::Tensor buf = writable(t, what.after, /*copyIn=*/rank_ == root);
   what.keep.push_back(buf);
   return issue(std::move(what), [&] {
@@ -57,6 +58,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTopoccl::allgather(
       " elements, its input ", input.numel());
   ncclComm_t comm = liveComm();
   Issue what{c10d::OpType::ALLGATHER, "allgather", opts.timeout, outs, {}, {}};
+  what.blocking = !opts.asyncOp;
   at::Tensor in = input.contiguous();
   what.keep.push_back(in);
   if (even) {
@@ -96,6 +98,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTopoccl::all_gather_single(
       " elements, which is not ", size_, " x the input's ", input.numel());
   ncclComm_t comm = liveComm();
   Issue what{c10d::OpType::_ALLGATHER_BASE, "all_gather_into_tensor", opts.timeout, {output}, {}, {}};
+  what.blocking = !opts.asyncOp;
   at::Tensor in = input.contiguous();
   at::Tensor out = writable(output, what.after, false);
   what.keep.push_back(in);
@@ -131,6 +134,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTopoccl::allgather_coalesced(
     all.insert(all.end(), list.begin(), list.end());
   }
   Issue what{c10d::OpType::ALLGATHER_COALESCED, "allgather_coalesced", opts.timeout, all, {}, {}};
+  what.blocking = !opts.asyncOp;
   std::vector<at::Tensor> ins, gathered;
   for (const auto& input : inputs) {
     checkCpu(input, "allgather_coalesced");
@@ -159,6 +163,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTopoccl::all_gather_single_coalesced(
   TORCH_CHECK(outputs.size() == inputs.size(), "topoccl all_gather_into_tensor_coalesced: lists differ in length");
   ncclComm_t comm = liveComm();
   Issue what{c10d::OpType::COALESCED, "all_gather_into_tensor_coalesced", opts.timeout, outputs, {}, {}};
+  what.blocking = !opts.asyncOp;
   std::vector<std::pair<at::Tensor, at::Tensor>> pairs;
   for (size_t i = 0; i < outputs.size(); ++i) {
     checkCpu(outputs[i], "all_gather_into_tensor_coalesced");
@@ -207,6 +212,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTopoccl::gather(
         "topoccl gather: only the root takes an output list");
   }
   Issue what{c10d::OpType::GATHER, "gather", opts.timeout, outs, {in}, {}};
+  what.blocking = !opts.asyncOp;
   at::Tensor gathered;
   if (rank_ == root) {
     gathered = at::empty({static_cast<int64_t>(size_) * in.numel()}, in.options());
@@ -231,6 +237,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTopoccl::gather_single(
   at::Tensor in = input.contiguous();
   ncclComm_t comm = liveComm();
   Issue what{c10d::OpType::GATHER, "gather_into_tensor", opts.timeout, {}, {in}, {}};
+  what.blocking = !opts.asyncOp;
   at::Tensor out;
   if (rank_ == root) {
     checkCpu(output, "gather_into_tensor");
@@ -258,6 +265,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTopoccl::scatter(
   at::Tensor output = outputs[0];
   ncclComm_t comm = liveComm();
   Issue what{c10d::OpType::SCATTER, "scatter", opts.timeout, {output}, {}, {}};
+  what.blocking = !opts.asyncOp;
   at::Tensor packed;
   if (rank_ == root) {
     TORCH_CHECK(inputs.size() == 1, "topoccl scatter: the root takes one input list");
@@ -297,6 +305,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTopoccl::all_to_all_single(
   checkSameType(output, input, "all_to_all_single");
   ncclComm_t comm = liveComm();
   Issue what{c10d::OpType::ALLTOALL_BASE, "all_to_all_single", opts.timeout, {output}, {}, {}};
+  what.blocking = !opts.asyncOp;
+  what.grouped = true;
   at::Tensor in = input.contiguous();
   at::Tensor out = writable(output, what.after, false);
   what.keep.push_back(in);
@@ -358,6 +368,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTopoccl::alltoall(
       "topoccl all_to_all: one input and one output tensor per rank");
   ncclComm_t comm = liveComm();
   Issue what{c10d::OpType::ALLTOALL, "all_to_all", opts.timeout, outputs, {}, {}};
+  what.blocking = !opts.asyncOp;
+  what.grouped = true;
   std::vector<at::Tensor> ins, outs;
   for (int r = 0; r < size_; ++r) {
     checkCpu(inputs[r], "all_to_all");

@@ -14,6 +14,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTopoccl::allreduce(
   at::Tensor t = tensors[0];
   ncclComm_t comm = liveComm();
   Issue what{c10d::OpType::ALLREDUCE, "allreduce", opts.timeout, {t}, {}, {}};
+  what.blocking = !opts.asyncOp;
   at::Tensor flat = t.is_complex() ? at::view_as_real(t) : t;
   if (t.is_complex()) {
     TORCH_CHECK(
@@ -44,6 +45,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTopoccl::allreduce_coalesced(
   TORCH_CHECK(!tensors.empty(), "topoccl allreduce_coalesced: no tensors");
   ncclComm_t comm = liveComm();
   Issue what{c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", opts.timeout, tensors, {}, {}};
+  what.blocking = !opts.asyncOp;
   std::vector<std::pair<at::Tensor, ncclDataType_t>> bufs;
   std::vector<std::unique_ptr<OpGuard>> ops;
   for (const auto& t : tensors) {
@@ -73,6 +75,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTopoccl::reduce(
   const int root = static_cast<int>(opts.rootRank);
   ncclComm_t comm = liveComm();
   Issue what{c10d::OpType::REDUCE, "reduce", opts.timeout, {t}, {}, {}};
+  what.blocking = !opts.asyncOp;
   at::Tensor flat = t.is_complex() ? at::view_as_real(t) : t;
   ncclDataType_t dtype = reducibleOrThrow(flat, "reduce");
   ResolvedOp op = resolve(lib_, comm, opts.reduceOp, flat, dtype, "reduce");
@@ -115,6 +118,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTopoccl::reduce_scatter(
       inputs[0][rank_].numel() == out.numel(), "topoccl reduce_scatter: the output has ", out.numel(),
       " elements, this rank's input ", inputs[0][rank_].numel());
   Issue what{c10d::OpType::REDUCE_SCATTER, "reduce_scatter", opts.timeout, {out}, {}, {}};
+  what.blocking = !opts.asyncOp;
   ncclDataType_t dtype = reducibleOrThrow(out, "reduce_scatter");
   ResolvedOp op = resolve(lib_, comm, opts.reduceOp, out, dtype, "reduce_scatter");
   std::vector<at::Tensor> flat;
@@ -167,6 +171,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTopoccl::reduce_scatter_single(
       " elements, which is not ", size_, " x the output's ", output.numel());
   ncclComm_t comm = liveComm();
   Issue what{c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", opts.timeout, {output}, {}, {}};
+  what.blocking = !opts.asyncOp;
   ncclDataType_t dtype = reducibleOrThrow(output, "reduce_scatter_tensor");
   ResolvedOp op = resolve(lib_, comm, opts.reduceOp, output, dtype, "reduce_scatter_tensor");
   at::Tensor in = input.contiguous();
@@ -193,6 +198,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTopoccl::reduce_scatter_single_coales
   TORCH_CHECK(outputs.size() == inputs.size(), "topoccl reduce_scatter_tensor_coalesced: lists differ in length");
   ncclComm_t comm = liveComm();
   Issue what{c10d::OpType::COALESCED, "reduce_scatter_tensor_coalesced", opts.timeout, outputs, {}, {}};
+  what.blocking = !opts.asyncOp;
   struct One {
     at::Tensor in, out;
     ncclDataType_t dtype;
@@ -253,6 +259,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTopoccl::allreduce_sparse(
       ->wait();
   std::vector<at::Tensor> idx(size_), val(size_);
   Issue what{c10d::OpType::_ALLREDUCE_SPARSE, "allreduce (sparse)", opts.timeout, {}, {}, {}};
+  what.blocking = !opts.asyncOp;
   for (int r = 0; r < size_; ++r) {
     const int64_t n = counts[r].item<int64_t>();
     TORCH_CHECK(n >= 0, "topoccl allreduce (sparse): rank ", r, " reported ", n, " nonzeros");
