@@ -12,6 +12,11 @@ pub struct Verdict {
     pub text: String,
     /// The rank that found this out.
     pub found_by: u32,
+    /// The cause is a rank that stopped making progress (idle, hung, stopped, a cycle of
+    /// waits), not one that failed or a broken link: every rank reports a timeout for it, as
+    /// the ranks whose own deadline ran out do.
+    #[serde(default)]
+    pub stalled: bool,
 }
 
 impl std::fmt::Display for Verdict {

@@ -87,7 +87,10 @@ fn core_code(e: &topoccl::Error) -> ncclResult_t {
         E::Transport { .. } => NCCL_SYSTEM_ERROR,
         E::PeerFailed { .. } => NCCL_REMOTE_ERROR,
         E::Timeout { .. } => NCCL_TIMEOUT,
-        // What this rank saw decides the code (a stalled peer: a timeout; a dead one: remote).
+        // A rank that stopped making progress is a timeout on every rank (torch's and Gloo's
+        // meaning: each rank's call timed out), whatever this rank saw of it (a peer that gave
+        // up first); otherwise what this rank saw decides (a dead peer: remote).
+        E::Fault { cause, .. } if cause.stalled => NCCL_TIMEOUT,
         E::Fault { seen, .. } => core_code(seen),
         E::Mismatch { .. } => NCCL_INVALID_USAGE,
         E::Aborted => NCCL_INVALID_USAGE,
@@ -118,6 +121,19 @@ pub fn describe(code: c_int) -> &'static CStr {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A peer that stalled is a timeout on every rank, also on one that saw another peer give
+    /// up first (torch matches "Timed out"); a dead peer stays a remote error.
+    #[test]
+    fn a_stalled_rank_is_a_timeout_everywhere() {
+        let fault = |stalled: bool| {
+            let cause = topoccl::Verdict { culprits: vec![3], text: "rank 3 ...".into(), found_by: 1, stalled };
+            let seen = topoccl::Error::PeerFailed { peer: 1, reason: "it found the job broken".into() };
+            Error::Core(topoccl::Error::Fault { rank: 0, cause, seen: Box::new(seen) })
+        };
+        assert_eq!(fault(true).code(), NCCL_TIMEOUT);
+        assert_eq!(fault(false).code(), NCCL_REMOTE_ERROR);
+    }
 
     #[test]
     fn every_code_has_its_own_words() {

@@ -19,9 +19,9 @@ pub(crate) fn find(me: u32, nranks: u32, mine: &Status, mut ask: impl FnMut(u32)
     let mut chain: Vec<String> = Vec::new();
     let mut visited = vec![me];
     let mut cur: Status = mine.clone();
-    let verdict = |culprits: Vec<u32>, what: String, chain: &[String]| {
+    let verdict = |culprits: Vec<u32>, what: String, chain: &[String], stalled: bool| {
         let text = if chain.is_empty() { what } else { format!("{what}; chain of waits: {}", chain.join(", ")) };
-        Verdict { culprits, text, found_by: me }
+        Verdict { culprits, text, found_by: me, stalled }
     };
     for _ in 0..MAX_HOPS {
         let r = cur.rank;
@@ -31,11 +31,12 @@ pub(crate) fn find(me: u32, nranks: u32, mine: &Status, mut ask: impl FnMut(u32)
                 if !chain.is_empty() {
                     text = format!("{text} (found by rank {}; reached through {})", v.found_by, chain.join(", "));
                 }
-                return Verdict { culprits: v.culprits.clone(), text, found_by: me };
+                return Verdict { culprits: v.culprits.clone(), text, found_by: me, stalled: v.stalled };
             }
             if cur.first {
                 let why = cur.error.as_deref().unwrap_or("it failed");
-                return verdict(vec![r], format!("rank {r} failed first: {why}"), &chain);
+                // It failed first because its own call stalled: a timeout, on every rank.
+                return verdict(vec![r], format!("rank {r} failed first: {why}"), &chain, cur.stalled_ms.is_some());
             }
         }
         // A rank whose own failure names a peer (it closed, its connection broke) points
@@ -44,7 +45,7 @@ pub(crate) fn find(me: u32, nranks: u32, mine: &Status, mut ask: impl FnMut(u32)
             (Some(p), _) => (p, format!("rank {r} lost its connection to rank {p}")),
             (None, Some(w)) => (w.peer, describe_wait(&cur, w)),
             (None, None) if r == me => {
-                return verdict(vec![me], format!("rank {me} failed with nothing to wait for"), &chain);
+                return verdict(vec![me], format!("rank {me} failed with nothing to wait for"), &chain, false);
             }
             (None, None) if cur.running => {
                 let call = cur.call.as_ref().map_or_else(|| "a call".to_string(), ToString::to_string);
@@ -52,6 +53,7 @@ pub(crate) fn find(me: u32, nranks: u32, mine: &Status, mut ask: impl FnMut(u32)
                     vec![r],
                     format!("rank {r} is in {call} and waits for no rank (still working, or stuck outside topoccl)"),
                     &chain,
+                    true,
                 );
             }
             (None, None) => {
@@ -60,6 +62,7 @@ pub(crate) fn find(me: u32, nranks: u32, mine: &Status, mut ask: impl FnMut(u32)
                     vec![r],
                     format!("rank {r} is not in any call (its last: {last}, ended {:.1} s ago)", secs(cur.for_ms)),
                     &chain,
+                    true,
                 );
             }
         };
@@ -72,6 +75,7 @@ pub(crate) fn find(me: u32, nranks: u32, mine: &Status, mut ask: impl FnMut(u32)
                 cycle.clone(),
                 format!("ranks {cycle:?} wait for each other in a cycle (no rank is behind: a fault in a connection or in topoccl)"),
                 &chain,
+                true,
             );
         }
         visited.push(next);
@@ -85,12 +89,13 @@ pub(crate) fn find(me: u32, nranks: u32, mine: &Status, mut ask: impl FnMut(u32)
                 let what = format!(
                     "rank {next} cannot be reached from rank {me} over the network ({why}): a link down or a partition between rank {a} and rank {b}"
                 );
-                return verdict(vec![a, b], what, &chain);
+                return verdict(vec![a, b], what, &chain, false);
             }
             other => {
                 let when =
                     waiter.call.as_ref().map(|c| format!(" while rank {} is in {c}", waiter.rank)).unwrap_or_default();
-                return verdict(vec![next], format!("rank {next} {other}{when}"), &chain);
+                let silent = matches!(other, Answer::Silent);
+                return verdict(vec![next], format!("rank {next} {other}{when}"), &chain, silent);
             }
         };
         if waiter.blames == Some(next) && cur.error.is_none() {
@@ -102,12 +107,14 @@ pub(crate) fn find(me: u32, nranks: u32, mine: &Status, mut ask: impl FnMut(u32)
                     "the connection between rank {r} and rank {next} broke while both processes run (a network fault)"
                 ),
                 &chain,
+                false,
             );
         }
         match at(&waiter, &cur) {
             Next::Follow => {}
-            Next::End(why) => return verdict(vec![next], why, &chain),
-            Next::Link(why) => return verdict(ends(waiter.rank, next).to_vec(), why, &chain),
+            // Not in the call its waiter waits in (idle, or elsewhere): a rank that is behind.
+            Next::End(why) => return verdict(vec![next], why, &chain, true),
+            Next::Link(why) => return verdict(ends(waiter.rank, next).to_vec(), why, &chain, false),
             Next::Mismatch => {
                 let all: Vec<Answer> = (0..nranks)
                     .map(|r| if r == me { Answer::Status(Box::new(mine.clone())) } else { ask(r) })
@@ -119,7 +126,7 @@ pub(crate) fn find(me: u32, nranks: u32, mine: &Status, mut ask: impl FnMut(u32)
             }
         }
     }
-    verdict(visited.clone(), "the chain of waits did not end".into(), &chain)
+    verdict(visited.clone(), "the chain of waits did not end".into(), &chain, true)
 }
 
 /// The ranks out of step in a mismatch `what` that `me` found in its call number `seq`:
@@ -151,6 +158,7 @@ pub(crate) fn odd_one_out(me: u32, what: &str, seq: Option<u32>, all: &[Answer])
         culprits,
         text: format!("ranks called different things: {}{most} ({what})", parts.join(", ")),
         found_by: me,
+        stalled: false,
     }
 }
 
@@ -362,7 +370,8 @@ mod tests {
     fn a_known_verdict_is_taken_and_first_failures_are_named() {
         let mut told = waiting(1, 7, &[]);
         told.error = Some("timed out".into());
-        told.verdict = Some(Verdict { culprits: vec![3], text: "rank 3 does not answer".into(), found_by: 1 });
+        told.verdict =
+            Some(Verdict { culprits: vec![3], text: "rank 3 does not answer".into(), found_by: 1, stalled: true });
         let all = vec![Answer::Gone, Answer::Status(Box::new(told))];
         let mut mine = waiting(0, 7, &[]);
         mine.blames = Some(1);

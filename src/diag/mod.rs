@@ -365,6 +365,7 @@ pub(crate) fn explain(board: &Board, e: Error) -> Error {
                             "rank {peer} sent {theirs} to rank {me}, which ran {ours}, though every rank made the same calls: a corrupted message or a confused sender"
                         ),
                         found_by: me,
+                        stalled: false,
                     },
                     _ => found,
                 }

@@ -199,7 +199,7 @@ mod tests {
         // Rank 1 adopted a verdict, then closed its communicator.
         let board = Board::new(id(1, [42; 16]));
         register(&board).unwrap();
-        board.set_verdict(Verdict { culprits: vec![0, 1], text: "the link broke".into(), found_by: 0 });
+        board.set_verdict(Verdict { culprits: vec![0, 1], text: "the link broke".into(), found_by: 0, stalled: false });
         drop(board);
         match ask(&id(0, [42; 16]), 1) {
             Answer::Status(s) => {

@@ -83,7 +83,10 @@ ProcessGroupTopoccl::~ProcessGroupTopoccl() {
 
 void ProcessGroupTopoccl::check(const char* what, ncclResult_t result) const {
   if (result != ncclSuccess) {
-    std::rethrow_exception(callError(what, result, lib_.describe(what, result)));
+    // The library's text names the function ("ncclAllReduce: rank 1 ...").
+    const char* last = lib_.GetLastError(nullptr);
+    std::string message = last != nullptr && *last != '\0' ? std::string(last) : lib_.describe(what, result);
+    std::rethrow_exception(callError("", result, message));
   }
 }
 

@@ -5,7 +5,7 @@
 namespace topoccl {
 
 std::exception_ptr callError(const std::string& what, ncclResult_t result, const std::string& message) {
-  std::string text = "topoccl " + what + ": ";
+  std::string text = what.empty() ? "topoccl: " : "topoccl " + what + ": ";
   if (result == ncclTimeout || result == ncclInProgress) {
     text += "Timed out";
     text += result == ncclTimeout ? " (ncclTimeout)" : "";

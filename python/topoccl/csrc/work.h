@@ -92,8 +92,9 @@ class TopocclWork : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
-// torch's error for a failed call: a DistBackendError whose text says "Timed out" for a
-// timeout, as torch's and Gloo's do.
+// torch's error for a failed call (`what`: the torch call, or empty when `message` names the
+// library's function): a DistBackendError whose text says "Timed out" for a timeout, as
+// torch's and Gloo's do.
 std::exception_ptr callError(const std::string& what, ncclResult_t result, const std::string& message);
 
 } // namespace topoccl
