@@ -135,6 +135,16 @@ void ProcessGroupTopoccl::callsInGroup(const std::function<void()>& calls) const
   }
 }
 
+void ProcessGroupTopoccl::openGroupWith(const std::function<void()>& calls) const {
+  check("ncclGroupStart", lib_.GroupStart());
+  try {
+    callsInGroup(calls);
+  } catch (...) {
+    lib_.GroupEnd();  // runs nothing: callsInGroup failed the group
+    throw;
+  }
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupTopoccl::issue(Issue&& what, const std::function<void()>& calls) {
   auto work = c10::make_intrusive<TopocclWork>(rank_, what.type, what.name, what.outputs, ownDeadline(what.timeout));
   work->setSequenceNumber(++seq_);
@@ -151,13 +161,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTopoccl::issue(Issue&& what, const st
     // Made as blocking library calls (a group for calls that pair up): each runs on this
     // thread when the communicator is idle, or waits for the calls queued before it.
     if (what.grouped) {
-      check("ncclGroupStart", lib_.GroupStart());
-      try {
-        callsInGroup(calls);
-      } catch (...) {
-        lib_.GroupEnd();
-        throw;
-      }
+      openGroupWith(calls);
       check(what.name, lib_.GroupEnd());
     } else {
       calls();
@@ -169,13 +173,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTopoccl::issue(Issue&& what, const st
     done->setSequenceNumber(work->getSequencenumber());
     return done;
   }
-  check("ncclGroupStart", lib_.GroupStart());
-  try {
-    callsInGroup(calls);
-  } catch (...) {
-    lib_.GroupEnd();
-    throw;
-  }
+  openGroupWith(calls);
   topocclWork_t handle = nullptr;
   check(what.name, lib_.GroupEndAsync(&handle));
   auto batch = std::make_shared<Batch>();

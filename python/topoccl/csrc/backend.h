@@ -133,6 +133,9 @@ class ProcessGroupTopoccl : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> issue(Issue&& what, const std::function<void()>& calls);
   // Runs `calls` inside the open group; if it throws, fails the group so that none of it runs.
   void callsInGroup(const std::function<void()>& calls) const;
+  // Starts a group and makes `calls` in it, leaving it open for its end; if `calls` throws,
+  // the group ends having run nothing.
+  void openGroupWith(const std::function<void()>& calls) const;
   // What a work does when its own deadline passes: aborts the communicator, once.
   std::function<void()> abortOnTimeout() const;
   // Throws torch's error for a library call that failed when it was made.
