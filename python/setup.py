@@ -67,7 +67,6 @@ def build_backend(build_lib: str) -> None:
     """Compiles ``topoccl._C`` into ``build_lib/topoccl`` (``build_ext.py``, in a child
     interpreter that sees the installing environment's torch)."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONNOUSERSITE")}
-    env.pop("PIP_BUILD_TRACKER", None)
     probe = subprocess.run([sys.executable, "-c", "import torch"], env=env, capture_output=True, text=True)
     if probe.returncode != 0:
         raise RuntimeError(
@@ -77,12 +76,13 @@ def build_backend(build_lib: str) -> None:
         )
     # What build_py copied from an in-place build of the checkout (build_ext.py --inplace) is
     # not necessarily compiled against this environment's torch: always compile.
+    # (An editable install compiles in place: what is there is the build's own.)
     import glob
 
-    for stale in glob.glob(os.path.join(build_lib, "topoccl", "_C*.so")) + [os.path.join(build_lib, "topoccl", "_build_info.py")]:
-        if os.path.abspath(stale).startswith(os.path.join(HERE, "topoccl")) and build_lib == HERE:
-            continue  # an editable install compiles in place: the file is the build's own
-        if os.path.exists(stale):
+    if build_lib != HERE:
+        copied = glob.glob(os.path.join(build_lib, "topoccl", "_C*.so"))
+        copied += glob.glob(os.path.join(build_lib, "topoccl", "_build_info.py"))
+        for stale in copied:
             os.remove(stale)
     temp = os.path.join(HERE, "build", "temp-backend")
     cmd = [sys.executable, os.path.join(HERE, "build_ext.py"), build_lib, temp, os.path.join(REPO, "ffi", "include")]

@@ -146,18 +146,24 @@ void ProcessGroupTopoccl::openGroupWith(const std::function<void()>& calls) cons
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTopoccl::issue(Issue&& what, const std::function<void()>& calls) {
-  auto work = c10::make_intrusive<TopocclWork>(rank_, what.type, what.name, what.outputs, ownDeadline(what.timeout));
-  work->setSequenceNumber(++seq_);
+  const uint64_t seq = ++seq_;
+  const auto deadline = ownDeadline(what.timeout);
+  auto queuedWork = [&] {
+    auto work = c10::make_intrusive<TopocclWork>(rank_, what.type, what.name, what.outputs, deadline);
+    work->setSequenceNumber(seq);
+    return work;
+  };
   {
     std::lock_guard<std::mutex> lock(coalescingMutex_);
     if (coalescing_) {
+      auto work = queuedWork();
       callsInGroup(calls);
       coalesced_.push_back(std::move(what));
       coalescedWorks_.push_back(work);
       return work;
     }
   }
-  if (what.blocking && work->getTimeout().count() == 0) {
+  if (what.blocking && deadline.count() == 0) {
     // Made as blocking library calls (a group for calls that pair up): each runs on this
     // thread when the communicator is idle, or waits for the calls queued before it.
     if (what.grouped) {
@@ -170,9 +176,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTopoccl::issue(Issue&& what, const st
       f();
     }
     auto done = TopocclWork::done(rank_, what.type, what.name, what.outputs);
-    done->setSequenceNumber(work->getSequencenumber());
+    done->setSequenceNumber(seq);
     return done;
   }
+  auto work = queuedWork();
   openGroupWith(calls);
   topocclWork_t handle = nullptr;
   check(what.name, lib_.GroupEndAsync(&handle));
