@@ -29,10 +29,12 @@ mod wire;
 
 pub use buffer::{Buffer, MemSpace, Region};
 pub use comm::{
-    AbortHandle, CollectiveCall, Communicator, Config, Group, Health, Lane, Pending, TransportPolicy, UniqueId, Work,
+    AbortHandle, CollectiveCall, Communicator, Config, Group, Health, Lane, Pending, Source, TransportPolicy, UniqueId,
+    Work,
 };
 pub use error::Verdict;
 pub use error::{Error, Result};
+pub use exec::p2p::MAX_TAG;
 pub use topoccl_synth as synth;
 pub use topoccl_synth::schedule::Collective;
 pub use topoccl_transports as transports;

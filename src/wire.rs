@@ -78,10 +78,13 @@ pub(crate) struct CallHeader {
     pub schedule: u32,
 }
 
+/// The header's first bytes: its number (`seq`).
+pub(crate) const SEQ_BYTES: usize = 4;
+
 impl CallHeader {
     pub(crate) fn encode(&self) -> Meta {
         let mut m = [0u8; META_BYTES];
-        m[0..4].copy_from_slice(&self.seq.to_le_bytes());
+        m[0..SEQ_BYTES].copy_from_slice(&self.seq.to_le_bytes());
         m[4] = self.called.code();
         m[5] = self.dtype as u8;
         m[6] = self.op;

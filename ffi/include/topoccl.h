@@ -1,5 +1,6 @@
 /*
- * topoccl's extensions to NCCL's C API (nccl.h): asynchronous groups on host memory.
+ * topoccl's extensions to NCCL's C API (nccl.h): asynchronous groups on host memory, and
+ * tagged send/receive with receives from any source.
  *
  * NCCL orders calls by CUDA streams; a call on host memory without a stream has completed
  * when it returns (or when its group ends). These functions give host-memory callers the
@@ -20,7 +21,7 @@
 extern "C" {
 #endif
 
-#define TOPOCCL_EXT_VERSION 1
+#define TOPOCCL_EXT_VERSION 2
 
 /* The calls of one ended group (on any number of communicators). */
 typedef struct topocclWork* topocclWork_t;
@@ -57,6 +58,25 @@ ncclResult_t topocclWorkOnComplete(topocclWork_t work, topocclCompletion_t fn, v
 /* Releases the handle. The calls run on (freeing does not cancel them); their buffers must
  * stay valid until they have. */
 ncclResult_t topocclWorkFree(topocclWork_t work);
+
+/* Tagged point-to-point calls (version 2). A tag (0..TOPOCCL_MAX_TAG) names a stream of
+ * messages of its own between two ranks: a receive takes only a message of its tag, in the
+ * order they were sent; messages of different tags match in any order (the later ones wait,
+ * held by the receiver). Tag 0 is ncclSend's and ncclRecv's. They group, take streams and
+ * run like ncclSend/ncclRecv (counts and datatypes must agree). */
+#define TOPOCCL_MAX_TAG ((1 << 28) - 1)
+/* The peer of a receive that takes the first message of its tag any other rank sends. */
+#define TOPOCCL_ANY_SOURCE (-1)
+
+ncclResult_t topocclSendTagged(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
+                               int tag, ncclComm_t comm, cudaStream_t stream);
+
+/* peer: a rank, or TOPOCCL_ANY_SOURCE. Unless source is NULL, *source is set to the rank the
+ * message came from once the receive has completed: source is host memory that must stay
+ * valid until then (as the buffer). In one group, a receive from any source must not share its
+ * tag with a receive from a given rank (which message each took would be a race). */
+ncclResult_t topocclRecvTagged(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
+                               int tag, int* source, ncclComm_t comm, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -8,7 +8,7 @@
 //! stream has completed when it returns (or when its group ends).
 
 use topoccl::cuda::StreamRef;
-use topoccl::{Buffer, CollectiveCall, Dtype, MemSpace};
+use topoccl::{Buffer, CollectiveCall, Dtype, MemSpace, Source};
 
 use crate::error::{Error, Result};
 use crate::handle::Handle;
@@ -30,7 +30,12 @@ pub struct TransferArgs {
     pub buf: Buffer,
     pub dtype: Dtype,
     pub count: usize,
-    pub peer: u32,
+    /// The peer; a receive's may be any ([`Source::Any`]), through topoccl.h only.
+    pub peer: Source,
+    /// The message's tag (0: untagged, NCCL's only kind).
+    pub tag: u32,
+    /// Where a receive writes its source rank (a host `int`; 0: nowhere).
+    pub source: usize,
     pub stream: StreamRef,
 }
 
@@ -46,6 +51,11 @@ impl CollectiveArgs {
 }
 
 impl TransferArgs {
+    /// An untagged send or receive with `peer` (NCCL's).
+    pub fn plain(send: bool, buf: Buffer, dtype: Dtype, count: usize, peer: u32, stream: StreamRef) -> TransferArgs {
+        TransferArgs { send, buf, dtype, count, peer: Source::Rank(peer), tag: 0, source: 0, stream }
+    }
+
     pub fn on_stream(&self) -> bool {
         on_stream(self.stream, &[self.buf])
     }
@@ -117,10 +127,13 @@ pub fn submit_all(
                 // SAFETY: the caller's buffers, valid until the group's end returns (NCCL's
                 // contract), which waits for these works first.
                 unsafe {
-                    if t.send {
-                        group.send_raw(t.buf, t.dtype, t.count, t.peer)?;
-                    } else {
-                        group.recv_raw(t.buf, t.dtype, t.count, t.peer)?;
+                    match (t.send, t.peer) {
+                        (true, Source::Rank(peer)) => group.send_raw_tagged(t.buf, t.dtype, t.count, peer, t.tag)?,
+                        (true, Source::Any) => return Err(crate::error::invalid("a send needs a peer")),
+                        // The source too, unless NULL: the caller's `int`, valid as the buffer is.
+                        (false, from) => {
+                            group.recv_raw_tagged(t.buf, t.dtype, t.count, from, t.tag, t.source as *mut u32)?
+                        }
                     }
                 }
             }

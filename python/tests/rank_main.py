@@ -204,7 +204,7 @@ def check_errors(c: Checker) -> None:
         lambda: dist.all_reduce(torch.ones(3), op=dist.ReduceOp.BAND), RuntimeError, "BAND on floats", "bitwise"
     )
     c.raises(lambda: dist.all_reduce(torch.ones(3, dtype=torch.int16)), RuntimeError, "int16 reduction", "Short")
-    c.raises(lambda: dist.irecv(torch.ones(3)), Exception, "recv from any source", "any source")
+    c.raises(lambda: dist.send(torch.ones(3), dst=(RANK + 1) % WORLD, tag=-1), RuntimeError, "negative tag", "tag -1")
     # A call's own timeout, shorter than the group's: rank 0 alone enters a barrier of a
     # fresh group; it fails at that timeout, in torch's words, and its communicator is aborted.
     sg = dist.new_group(list(range(WORLD)))
@@ -418,6 +418,31 @@ def check_p2p(c: Checker) -> None:
     for q in dist.batch_isend_irecv(ops):
         q.wait()
     c.eq(dstv.t(), torch.arange(6.0).reshape(2, 3) + prv, "batch_isend_irecv into a non-contiguous tensor")
+    # Tags: rank 0 takes rank 1's messages in the other order than they were sent.
+    if RANK == 1:
+        for tag in (3, 4):
+            dist.send(torch.full((2,), float(tag)), dst=0, tag=tag)
+    elif RANK == 0:
+        four, three = torch.zeros(2), torch.zeros(2)
+        dist.recv(four, src=1, tag=4)
+        dist.recv(three, src=1, tag=3)
+        c.ok(bool((four == 4).all()) and bool((three == 3).all()), "tagged messages taken out of order")
+    # Receives from any source: rank 0 takes one message from every other rank.
+    if RANK == 0:
+        got = []
+        for _ in range(WORLD - 1):
+            r = torch.zeros(3)
+            src = dist.recv(r, tag=7)
+            got.append((src, bool((r == src).all())))
+        c.ok(sorted(s for s, _ in got) == list(range(1, WORLD)) and all(ok for _, ok in got), f"recv(src=None): {got}")
+        w = dist.irecv(torch.zeros(1), tag=8) if WORLD > 1 else None
+        if w is not None:
+            w.wait()
+            c.ok(w._source_rank() == WORLD - 1, "irecv(src=None)'s work names its source")
+    else:
+        dist.send(torch.full((3,), float(RANK)), dst=0, tag=7)
+        if RANK == WORLD - 1:
+            dist.send(torch.ones(1), dst=0, tag=8)
 
 
 def check_async(c: Checker) -> None:
@@ -499,6 +524,18 @@ def check_async(c: Checker) -> None:
 
 
 def check_subgroups(c: Checker) -> None:
+    # A group of topoccl alone names it (DDP logs the name); one shared with another backend
+    # gives each device its own.
+    c.ok(dist.group.WORLD.name() == "topoccl", f"the default group is named {dist.group.WORLD.name()!r}")
+    mixed = dist.new_group(list(range(WORLD)), backend="cpu:topoccl,cuda:gloo")
+    on_cpu, on_cuda = mixed._get_backend(torch.device("cpu")), mixed._get_backend(torch.device("cuda"))
+    c.ok(
+        isinstance(on_cpu, topoccl.ProcessGroupTopoccl) and on_cuda.name() == "gloo",
+        f"cpu:topoccl,cuda:gloo: {type(on_cpu).__name__} on cpu, {on_cuda.name()} on cuda",
+    )
+    t = torch.ones(3)
+    dist.all_reduce(t, group=mixed)
+    c.eq(t, torch.full((3,), float(WORLD)), "all_reduce on a cpu:topoccl,cuda:gloo group")
     first = dist.new_group([0, 1])
     evens = dist.new_group(list(range(0, WORLD, 2)))
     last = dist.new_group([WORLD - 1])

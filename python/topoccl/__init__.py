@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -84,10 +85,39 @@ class ProcessGroupTopoccl(_C.ProcessGroupTopoccl):
         super().__init__(store, rank, size, timeout, group_name, library_path or globals()["library_path"])
 
 
-def create_backend(dist_backend_opts, backend_options=None) -> ProcessGroupTopoccl:
-    """torch's creator function (``extended_api=True``)."""
+def create_backend(dist_backend_opts, backend_options=None) -> ProcessGroupTopoccl | dist.ProcessGroup:
+    """torch's creator function (``extended_api=True``): the backend, or, for a group of
+    topoccl alone, a process group of its own around it (see :func:`_alone`)."""
     o = dist_backend_opts
-    return ProcessGroupTopoccl(o.store, o.group_rank, o.group_size, o.timeout, str(o.group_id or ""))
+    backend = ProcessGroupTopoccl(o.store, o.group_rank, o.group_size, o.timeout, str(o.group_id or ""))
+    torch_pg = getattr(o, "process_group", None)
+    if torch_pg is None or not _alone(sys._getframe(1)):
+        return backend
+    # torch takes a process group returned here as the group (registering nothing itself):
+    # this one is torch's own with its backend's name, "topoccl" where torch says "custom"
+    # for every plugin (DDP's logs).
+    pg = _C.NamedProcessGroup(torch_pg.get_group_store(), o.group_rank, o.group_size, BACKEND_NAME)
+    pg._set_default_backend(dist.ProcessGroup.BackendType.CUSTOM)
+    pg._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.CUSTOM, backend)
+    if torch_pg.bound_device_id is not None:
+        pg.bound_device_id = torch_pg.bound_device_id
+    return pg
+
+
+def _alone(caller) -> bool:
+    """Whether torch is making a group whose every device runs topoccl ("topoccl", or
+    "cpu:topoccl"), not one shared with another backend ("cpu:topoccl,cuda:nccl"), which torch
+    would never give its other backend once a process group came back. Read from torch's
+    ``_new_process_group_helper`` (the caller); anything else, or torch's debug wrapper
+    (``TORCH_DISTRIBUTED_DEBUG=DETAIL``, which wraps backends only), keeps the plain backend."""
+    if caller is None or caller.f_code.co_name != "_new_process_group_helper":
+        return False
+    config = caller.f_locals.get("backend_config")
+    try:
+        backends = set(config.get_device_backend_map().values())
+    except AttributeError:
+        return False
+    return backends == {BACKEND_NAME} and dist.get_debug_level() != dist.DebugLevel.DETAIL
 
 
 def backend_of(group=None) -> ProcessGroupTopoccl:

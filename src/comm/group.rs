@@ -8,6 +8,8 @@ use super::{CallState, Communicator};
 use crate::buffer::Buffer;
 use crate::error::{Error, Result};
 use crate::exec::job::{Job, Transfer, TransferJob};
+use crate::exec::p2p::{send_recv_tag, ANY_SOURCE, MAX_TAG};
+use crate::exec::program::PUT_TAG;
 use crate::types::{Dtype, Element, ReduceOp, Reduction};
 use crate::wire::{reduction_code, CallHeader, Called};
 
@@ -21,14 +23,29 @@ pub enum Lane {
     Put,
 }
 
+/// The rank a receive takes its message from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// This one.
+    Rank(u32),
+    /// Whichever other rank's message of the receive's tag comes first (MPI's
+    /// `MPI_ANY_SOURCE`, Gloo's `recvFromAny`); the receive says which ([`Group::recv_tagged`]).
+    Any,
+}
+
 /// One call of the group, checked.
 #[derive(Debug, Clone, Copy)]
 struct P2p {
     send: bool,
+    /// [`ANY_SOURCE`] for a receive from any source.
     peer: u32,
+    /// The user's tag (0: untagged).
+    tag: u32,
     dtype: Dtype,
     count: usize,
     buf: Buffer,
+    /// Where the receive writes its source rank.
+    source: Option<usize>,
 }
 
 /// Sends and receives collected until [`Group::end`] runs them all.
@@ -70,9 +87,22 @@ impl<'c, 'b> Group<'c, 'b> {
     }
 
     fn push(&mut self, send: bool, buf: Buffer, dtype: Dtype, count: usize, peer: u32) -> Result<()> {
+        self.push_tagged(P2p { send, peer, tag: 0, dtype, count, buf, source: None })
+    }
+
+    fn push_tagged(&mut self, op: P2p) -> Result<()> {
+        let P2p { send, peer, tag, dtype, count, buf, .. } = op;
         let n = self.comm.nranks;
-        if peer >= n {
+        // Any source: a receive's only.
+        let any_source = peer == ANY_SOURCE && !send;
+        if peer >= n && !any_source {
             return Err(Error::InvalidArgument(format!("peer {peer} is out of range for {n} ranks")));
+        }
+        if tag > MAX_TAG {
+            return Err(Error::InvalidArgument(format!("tag {tag} is above the largest, {MAX_TAG}")));
+        }
+        if (tag != 0 || peer == ANY_SOURCE) && self.lane != Lane::SendRecv {
+            return Err(Error::InvalidArgument("only send/recv calls take tags or receive from any source".into()));
         }
         let bytes = count
             .checked_mul(dtype.size())
@@ -84,7 +114,7 @@ impl<'c, 'b> Group<'c, 'b> {
         if buf.region(bytes).end().is_none() {
             return Err(Error::InvalidArgument(format!("a buffer of {bytes} bytes runs past the address space")));
         }
-        self.ops.push(P2p { send, peer, dtype, count, buf });
+        self.ops.push(op);
         Ok(())
     }
 
@@ -94,6 +124,29 @@ impl<'c, 'b> Group<'c, 'b> {
 
     pub fn recv<T: Element>(&mut self, data: &'b mut [T], peer: u32) -> Result<()> {
         self.push(false, Buffer::host(data.as_mut_ptr()), T::DTYPE, data.len(), peer)
+    }
+
+    /// Sends `data` tagged `tag` (at most [`MAX_TAG`]): only a receive of the same tag takes
+    /// it. Messages of one tag between two ranks match in order; of different tags, in any.
+    pub fn send_tagged<T: Element>(&mut self, data: &'b [T], peer: u32, tag: u32) -> Result<()> {
+        let buf = Buffer::host(data.as_ptr());
+        self.push_tagged(P2p { send: true, peer, tag, dtype: T::DTYPE, count: data.len(), buf, source: None })
+    }
+
+    /// Receives into `data` a message tagged `tag` from `from`, and writes the rank it came
+    /// from to `source` once the group has ended (the only way to learn it for
+    /// [`Source::Any`]).
+    pub fn recv_tagged<T: Element>(
+        &mut self,
+        data: &'b mut [T],
+        from: Source,
+        tag: u32,
+        source: Option<&'b mut u32>,
+    ) -> Result<()> {
+        let buf = Buffer::host(data.as_mut_ptr());
+        let source = source.map(|s| s as *mut u32 as usize);
+        let peer = from.peer();
+        self.push_tagged(P2p { send: false, peer, tag, dtype: T::DTYPE, count: data.len(), buf, source })
     }
 
     /// Sends `data`, `dtype` elements as bytes (the byte-level twin of [`Group::send`]).
@@ -126,6 +179,40 @@ impl<'c, 'b> Group<'c, 'b> {
         self.push(false, buf, dtype, count, peer)
     }
 
+    /// Sends `count` elements at `buf` tagged `tag` ([`Group::send_tagged`]).
+    ///
+    /// # Safety
+    /// As for [`Group::send_raw`].
+    pub unsafe fn send_raw_tagged(
+        &mut self,
+        buf: Buffer,
+        dtype: Dtype,
+        count: usize,
+        peer: u32,
+        tag: u32,
+    ) -> Result<()> {
+        self.push_tagged(P2p { send: true, peer, tag, dtype, count, buf, source: None })
+    }
+
+    /// Receives `count` elements into `buf` tagged `tag` from `from`, writing the rank they
+    /// came from to `source` unless it is NULL ([`Group::recv_tagged`]).
+    ///
+    /// # Safety
+    /// As for [`Group::recv_raw`]; `source`, unless NULL, must be valid for writes of a `u32`
+    /// (on the host) until the group's transfers have completed.
+    pub unsafe fn recv_raw_tagged(
+        &mut self,
+        buf: Buffer,
+        dtype: Dtype,
+        count: usize,
+        from: Source,
+        tag: u32,
+        source: *mut u32,
+    ) -> Result<()> {
+        let source = (!source.is_null()).then_some(source as usize);
+        self.push_tagged(P2p { send: false, peer: from.peer(), tag, dtype, count, buf, source })
+    }
+
     /// Runs every collected transfer; returns when all are done.
     pub fn end(self) -> Result<()> {
         let comm = self.comm;
@@ -151,9 +238,10 @@ impl<'c, 'b> Group<'c, 'b> {
         })
     }
 
-    /// Checks the group and numbers its transfers, under the `CallState` lock (`calls`), which the
-    /// caller holds until the job is admitted so the queue's order is the call order.
-    pub(super) fn prepare(self, calls: &mut CallState) -> Result<Option<Job>> {
+    /// Checks the group and makes its job, under the `CallState` lock (`calls`), which the caller
+    /// holds until the job is admitted so the queue's order is the call order. (The executor
+    /// numbers the messages as they run: see [`crate::exec::p2p`].)
+    pub(super) fn prepare(self, _calls: &mut CallState) -> Result<Option<Job>> {
         let Group { comm, ops, lane, .. } = self;
         comm.usable()?;
         if ops.is_empty() {
@@ -175,39 +263,50 @@ impl<'c, 'b> Group<'c, 'b> {
                 )));
             }
         }
-        let CallState { p2p_sent, p2p_received, put_sent, put_received, .. } = calls;
-        let (sent, received, tag) = match lane {
-            Lane::SendRecv => (p2p_sent, p2p_received, crate::exec::program::P2P_TAG),
-            Lane::Put => (put_sent, put_received, crate::exec::program::PUT_TAG),
-        };
+        // A receive from any source must not race a receive from a given rank for one message.
+        let any_tags = ops.iter().filter(|o| o.peer == ANY_SOURCE).map(|o| o.tag);
+        for tag in any_tags {
+            if ops.iter().any(|o| !o.send && o.peer != ANY_SOURCE && o.tag == tag) {
+                return Err(Error::InvalidArgument(format!(
+                    "a receive from any source and a receive from one rank share tag {tag} in one group: which \
+                     message each takes would be a race"
+                )));
+            }
+        }
         let transfers = ops
             .iter()
-            .map(|o| {
-                let counter = if o.send { &mut sent[o.peer as usize] } else { &mut received[o.peer as usize] };
-                let header = CallHeader {
-                    seq: *counter,
+            .map(|o| Transfer {
+                send: o.send,
+                peer: o.peer,
+                region: o.buf.region(o.count * o.dtype.size()),
+                header: CallHeader {
+                    seq: 0,
                     called: Called::SendRecv,
                     dtype: o.dtype,
                     op: reduction_code(Reduction::Op(ReduceOp::Sum)),
                     count: o.count as u64,
                     schedule: 0,
-                };
-                if o.peer != me {
-                    *counter = counter.wrapping_add(1);
-                }
-                Transfer {
-                    send: o.send,
-                    peer: o.peer,
-                    region: o.buf.region(o.count * o.dtype.size()),
-                    meta: header.encode(),
-                    tag,
-                }
+                },
+                tag: match lane {
+                    Lane::SendRecv => send_recv_tag(o.tag),
+                    Lane::Put => PUT_TAG,
+                },
+                source: o.source,
             })
             .collect();
         // The buffers are the caller's, valid (and, to receive into, exclusive) until the
         // transfers complete: borrowed for `'b` by the safe methods, which wait; promised by
         // the callers of the raw ones and of `submit`.
         Ok(Some(Job::Transfers(TransferJob { transfers, sync: None })))
+    }
+}
+
+impl Source {
+    fn peer(self) -> u32 {
+        match self {
+            Source::Rank(r) => r,
+            Source::Any => ANY_SOURCE,
+        }
     }
 }
 

@@ -55,7 +55,7 @@ use bootstrap::PeerInfo;
 pub use bootstrap::{UniqueId, UNIQUE_ID_BYTES};
 pub use config::{Config, TransportPolicy};
 use connect::Auth;
-pub use group::{Group, Lane};
+pub use group::{Group, Lane, Source};
 pub use rdma::port as rdma_port;
 pub use submit::Pending;
 pub use work::Work;
@@ -122,19 +122,13 @@ pub struct Communicator {
 }
 
 /// What calls are checked, planned and numbered with, under one lock: the tuner and plans, the
-/// call sequence and point-to-point counters, the device binding.
+/// collective call sequence, the device binding.
 struct CallState {
     planner: Planner,
     /// When the ranks next agree on switching sizes to the tuner's background decisions.
     checkpoints: agree::Checkpoints,
     /// Collective calls so far (identical on every rank when they agree).
     seq: u32,
-    /// Point-to-point messages sent to / received from each peer.
-    p2p_sent: Vec<u32>,
-    p2p_received: Vec<u32>,
-    /// The same for one-sided puts (their own stream: [`group::Lane::Put`]).
-    put_sent: Vec<u32>,
-    put_received: Vec<u32>,
     splits: u32,
     /// The CUDA context and completion word of calls on streams, once bound.
     binding: Option<Arc<crate::cuda::Binding>>,
@@ -307,10 +301,6 @@ impl Communicator {
             planner: Planner::new(rank, nranks, tuner),
             checkpoints: agree::Checkpoints::default(),
             seq: 0,
-            p2p_sent: vec![0; nranks as usize],
-            p2p_received: vec![0; nranks as usize],
-            put_sent: vec![0; nranks as usize],
-            put_received: vec![0; nranks as usize],
             splits: 0,
             binding,
         };

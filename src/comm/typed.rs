@@ -126,6 +126,16 @@ impl Communicator {
         g.end()
     }
 
+    /// Receives into `data` the first message tagged `tag` that any other rank sends
+    /// ([`Group::send_tagged`](super::Group::send_tagged)); the rank it came from.
+    pub fn recv_from_any<T: Element>(&self, data: &mut [T], tag: u32) -> Result<u32> {
+        let mut source = u32::MAX;
+        let mut g = self.group();
+        g.recv_tagged(data, super::Source::Any, tag, Some(&mut source))?;
+        g.end()?;
+        Ok(source)
+    }
+
     fn block_len(&self, len: usize) -> Result<usize> {
         let n = self.nranks as usize;
         if len % n != 0 {

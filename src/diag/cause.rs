@@ -8,7 +8,7 @@
 //! made-up answers.
 
 use super::protocol::Answer;
-use super::{Status, Verdict, Wait};
+use super::{Need, Status, Verdict, Wait};
 
 /// Ranks visited at most (a chain longer than the communicator is a cycle anyway).
 const MAX_HOPS: usize = 4096;
@@ -43,6 +43,17 @@ pub(crate) fn find(me: u32, nranks: u32, mine: &Status, mut ask: impl FnMut(u32)
         // there first: what it waited for before is older news.
         let (next, how) = match (cur.blames, cur.waits.first()) {
             (Some(p), _) => (p, format!("rank {r} lost its connection to rank {p}")),
+            // Waits for whichever rank sends (listed after its waits for given ranks): no
+            // rank in particular owes it a message, so the chain ends here, stalled.
+            (None, Some(w)) if w.need == Need::AnyMessage => {
+                let call = cur.call.as_ref().map(|c| format!(" in {c}")).unwrap_or_default();
+                return verdict(
+                    vec![r],
+                    format!("rank {r} waits{call} for a message from any rank (a receive from any source) that no rank has sent"),
+                    &chain,
+                    true,
+                );
+            }
             (None, Some(w)) => (w.peer, describe_wait(&cur, w)),
             (None, None) if r == me => {
                 return verdict(vec![me], format!("rank {me} failed with nothing to wait for"), &chain, false);
@@ -267,7 +278,7 @@ fn secs(ms: u64) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{CallInfo, Need};
+    use super::super::CallInfo;
     use super::*;
 
     fn call(seq: u32) -> Option<CallInfo> {
@@ -315,6 +326,24 @@ mod tests {
         assert!(v.text.contains("call #7"), "{}", v.text);
         // Rank 0 waits for rank 3, which waits for 2: the same rank at the end.
         assert_eq!(find(0, 4, &waiting(0, 7, &[3]), asked(all)).culprits, vec![1]);
+    }
+
+    #[test]
+    fn a_chain_ending_in_a_receive_from_any_source_names_that_rank_stalled() {
+        // Rank 2 waits for rank 1, which waits for a message from any rank.
+        let mut one = waiting(1, 4, &[]);
+        one.waits.push(Wait { peer: 1, channel: 0, step: 1, steps: 1, need: Need::AnyMessage });
+        let all =
+            vec![Answer::Status(Box::new(waiting(0, 4, &[]))), Answer::Status(Box::new(one.clone())), Answer::Silent];
+        let v = find(2, 3, &waiting(2, 4, &[1]), asked(all.clone()));
+        assert_eq!(v.culprits, vec![1], "{}", v.text);
+        assert!(
+            v.stalled && v.text.contains("rank 1 waits in call #4") && v.text.contains("for a message from any rank"),
+            "{}",
+            v.text
+        );
+        // Its own failure: the same.
+        assert_eq!(find(1, 3, &one, asked(all)).culprits, vec![1]);
     }
 
     #[test]

@@ -4,7 +4,7 @@
 use std::fmt::Write;
 
 use super::protocol::{self, Answer};
-use super::{service, Board};
+use super::{service, Board, Need};
 
 /// Prints every communicator's table of this process to standard error.
 pub(crate) fn print_all() {
@@ -51,7 +51,14 @@ pub(crate) fn table(answers: &[Answer]) -> String {
             (false, _, None) => "idle",
         };
         let call = s.call.as_ref().map_or_else(|| "-".to_string(), ToString::to_string);
-        let mut waits: Vec<String> = s.waits.iter().map(|w| format!("rank {} ({w})", w.peer)).collect();
+        let mut waits: Vec<String> = s
+            .waits
+            .iter()
+            .map(|w| match w.need {
+                Need::AnyMessage => format!("any rank ({w})"),
+                _ => format!("rank {} ({w})", w.peer),
+            })
+            .collect();
         if let Some(v) = &s.verdict {
             waits.push(format!("cause: {v}"));
         } else if let Some(e) = &s.error {

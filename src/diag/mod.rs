@@ -39,6 +39,8 @@ pub(crate) enum Need {
     Message,
     /// Room on the connection to the peer (it stopped reading).
     Room,
+    /// A message from any peer (a receive from any source; `peer` is the waiting rank itself).
+    AnyMessage,
 }
 
 /// One stalled channel: step `step` of `steps` waits for `need` from `peer`.
@@ -56,6 +58,7 @@ impl std::fmt::Display for Wait {
         let need = match self.need {
             Need::Message => "a message",
             Need::Room => "room to send",
+            Need::AnyMessage => "a message from any rank",
         };
         write!(f, "channel {} step {}/{}: {need}", self.channel, self.step, self.steps)
     }

@@ -15,10 +15,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use topoccl_transports::{Connection, MemSpace, Meta, Region};
+use topoccl_transports::{Connection, MemSpace, Region};
 
 use super::engine::{self, Resources};
 use super::memory::{MemId, Memory, Span, INPUT, OUTPUT, SCRATCH};
+use super::p2p::{Counters, ANY_SOURCE};
 use super::plan::Plan;
 use super::program::Program;
 use super::{DeviceSide, Executor, Settings, Space, SpaceRef};
@@ -66,12 +67,15 @@ impl Job {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Transfer {
     pub send: bool,
+    /// The peer; for a receive, [`ANY_SOURCE`] takes the first message of its tag any peer sent.
     pub peer: u32,
     pub region: Region,
-    /// The header its messages carry.
-    pub meta: Meta,
-    /// The message stream it belongs to (`program::P2P_TAG` or `PUT_TAG`).
+    /// The header its messages carry, numbered (`seq`) when it runs.
+    pub header: CallHeader,
+    /// The transport tag of its message stream (see [`super::p2p`]).
     pub tag: u32,
+    /// Where a receive writes the rank its message came from (a host `u32`), if anywhere.
+    pub source: Option<usize>,
 }
 
 /// Sends and receives that run together (a group's, or a lone call's).
@@ -121,8 +125,8 @@ impl Executor {
                 self.started_on_host(s)?;
             }
         }
-        let Executor { rank, nranks, links, settings, abort, board, host, device } = self;
-        let parts = Parts { rank: *rank, nranks: *nranks, links, settings, abort, board: board.as_deref() };
+        let Executor { rank, nranks, links, settings, abort, board, host, device, p2p } = self;
+        let parts = Parts { rank: *rank, nranks: *nranks, links, settings, abort, board: board.as_deref(), p2p };
         match space {
             // SAFETY: this fn's contract.
             MemSpace::Host => unsafe { parts.dispatch(job, host.as_dyn()) },
@@ -200,6 +204,7 @@ struct Parts<'e> {
     settings: &'e Settings,
     abort: &'e AtomicBool,
     board: Option<&'e Board>,
+    p2p: &'e mut Counters,
 }
 
 impl Parts<'_> {
@@ -273,7 +278,15 @@ impl Parts<'_> {
         let metas = [job.header.encode()];
         let cfg =
             self.settings.run(self.rank, self.abort, call.dtype, call.reduction.op(), Some(job.header), self.board);
-        let res = Resources { mem: &mem, links: self.links, ops, written, forward: sp.forward, staging: sp.staging };
+        let res = Resources {
+            mem: &mem,
+            links: self.links,
+            ops,
+            written,
+            forward: sp.forward,
+            staging: sp.staging,
+            sources: &mut [],
+        };
         // SAFETY: the caller's regions are valid and ours for the call (this fn's contract);
         // the rest are this executor's workspaces, alive until after the run (device ones until
         // the device is past it: `CudaOps` frees in stream order).
@@ -337,9 +350,18 @@ impl Parts<'_> {
         let mut metas = Vec::with_capacity(job.transfers.len());
         let mut own_sends = Vec::new();
         let mut own_recvs = Vec::new();
+        let mut sources = Vec::with_capacity(job.transfers.len());
+        // A receive from any source listens to every peer.
+        let any = job.transfers.iter().any(|t| t.peer == ANY_SOURCE);
+        if any {
+            prog.peers = (0..self.nranks).filter(|&p| p != self.rank).collect();
+        }
+        // Refused before any message is numbered.
+        if MemId::try_from(3 + job.transfers.len()).is_err() {
+            return Err(Error::InvalidArgument("too many calls in one group".into()));
+        }
         for (i, t) in job.transfers.iter().enumerate() {
-            let id =
-                MemId::try_from(3 + i).map_err(|_| Error::InvalidArgument("too many calls in one group".into()))?;
+            let id = MemId::try_from(3 + i).map_err(|_| Error::Internal("a group's transfers outnumber ids".into()))?;
             if t.send {
                 mem.readable(id, t.region);
             } else {
@@ -355,7 +377,11 @@ impl Parts<'_> {
                 continue;
             }
             prog.add_p2p(t.send, t.peer, span, metas.len() as u32, t.tag);
-            metas.push(t.meta);
+            // A receive from any source checks every header field but the number, which is
+            // its source's (counted below, once it is known).
+            let seq = if t.peer == ANY_SOURCE { 0 } else { self.p2p.take(t.tag, t.peer, t.send) };
+            metas.push(CallHeader { seq, ..t.header }.encode());
+            sources.push(t.peer);
         }
         for (src, dst) in own_sends.into_iter().zip(own_recvs) {
             prog.add_copy(dst, src);
@@ -368,9 +394,30 @@ impl Parts<'_> {
             ops: sp.ops,
             forward: sp.forward,
             staging: sp.staging,
+            sources: &mut sources,
         };
         // SAFETY: the transfers' regions are valid and ours for the call (this fn's contract).
-        unsafe { engine::run(&prog, &metas, res, &cfg) }
+        unsafe { engine::run(&prog, &metas, res, &cfg) }?;
+        // The message-carrying transfers' peers, in order (a receive from any source's known now).
+        let mut peers = sources.iter();
+        for t in &job.transfers {
+            let from = match t.peer {
+                p if p == self.rank => p,
+                _ => *peers.next().ok_or_else(|| Error::Internal("a transfer without its peer".into()))?,
+            };
+            if t.peer == ANY_SOURCE {
+                if from == ANY_SOURCE {
+                    return Err(Error::Internal("a receive from any source ended without a message".into()));
+                }
+                self.p2p.take(t.tag, from, false);
+            }
+            if let Some(at) = t.source {
+                // SAFETY: the caller's `u32` for this receive, valid for writes until the job is
+                // done (the contract of the group's raw receive, which `run`'s caller accepted).
+                unsafe { (at as *mut u32).write_unaligned(from) };
+            }
+        }
+        Ok(())
     }
 }
 

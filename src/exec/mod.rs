@@ -8,6 +8,7 @@ pub(crate) mod inflight;
 pub(crate) mod job;
 pub(crate) mod layout;
 pub(crate) mod memory;
+pub(crate) mod p2p;
 pub(crate) mod plan;
 pub(crate) mod program;
 
@@ -131,6 +132,8 @@ pub(crate) struct Executor {
     host: Space<CpuOps>,
     /// Made by the first call on device memory.
     device: Option<DeviceSide>,
+    /// The point-to-point streams' message numbers, as their calls run.
+    p2p: p2p::Counters,
 }
 
 impl Executor {
@@ -141,7 +144,17 @@ impl Executor {
         abort: Arc<AtomicBool>,
     ) -> Executor {
         let nranks = links.len() as u32;
-        Executor { rank, nranks, links, settings, abort, board: None, host: Space::default(), device: None }
+        Executor {
+            rank,
+            nranks,
+            links,
+            settings,
+            abort,
+            board: None,
+            host: Space::default(),
+            device: None,
+            p2p: p2p::Counters::default(),
+        }
     }
 
     /// Closes every connection: peers see this rank gone, and no connection reads the memory

@@ -116,7 +116,8 @@ pub(crate) struct Program {
 
 impl Program {
     fn note_peer(&mut self, p: u32) {
-        if !self.peers.contains(&p) {
+        // A receive from any source is no peer of its own: its run listens to them all.
+        if p != super::p2p::ANY_SOURCE && !self.peers.contains(&p) {
             self.peers.push(p);
         }
     }

@@ -95,13 +95,13 @@ fn transfer(
             format_args!("{name}: buff {buf:p} count {count} datatype {datatype} peer {peer} comm {comm:p}"),
         );
         let stream = StreamRef::from_raw(stream);
-        submit_transfers(&h, vec![TransferArgs { send, buf: Buffer::at(buf), dtype, count, peer, stream }])?;
+        submit_transfers(&h, vec![TransferArgs::plain(send, Buffer::at(buf), dtype, count, peer, stream)])?;
         Ok(NCCL_SUCCESS)
     })
 }
 
 /// Transfers join the open group, or run now.
-fn submit_transfers(h: &Arc<Handle>, list: Vec<TransferArgs>) -> Result<()> {
+pub(super) fn submit_transfers(h: &Arc<Handle>, list: Vec<TransferArgs>) -> Result<()> {
     if group::active() {
         list.into_iter().for_each(|transfer| group::push(Deferred::Transfer { handle: h.clone(), transfer }));
     } else if !list.is_empty() {
@@ -144,7 +144,7 @@ fn rooted_transfers(
         let (spread, single) = if gather { (recv as usize, send as usize) } else { (send as usize, recv as usize) };
         let block_of = |r: u32| Buffer::at((spread + r as usize * block) as *const c_void);
         let mut list = Vec::new();
-        let t = |send: bool, buf: Buffer, peer: u32| TransferArgs { send, buf, dtype, count, peer, stream };
+        let t = |send: bool, buf: Buffer, peer: u32| TransferArgs::plain(send, buf, dtype, count, peer, stream);
         if count > 0 {
             if rank == root {
                 for r in 0..n {

@@ -17,6 +17,7 @@ mod misc;
 mod param;
 mod resize;
 mod rma;
+mod tagged;
 mod work;
 
 pub use coll::*;
@@ -26,6 +27,7 @@ pub use misc::*;
 pub use param::*;
 pub use resize::*;
 pub use rma::*;
+pub use tagged::*;
 pub use work::*;
 
 thread_local! {
@@ -117,3 +119,18 @@ macro_rules! export {
     };
 }
 pub(crate) use export;
+
+/// Defines an exported function of the extension (no `pnccl` twin: profilers do not know it).
+macro_rules! extension {
+    ($(#[doc = $doc:literal])* $name:ident ($($arg:ident: $ty:ty),* $(,)?) = $imp:path) => {
+        $(#[doc = $doc])*
+        ///
+        /// # Safety
+        /// Pointer arguments must be valid as `include/topoccl.h` requires.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> ncclResult_t {
+            $imp($($arg),*)
+        }
+    };
+}
+pub(crate) use extension;

@@ -10,14 +10,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::guard;
+use super::{extension, guard};
 use crate::abi::*;
 use crate::error::{invalid, usage, Error, Result};
 use crate::group::{self, Queued};
 use crate::raw;
 
 /// The extension's version (`TOPOCCL_EXT_VERSION`).
-pub const EXT_VERSION: c_int = 1;
+pub const EXT_VERSION: c_int = 2;
 
 /// `topocclWork_t`: an opaque pointer-sized id.
 #[allow(non_camel_case_types)]
@@ -186,20 +186,6 @@ fn work_free(work: topocclWork_t) -> ncclResult_t {
             .ok_or_else(|| invalid(format!("{work:p} is not a topocclWork_t")))?;
         Ok(NCCL_SUCCESS)
     })
-}
-
-/// Defines an exported function of the extension (no `pnccl` twin: profilers do not know it).
-macro_rules! extension {
-    ($(#[doc = $doc:literal])* $name:ident ($($arg:ident: $ty:ty),* $(,)?) = $imp:path) => {
-        $(#[doc = $doc])*
-        ///
-        /// # Safety
-        /// Pointer arguments must be valid as `include/topoccl.h` requires.
-        #[no_mangle]
-        pub unsafe extern "C" fn $name($($arg: $ty),*) -> ncclResult_t {
-            $imp($($arg),*)
-        }
-    };
 }
 
 extension! {

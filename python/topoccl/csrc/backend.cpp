@@ -151,6 +151,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTopoccl::issue(Issue&& what, const st
   auto queuedWork = [&] {
     auto work = c10::make_intrusive<TopocclWork>(rank_, what.type, what.name, what.outputs, deadline);
     work->setSequenceNumber(seq);
+    work->setSource(what.source);
     return work;
   };
   {
@@ -177,6 +178,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTopoccl::issue(Issue&& what, const st
     }
     auto done = TopocclWork::done(rank_, what.type, what.name, what.outputs);
     done->setSequenceNumber(seq);
+    done->setSource(what.source);
     return done;
   }
   auto work = queuedWork();

@@ -126,8 +126,18 @@ class ProcessGroupTopoccl : public c10d::Backend {
     bool blocking = false;
     // The calls must run together (sends and receives that pair up), not one by one.
     bool grouped = false;
+    // A receive's source rank, written by the library once it completes (the work's
+    // sourceRank()).
+    std::shared_ptr<int> source;
   };
 
+  // recv and recvAnysource (`srcRank` TOPOCCL_ANY_SOURCE): a tagged receive reporting its source.
+  c10::intrusive_ptr<c10d::Work> receive(
+      std::vector<at::Tensor>& tensors,
+      int srcRank,
+      int tag,
+      c10d::OpType type,
+      const char* name);
   // Issues one call: `calls` makes the library's calls (each checked through `check`) inside
   // a group of their own, or inside the open coalescing group.
   c10::intrusive_ptr<c10d::Work> issue(Issue&& what, const std::function<void()>& calls);

@@ -27,6 +27,11 @@ inline void checkOne(const std::vector<at::Tensor>& tensors, const char* what) {
   checkCpu(tensors[0], what);
 }
 
+inline void checkTag(int tag, const char* what) {
+  TORCH_CHECK(
+      tag >= 0 && tag <= TOPOCCL_MAX_TAG, "topoccl ", what, ": tag ", tag, " is outside 0..", TOPOCCL_MAX_TAG);
+}
+
 inline void checkRoot(int64_t root, int size, const char* what) {
   TORCH_CHECK(root >= 0 && root < size, "topoccl ", what, ": invalid root rank ", root, " for ", size, " ranks");
 }

@@ -90,6 +90,8 @@ std::unique_ptr<Library> open(const std::string& path) {
   bind(handle, path, "topocclWorkWait", lib->WorkWait);
   bind(handle, path, "topocclWorkOnComplete", lib->WorkOnComplete);
   bind(handle, path, "topocclWorkFree", lib->WorkFree);
+  bind(handle, path, "topocclSendTagged", lib->SendTagged);
+  bind(handle, path, "topocclRecvTagged", lib->RecvTagged);
   int ext = 0;
   if (extVersion(&ext) != ncclSuccess || ext != TOPOCCL_EXT_VERSION) {
     throw std::runtime_error(

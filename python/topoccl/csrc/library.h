@@ -40,6 +40,8 @@ struct Library {
   decltype(&::topocclWorkWait) WorkWait = nullptr;
   decltype(&::topocclWorkOnComplete) WorkOnComplete = nullptr;
   decltype(&::topocclWorkFree) WorkFree = nullptr;
+  decltype(&::topocclSendTagged) SendTagged = nullptr;
+  decltype(&::topocclRecvTagged) RecvTagged = nullptr;
 
   // "<what>: <result name> (<NCCL's text>): <this thread's last error>", for a failed call.
   std::string describe(const char* what, ncclResult_t result) const;

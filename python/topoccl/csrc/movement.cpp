@@ -401,38 +401,45 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTopoccl::alltoall(
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTopoccl::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
-  (void)tag;
   checkOne(tensors, "send");
   checkRoot(dstRank, size_, "send");
+  checkTag(tag, "send");
   ncclComm_t comm = liveComm();
   at::Tensor in = tensors[0].contiguous();
   Issue what{c10d::OpType::SEND, "send", c10d::kUnsetTimeout, {}, {in}, {}};
   return issue(std::move(what), [&] {
-    check("ncclSend", lib_.Send(ptr(in), bytesOf(in), ncclUint8, dstRank, comm, nullptr));
+    check("topocclSendTagged", lib_.SendTagged(ptr(in), bytesOf(in), ncclUint8, dstRank, tag, comm, nullptr));
   });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTopoccl::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
-  (void)tag;
-  checkOne(tensors, "recv");
   checkRoot(srcRank, size_, "recv");
-  ncclComm_t comm = liveComm();
-  at::Tensor t = tensors[0];
-  Issue what{c10d::OpType::RECV, "recv", c10d::kUnsetTimeout, {t}, {}, {}};
-  at::Tensor out = writable(t, what.after, false);
-  what.keep.push_back(out);
-  return issue(std::move(what), [&] {
-    check("ncclRecv", lib_.Recv(ptr(out), bytesOf(out), ncclUint8, srcRank, comm, nullptr));
-  });
+  return receive(tensors, srcRank, tag, c10d::OpType::RECV, "recv");
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTopoccl::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
-  (void)tensors;
-  (void)tag;
-  TORCH_CHECK(
-      false,
-      "topoccl recv: receiving from any source is not supported yet (topoccl matches a receive to its sender, as "
-      "NCCL does): name the source rank");
+  return receive(tensors, TOPOCCL_ANY_SOURCE, tag, c10d::OpType::RECVANYSOURCE, "recv_anysource");
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTopoccl::receive(
+    std::vector<at::Tensor>& tensors,
+    int srcRank,
+    int tag,
+    c10d::OpType type,
+    const char* name) {
+  checkOne(tensors, name);
+  checkTag(tag, name);
+  ncclComm_t comm = liveComm();
+  at::Tensor t = tensors[0];
+  Issue what{type, name, c10d::kUnsetTimeout, {t}, {}, {}};
+  at::Tensor out = writable(t, what.after, false);
+  what.keep.push_back(out);
+  // Written by the library when the receive completes; the work keeps it.
+  what.source = std::make_shared<int>(srcRank);
+  int* source = what.source.get();
+  return issue(std::move(what), [&] {
+    check("topocclRecvTagged", lib_.RecvTagged(ptr(out), bytesOf(out), ncclUint8, srcRank, tag, source, comm, nullptr));
+  });
 }
 
 } // namespace topoccl

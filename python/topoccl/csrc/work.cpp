@@ -138,6 +138,13 @@ std::exception_ptr TopocclWork::exception() const {
   return exception_;
 }
 
+int TopocclWork::sourceRank() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  TORCH_CHECK(source_, "topoccl: ", name_, " is not a receive: it has no source rank");
+  TORCH_CHECK(completed_ && !exception_, "topoccl: the source rank of ", name_, " is known once it has succeeded");
+  return *source_;
+}
+
 std::vector<at::Tensor> TopocclWork::result() {
   return outputs_;
 }

@@ -74,6 +74,13 @@ class TopocclWork : public c10d::Work {
   void setSequenceNumber(uint64_t seq) {
     seq_ = seq;
   }
+  // A receive's: where the library writes the rank its message came from.
+  void setSource(std::shared_ptr<int> source) {
+    source_ = std::move(source);
+  }
+  // The rank a receive's message came from, once it has completed (torch's
+  // `work._source_rank()`, which `recv(src=None)` returns).
+  int sourceRank() const override;
   const std::string& name() const {
     return name_;
   }
@@ -90,6 +97,7 @@ class TopocclWork : public c10d::Work {
   uint64_t seq_ = 0;
   std::shared_ptr<Batch> batch_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::shared_ptr<int> source_;
 };
 
 // torch's error for a failed call (`what`: the torch call, or empty when `message` names the

@@ -5,9 +5,11 @@ use topoccl_transports::Meta;
 
 use super::RunConfig;
 use crate::error::{Error, Result};
-use crate::wire::CallHeader;
+use crate::wire::{CallHeader, SEQ_BYTES};
 
-/// A message must belong to this very call and have the expected length.
+/// A message must belong to this very call and have the expected length. A receive from any
+/// source (`any_seq`) takes its number from the message: it learns which stream it matched
+/// only from the message.
 pub(crate) fn check(
     cfg: &RunConfig<'_>,
     from: u32,
@@ -15,8 +17,10 @@ pub(crate) fn check(
     meta: &Meta,
     got: usize,
     want: usize,
+    any_seq: bool,
 ) -> Result<()> {
-    if meta != expected {
+    let same = if any_seq { meta[SEQ_BYTES..] == expected[SEQ_BYTES..] } else { meta == expected };
+    if !same {
         let ours = CallHeader::decode(expected).map(|h| h.describe()).unwrap_or_default();
         let theirs = CallHeader::decode(expected).map(|h| h.mismatch(meta)).unwrap_or_default();
         return Err(Error::Mismatch { rank: cfg.rank, peer: from, theirs, ours });

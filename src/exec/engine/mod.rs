@@ -32,6 +32,7 @@ use topoccl_transports::{wait, Connection, MemSpace, Meta, Region, WaitFd};
 
 use super::inflight::InFlight;
 use super::memory::Memory;
+use super::p2p::ANY_SOURCE;
 use super::program::{Action, Program, ProgramStep};
 use crate::diag::Board;
 use crate::error::{Error, Result};
@@ -114,6 +115,11 @@ struct Run<'r> {
     /// Host slices payloads are staged into for connections that cannot reach their memory.
     staging: &'r mut Vec<Workspace>,
     inflight: InFlight,
+    /// Per call header (`ProgramStep::meta`), the peer its messages come from: a receive from
+    /// any source's is filled in once it has matched ([`ANY_SOURCE`] until then).
+    sources: &'r mut [u32],
+    /// Which peer a receive from any source asks first.
+    any_turn: usize,
 }
 
 /// What one run works with besides its program: the buffers, the connections, the local
@@ -126,6 +132,9 @@ pub(crate) struct Resources<'r> {
     pub written: Fence,
     pub forward: &'r mut Vec<Workspace>,
     pub staging: &'r mut Vec<Workspace>,
+    /// Per call header, its transfer's peer; the run fills in those of receives from any
+    /// source (empty for a collective).
+    pub sources: &'r mut [u32],
 }
 
 fn link(links: &mut Links, peer: u32) -> Result<&mut Box<dyn Connection>> {
@@ -158,7 +167,7 @@ pub(crate) unsafe fn run(prog: &Program, metas: &[Meta], res: Resources<'_>, cfg
             &mut heap
         }
     };
-    let Resources { mem, links, ops, written, forward, staging } = res;
+    let Resources { mem, links, ops, written, forward, staging, sources } = res;
     let mut run = Run {
         prog,
         metas,
@@ -171,6 +180,8 @@ pub(crate) unsafe fn run(prog: &Program, metas: &[Meta], res: Resources<'_>, cfg
         forward,
         staging,
         inflight: InFlight::default(),
+        sources,
+        any_turn: 0,
     };
     // A run that fails part-way leaves the ranks out of step, whatever the cause: never an
     // error a caller could take for a rejected argument (which leaves the communicator usable).
@@ -433,48 +444,18 @@ impl Run<'_> {
             None
         };
         let (src, dst) = if action.receives() {
-            // The receiving half runs on the message where the transport holds it (in the
-            // shared ring, for large shared-memory messages); the sending half follows. The
-            // spans are worked out once the message is there (a waiting receive is polled often).
-            let mut failed: Option<Error> = None;
-            let mut spans_used = (Region::EMPTY, Region::EMPTY);
-            let mut read = Fence::DONE;
-            let (cfg, ops, mem) = (self.cfg, &mut *self.ops, self.mem);
-            let l = link(self.links, st.from)?;
-            let got = l
-                .recv_with(tag, &mut |m, data| {
-                    let r = check(cfg, st.from, meta, m, data.len, n).and_then(|()| {
-                        // Every implementation reads host memory; device memory only its own.
-                        if data.space != MemSpace::Host && !ops.reaches(data.space) {
-                            return Err(Error::Mismatch {
-                                rank: cfg.rank,
-                                peer: st.from,
-                                theirs: format!("a call whose messages lie in {}", data.space),
-                                ours: format!("a call on {} operations, which cannot read them", ops.name()),
-                            });
-                        }
-                        let (src, dst) = spans(mem, st, off, n)?;
-                        spans_used = (src, dst);
-                        read = receive(action, dtype, op, ops, src, dst, tmp, data)?;
-                        Ok(())
-                    });
-                    if let Err(e) = r {
-                        failed = Some(e);
-                    }
-                })
-                .map_err(transport_error(st.from))?;
-            if got && l.lends() {
-                // The operation reading the message may still run: the message stays the
-                // connection's until it is done (released in `run`'s loop).
-                self.inflight.lend(st.from, read);
-            }
-            if read != Fence::DONE {
-                self.last = read;
-            }
-            if !got {
-                let l = link(self.links, st.from)?;
+            let from = self.source(st);
+            if from == ANY_SOURCE {
+                match self.receive_any(st, meta, tag, off, n, tmp)? {
+                    Some(spans) => spans,
+                    None => return Ok(false),
+                }
+            } else if let Some(spans) = self.receive_from(st, from, meta, tag, off, n, tmp)? {
+                spans
+            } else {
+                let l = link(self.links, from)?;
                 if let Some(why) = l.closed() {
-                    return Err(Error::PeerFailed { peer: st.from, reason: why.to_string() });
+                    return Err(Error::PeerFailed { peer: from, reason: why.to_string() });
                 }
                 if !*offered && matches!(action, Action::Recv | Action::RecvCopySend) {
                     let dst = spans(self.mem, st, off, n)?.1;
@@ -489,16 +470,12 @@ impl Run<'_> {
                         // before this receive completes (the schedule orders them; sends still
                         // reading it were waited for above, local operations just now), and a
                         // run that ends early closes its connections, which revokes the offer.
-                        unsafe { l.offer(tag, dst) }.map_err(transport_error(st.from))?;
+                        unsafe { l.offer(tag, dst) }.map_err(transport_error(from))?;
                     }
                     *offered = true;
                 }
                 return Ok(false);
             }
-            if let Some(e) = failed {
-                return Err(e);
-            }
-            spans_used
         } else {
             spans(self.mem, st, off, n)?
         };
@@ -538,6 +515,115 @@ impl Run<'_> {
             unsafe { self.inflight.send(self.links, st.to, tag, (st.meta, meta), data, fence) }?;
         }
         Ok(true)
+    }
+
+    /// The peer receiving step `st` takes its messages from: its own, or for a receive from
+    /// any source the peer its first slice came from ([`ANY_SOURCE`] until then).
+    fn source(&self, st: &ProgramStep) -> u32 {
+        match st.from {
+            ANY_SOURCE => self.sources.get(st.meta as usize).copied().unwrap_or(ANY_SOURCE),
+            from => from,
+        }
+    }
+
+    /// Receives bytes `[off, off + n)` of step `st` from `from` if its message has come: the
+    /// spans it used. The receiving half runs on the message where the transport holds it (in
+    /// the shared ring, for large shared-memory messages); the sending half follows. The spans
+    /// are worked out once the message is there (a waiting receive is polled often).
+    #[allow(clippy::too_many_arguments)]
+    fn receive_from(
+        &mut self,
+        st: &ProgramStep,
+        from: u32,
+        meta: &Meta,
+        tag: u32,
+        off: usize,
+        n: usize,
+        tmp: Region,
+    ) -> Result<Option<(Region, Region)>> {
+        let (dtype, op, action) = (self.cfg.dtype, self.cfg.op, st.action);
+        // A receive from any source learns the number of the stream it matched only now.
+        let any = st.from == ANY_SOURCE;
+        let mut failed: Option<Error> = None;
+        let mut spans_used = (Region::EMPTY, Region::EMPTY);
+        let mut read = Fence::DONE;
+        let (cfg, ops, mem) = (self.cfg, &mut *self.ops, self.mem);
+        let l = link(self.links, from)?;
+        let got = l
+            .recv_with(tag, &mut |m, data| {
+                let r = check(cfg, from, meta, m, data.len, n, any).and_then(|()| {
+                    // Every implementation reads host memory; device memory only its own.
+                    if data.space != MemSpace::Host && !ops.reaches(data.space) {
+                        return Err(Error::Mismatch {
+                            rank: cfg.rank,
+                            peer: from,
+                            theirs: format!("a call whose messages lie in {}", data.space),
+                            ours: format!("a call on {} operations, which cannot read them", ops.name()),
+                        });
+                    }
+                    let (src, dst) = spans(mem, st, off, n)?;
+                    spans_used = (src, dst);
+                    read = receive(action, dtype, op, ops, src, dst, tmp, data)?;
+                    Ok(())
+                });
+                if let Err(e) = r {
+                    failed = Some(e);
+                }
+            })
+            .map_err(transport_error(from))?;
+        if got && l.lends() {
+            // The operation reading the message may still run: the message stays the
+            // connection's until it is done (released in `run`'s loop).
+            self.inflight.lend(from, read);
+        }
+        if read != Fence::DONE {
+            self.last = read;
+        }
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        Ok(got.then_some(spans_used))
+    }
+
+    /// The first slice of a receive from any source: the first message of `tag` any peer has
+    /// sent (peers asked in turn, starting one further each time, so none is always last),
+    /// which fixes the step's source.
+    #[allow(clippy::too_many_arguments)]
+    fn receive_any(
+        &mut self,
+        st: &ProgramStep,
+        meta: &Meta,
+        tag: u32,
+        off: usize,
+        n: usize,
+        tmp: Region,
+    ) -> Result<Option<(Region, Region)>> {
+        let k = self.prog.peers.len();
+        self.any_turn = self.any_turn.wrapping_add(1);
+        for i in 0..k {
+            let p = self.prog.peers[(self.any_turn + i) % k];
+            if let Some(spans) = self.receive_from(st, p, meta, tag, off, n, tmp)? {
+                if let Some(s) = self.sources.get_mut(st.meta as usize) {
+                    *s = p;
+                }
+                return Ok(Some(spans));
+            }
+        }
+        // Only a peer that is still there can send one.
+        let mut why = None;
+        for &p in &self.prog.peers {
+            match link(self.links, p)?.closed() {
+                Some(w) => why = Some((p, w.to_string())),
+                None => return Ok(None),
+            }
+        }
+        match why {
+            Some((peer, why)) => Err(Error::PeerFailed {
+                peer,
+                reason: format!("every peer has gone, so a receive from any source can get no message ({why})"),
+            }),
+            None => Ok(None),
+        }
     }
 
     /// Whether the connection to `st.to` reads what step `st` sends of bytes `[off, off + n)`

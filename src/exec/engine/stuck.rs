@@ -3,22 +3,32 @@
 
 use super::Run;
 use crate::diag::{Need, Wait};
+use crate::exec::p2p::ANY_SOURCE;
 
 impl Run<'_> {
     /// The peers the unfinished channels wait for (channels waiting for another channel of
     /// this rank are left out), else the peers whose sends are still queued.
     pub(super) fn waits(&self) -> Vec<Wait> {
         let mut out = Vec::new();
+        // Receives from any source go last: a wait for a given rank says more.
+        let mut any = Vec::new();
         for (c, ch) in self.prog.channels.iter().enumerate() {
             let s = self.state[c];
             let Some(st) = ch.steps.get(s.step) else { continue };
             if !self.deps_done(c, s.step, s.slice) {
                 continue;
             }
-            let (peer, need) = if st.action.receives() { (st.from, Need::Message) } else { (st.to, Need::Room) };
+            let (peer, need) =
+                if st.action.receives() { (self.source(st), Need::Message) } else { (st.to, Need::Room) };
             let (step, steps) = (s.step as u32 + 1, ch.steps.len() as u32);
+            if peer == ANY_SOURCE {
+                let need = Need::AnyMessage;
+                any.push(Wait { peer: self.cfg.rank, channel: c as u32, step, steps, need });
+                continue;
+            }
             out.push(Wait { peer, channel: c as u32, step, steps, need });
         }
+        out.append(&mut any);
         if out.is_empty() {
             for &p in &self.prog.peers {
                 if self.links.get(p as usize).and_then(Option::as_ref).is_some_and(|l| l.backlog() > 0) {
@@ -38,8 +48,10 @@ impl Run<'_> {
             let Some(st) = ch.steps.get(s.step) else { continue };
             let what = if !self.deps_done(c, s.step, s.slice) {
                 "another channel".to_string()
+            } else if st.action.receives() && self.source(st) == ANY_SOURCE {
+                "a message from any rank".to_string()
             } else if st.action.receives() {
-                format!("a message from rank {}", st.from)
+                format!("a message from rank {}", self.source(st))
             } else {
                 format!("room to send to rank {}", st.to)
             };

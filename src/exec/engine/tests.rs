@@ -103,6 +103,7 @@ fn channels_sharing_a_connection_take_turns() {
         written: Fence::DONE,
         forward: &mut Vec::new(),
         staging: &mut Vec::new(),
+        sources: &mut [1],
     };
     // SAFETY: `data` outlives the run.
     unsafe { run(&prog, &[[0; 24]], res, &cfg) }.unwrap();
@@ -186,6 +187,7 @@ fn a_step_does_not_overwrite_bytes_a_queued_send_still_reads() {
         written: Fence::DONE,
         forward: &mut Vec::new(),
         staging: &mut Vec::new(),
+        sources: &mut [1],
     };
     // SAFETY: both arrays outlive the run and are used through it only.
     unsafe { run(&prog, &[[0; 24]], res, &cfg) }.unwrap();
