@@ -1,8 +1,9 @@
 //! The C ABI from C: the programs under `tests/c/` include `ffi/include/nccl.h`, link
 //! `-lnccl` against this crate's library installed as `libnccl.so.2`, fork ranks that pass the
 //! unique id through pipes, and check every collective, grouped send/recv, split, abort and
-//! the error codes. Also: the library exports exactly the header's functions (NCCL 2.30.7's
-//! list), and topoccl.h's extension.
+//! the error codes (`extension.c`: topoccl.h's work handles, tags and receives from any
+//! source). Also: the library exports exactly the header's functions (NCCL 2.30.7's list), and
+//! topoccl.h's extension.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -112,6 +113,15 @@ fn c_programs_run_every_collective_type_and_op() {
     for n in ["2", "3"] {
         let out = run(&prog, &[n]);
         assert!(out.contains(&format!("collectives: {n} ranks")), "{out}");
+    }
+}
+
+#[test]
+fn c_programs_use_topoccl_h() {
+    let Some(prog) = program("extension") else { return };
+    for n in ["2", "4"] {
+        let out = run(&prog, &[n]);
+        assert!(out.contains(&format!("extension: {n} ranks")), "{out}");
     }
 }
 
