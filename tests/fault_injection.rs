@@ -19,10 +19,12 @@ use std::time::{Duration, Instant};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use free_port::free_port;
 use topoccl::transports::fault::{Fault, Faulty};
 use topoccl::transports::{Connection, TransportTable};
 use topoccl::{Collective, CollectiveCall, Communicator, Config, Dtype, Error, ReduceOp};
 
+mod free_port;
 mod verbs_standin;
 
 /// The call deadline the ranks run with, seconds.
@@ -267,10 +269,6 @@ struct Row {
     faulty: u32,
     outcomes: Vec<Outcome>,
     worst: Duration,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 fn spawn_rank(r: u32, n: u32, port: u16, env: &[(&str, String)]) -> Child {

@@ -6,13 +6,11 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use free_port::free_port;
 use topoccl::{Communicator, ReduceOp};
 
+mod free_port;
 mod verbs_standin;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
 
 /// The example's binary. `cargo test` builds examples; a filtered run (`--test`) may not have,
 /// so build it then.
