@@ -75,13 +75,15 @@ fn torch_distributed_backend_suite() {
     assert!(stdout.contains(" jobs passed in "), "no summary from the suite:\n{stdout}");
 
     // torch's own distributed suite, on gloo and on topoccl (2 and 4 ranks): every test gloo
-    // passes must pass on topoccl, or be listed, with its reason, in torch_suite_known.txt.
-    // Run after the suite above, not beside it: both fork ranks that time out on purpose.
+    // passes must pass on topoccl, or be listed, with its reason, in torch_suite_known.txt;
+    // profiler events are checked as gloo's are. Run after the suite above, not beside it: both
+    // fork ranks that time out on purpose.
     if Command::new(&python).args(["-c", "import expecttest"]).status().map(|s| !s.success()).unwrap_or(true) {
         unavailable("torch's test harness needs expecttest (python3 -m pip install expecttest)");
     } else {
         let suite = Command::new(&python)
             .arg(repo().join("python/tests/torch_suite.py"))
+            .arg("--profiler-events")
             .env("TOPOCCL_NCCL_LIB", &copy)
             .env("TOPOCCL_CACHE_DIR", std::env::temp_dir().join("topoccl-nccl-cache"))
             .env_remove("TOPOCCL_TIMEOUT")

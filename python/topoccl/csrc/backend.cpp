@@ -148,12 +148,15 @@ void ProcessGroupTopoccl::openGroupWith(const std::function<void()>& calls) cons
 c10::intrusive_ptr<c10d::Work> ProcessGroupTopoccl::issue(Issue&& what, const std::function<void()>& calls) {
   const uint64_t seq = ++seq_;
   const auto deadline = ownDeadline(what.timeout);
-  auto queuedWork = [&] {
-    auto work = c10::make_intrusive<TopocclWork>(rank_, what.type, what.name, what.outputs, deadline);
+  // Made before the calls: a profiler's event of the call starts here.
+  auto makeWork = [&](std::chrono::milliseconds timeout) {
+    const auto& inputs = what.inputs.empty() ? what.outputs : what.inputs;
+    auto work = c10::make_intrusive<TopocclWork>(rank_, what.type, what.name, what.outputs, timeout, inputs);
     work->setSequenceNumber(seq);
     work->setSource(what.source);
     return work;
   };
+  auto queuedWork = [&] { return makeWork(deadline); };
   {
     std::lock_guard<std::mutex> lock(coalescingMutex_);
     if (coalescing_) {
@@ -167,6 +170,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTopoccl::issue(Issue&& what, const st
   if (what.blocking && deadline.count() == 0) {
     // Made as blocking library calls (a group for calls that pair up): each runs on this
     // thread when the communicator is idle, or waits for the calls queued before it.
+    auto work = makeWork(std::chrono::milliseconds(0));
     if (what.grouped) {
       openGroupWith(calls);
       check(what.name, lib_.GroupEnd());
@@ -176,10 +180,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTopoccl::issue(Issue&& what, const st
     for (auto& f : what.after) {
       f();
     }
-    auto done = TopocclWork::done(rank_, what.type, what.name, what.outputs);
-    done->setSequenceNumber(seq);
-    done->setSource(what.source);
-    return done;
+    work->complete(nullptr);
+    return work;
   }
   auto work = queuedWork();
   openGroupWith(calls);

@@ -129,6 +129,9 @@ class ProcessGroupTopoccl : public c10d::Backend {
     // A receive's source rank, written by the library once it completes (the work's
     // sourceRank()).
     std::shared_ptr<int> source;
+    // The tensors the call reads, as the profiler records them (none: `outputs`, the call is
+    // in place).
+    std::vector<at::Tensor> inputs;
   };
 
   // recv and recvAnysource (`srcRank` TOPOCCL_ANY_SOURCE): a tagged receive reporting its source.

@@ -58,6 +58,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTopoccl::allgather(
       " elements, its input ", input.numel());
   ncclComm_t comm = liveComm();
   Issue what{c10d::OpType::ALLGATHER, "allgather", opts.timeout, outs, {}, {}};
+  what.inputs = {input};
   what.blocking = !opts.asyncOp;
   at::Tensor in = input.contiguous();
   what.keep.push_back(in);
@@ -98,6 +99,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTopoccl::all_gather_single(
       " elements, which is not ", size_, " x the input's ", input.numel());
   ncclComm_t comm = liveComm();
   Issue what{c10d::OpType::_ALLGATHER_BASE, "all_gather_into_tensor", opts.timeout, {output}, {}, {}};
+  what.inputs = {input};
   what.blocking = !opts.asyncOp;
   at::Tensor in = input.contiguous();
   at::Tensor out = writable(output, what.after, false);
@@ -134,6 +136,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTopoccl::allgather_coalesced(
     all.insert(all.end(), list.begin(), list.end());
   }
   Issue what{c10d::OpType::ALLGATHER_COALESCED, "allgather_coalesced", opts.timeout, all, {}, {}};
+  what.inputs = inputs;
   what.blocking = !opts.asyncOp;
   std::vector<at::Tensor> ins, gathered;
   for (const auto& input : inputs) {
@@ -212,6 +215,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTopoccl::gather(
         "topoccl gather: only the root takes an output list");
   }
   Issue what{c10d::OpType::GATHER, "gather", opts.timeout, outs, {in}, {}};
+  what.inputs = {in};
   what.blocking = !opts.asyncOp;
   at::Tensor gathered;
   if (rank_ == root) {
@@ -237,6 +241,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTopoccl::gather_single(
   at::Tensor in = input.contiguous();
   ncclComm_t comm = liveComm();
   Issue what{c10d::OpType::GATHER, "gather_into_tensor", opts.timeout, {}, {in}, {}};
+  what.inputs = {in};
   what.blocking = !opts.asyncOp;
   at::Tensor out;
   if (rank_ == root) {
@@ -305,6 +310,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTopoccl::all_to_all_single(
   checkSameType(output, input, "all_to_all_single");
   ncclComm_t comm = liveComm();
   Issue what{c10d::OpType::ALLTOALL_BASE, "all_to_all_single", opts.timeout, {output}, {}, {}};
+  what.inputs = {input};
   what.blocking = !opts.asyncOp;
   what.grouped = true;
   at::Tensor in = input.contiguous();
@@ -368,6 +374,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTopoccl::alltoall(
       "topoccl all_to_all: one input and one output tensor per rank");
   ncclComm_t comm = liveComm();
   Issue what{c10d::OpType::ALLTOALL, "all_to_all", opts.timeout, outputs, {}, {}};
+  what.inputs = inputs;
   what.blocking = !opts.asyncOp;
   what.grouped = true;
   std::vector<at::Tensor> ins, outs;
@@ -407,6 +414,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTopoccl::send(std::vector<at::Tensor>
   ncclComm_t comm = liveComm();
   at::Tensor in = tensors[0].contiguous();
   Issue what{c10d::OpType::SEND, "send", c10d::kUnsetTimeout, {}, {in}, {}};
+  what.inputs = {in};
   return issue(std::move(what), [&] {
     check("topocclSendTagged", lib_.SendTagged(ptr(in), bytesOf(in), ncclUint8, dstRank, tag, comm, nullptr));
   });

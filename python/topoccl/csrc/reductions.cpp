@@ -118,6 +118,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTopoccl::reduce_scatter(
       inputs[0][rank_].numel() == out.numel(), "topoccl reduce_scatter: the output has ", out.numel(),
       " elements, this rank's input ", inputs[0][rank_].numel());
   Issue what{c10d::OpType::REDUCE_SCATTER, "reduce_scatter", opts.timeout, {out}, {}, {}};
+  what.inputs = inputs[0];
   what.blocking = !opts.asyncOp;
   ncclDataType_t dtype = reducibleOrThrow(out, "reduce_scatter");
   ResolvedOp op = resolve(lib_, comm, opts.reduceOp, out, dtype, "reduce_scatter");
@@ -171,6 +172,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTopoccl::reduce_scatter_single(
       " elements, which is not ", size_, " x the output's ", output.numel());
   ncclComm_t comm = liveComm();
   Issue what{c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", opts.timeout, {output}, {}, {}};
+  what.inputs = {input};
   what.blocking = !opts.asyncOp;
   ncclDataType_t dtype = reducibleOrThrow(output, "reduce_scatter_tensor");
   ResolvedOp op = resolve(lib_, comm, opts.reduceOp, output, dtype, "reduce_scatter_tensor");

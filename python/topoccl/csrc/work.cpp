@@ -1,5 +1,10 @@
 #include "work.h"
 
+#include <optional>
+#include <string>
+#include <unordered_map>
+
+#include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 
 namespace topoccl {
@@ -23,6 +28,49 @@ std::exception_ptr callError(const std::string& what, ncclResult_t result, const
 }
 
 namespace {
+
+// The profiler's name of a call (Gloo's names, "topoccl:" for "gloo:"), when a profiler
+// listens: torch's Work then records the work as an event until it ends. Null otherwise, so a
+// call costs nothing more without a profiler.
+const char* profilingTitle(const char* name) {
+  if (!at::hasCallbacks()) {
+    return nullptr;
+  }
+  static const std::unordered_map<std::string, const char*> titles = {
+      {"allreduce", "topoccl:all_reduce"},
+      {"allreduce_coalesced", "topoccl:all_reduce_coalesced"},
+      {"allreduce_sparse", "topoccl:sparse_all_reduce"},
+      {"allreduce (sparse)", "topoccl:sparse_all_reduce"},
+      {"allgather", "topoccl:all_gather"},
+      {"allgather_coalesced", "topoccl:all_gather_coalesced"},
+      {"all_gather_into_tensor", "topoccl:all_gather_into_tensor"},
+      {"all_gather_into_tensor_coalesced", "topoccl:all_gather_into_tensor_coalesced"},
+      {"broadcast", "topoccl:broadcast"},
+      {"reduce", "topoccl:reduce"},
+      {"reduce_scatter", "topoccl:reduce_scatter"},
+      {"reduce_scatter_tensor", "topoccl:reduce_scatter_tensor"},
+      {"reduce_scatter_tensor_coalesced", "topoccl:reduce_scatter_tensor_coalesced"},
+      {"gather", "topoccl:gather"},
+      {"gather_into_tensor", "topoccl:gather"},
+      {"scatter", "topoccl:scatter"},
+      {"all_to_all", "topoccl:all_to_all"},
+      {"all_to_all_single", "topoccl:all_to_all"},
+      {"barrier", "topoccl:barrier"},
+      {"send", "topoccl:send"},
+      {"recv", "topoccl:recv"},
+      {"recv_anysource", "topoccl:recvAnySource"},
+      {"coalesced", "topoccl:coalesced"},
+  };
+  auto it = titles.find(name);
+  return it == titles.end() ? nullptr : it->second;
+}
+
+std::optional<std::vector<at::Tensor>> profiledInputs(const char* name, const std::vector<at::Tensor>& inputs) {
+  if (profilingTitle(name) == nullptr) {
+    return std::nullopt;
+  }
+  return inputs;
+}
 
 // The library's completion callback: runs on the thread that finished the batch.
 void onBatchDone(void* arg, ncclResult_t result, const char* message) noexcept {
@@ -83,8 +131,12 @@ TopocclWork::TopocclWork(
     c10d::OpType type,
     const char* name,
     std::vector<at::Tensor> outputs,
-    std::chrono::milliseconds timeout)
-    : c10d::Work(rank, type), name_(name), outputs_(std::move(outputs)), timeout_(timeout) {}
+    std::chrono::milliseconds timeout,
+    const std::vector<at::Tensor>& inputs)
+    : c10d::Work(rank, type, profilingTitle(name), profiledInputs(name, inputs)),
+      name_(name),
+      outputs_(std::move(outputs)),
+      timeout_(timeout) {}
 
 c10::intrusive_ptr<TopocclWork> TopocclWork::done(
     int rank, c10d::OpType type, const char* name, std::vector<at::Tensor> outputs, std::exception_ptr error) {
@@ -99,6 +151,13 @@ void TopocclWork::complete(std::exception_ptr error) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (completed_) {
       return;
+    }
+    // The profiler's event of the call ends before anyone can see the work completed: a
+    // waiter may stop the profiler at once, which must find the event ended (ending it later,
+    // from this thread, raced the profiler's teardown: a crash in ~ProfilerResult).
+    if (recordFunctionEndCallback_) {
+      recordFunctionEndCallback_();
+      recordFunctionEndCallback_ = nullptr;
     }
     completed_ = true;
     exception_ = error;

@@ -43,12 +43,15 @@ class TopocclWork : public c10d::Work {
  public:
   // `timeout`: a deadline of the call's own (torch's per-call timeout when it is shorter than
   // the communicator's, which the library enforces), or zero.
+  // `inputs`: what the profiler records as the call's input (when one listens: the work is
+  // then an event "topoccl:<call>" from here to its completion, as Gloo's "gloo:<call>").
   TopocclWork(
       int rank,
       c10d::OpType type,
       const char* name,
       std::vector<at::Tensor> outputs,
-      std::chrono::milliseconds timeout);
+      std::chrono::milliseconds timeout,
+      const std::vector<at::Tensor>& inputs = {});
 
   bool isCompleted() override;
   bool isSuccess() const override;
