@@ -126,11 +126,17 @@ fn bad_tags_and_racing_receives_are_refused_and_leave_the_communicator_usable() 
         g.recv_tagged(&mut a, Source::Any, 4, None).unwrap();
         g.recv_tagged(&mut b, Source::Rank(1 - comm.rank()), 4, None).unwrap();
         errs.push(g.end().unwrap_err());
+        // A send to itself pairs, in order, with a receive from itself of the same tag.
+        let me = comm.rank();
+        let mut g = comm.group();
+        g.send_tagged(&[1u8, 2], me, 1).unwrap();
+        g.recv_tagged(&mut a, Source::Rank(me), 2, None).unwrap();
+        errs.push(g.end().unwrap_err());
         let mut sum = [0u8];
         comm.all_reduce(&[1u8], &mut sum, ReduceOp::Sum).unwrap();
         (errs.iter().map(|e| matches!(e, Error::InvalidArgument(_))).collect::<Vec<_>>(), sum[0])
     });
-    assert_eq!(got, vec![(vec![true, true], 2); 2]);
+    assert_eq!(got, vec![(vec![true, true, true], 2); 2]);
 }
 
 #[test]

@@ -256,10 +256,10 @@ impl<'c, 'b> Group<'c, 'b> {
             )));
         }
         for (s, r) in own(true).zip(own(false)) {
-            if s.count != r.count || s.dtype != r.dtype {
+            if s.count != r.count || s.dtype != r.dtype || s.tag != r.tag {
                 return Err(Error::InvalidArgument(format!(
-                    "a send of {} × {} to this rank itself met a receive of {} × {}",
-                    s.count, s.dtype, r.count, r.dtype
+                    "a send of {} × {} tagged {} to this rank itself met a receive of {} × {} tagged {} (they pair in order)",
+                    s.count, s.dtype, s.tag, r.count, r.dtype, r.tag
                 )));
             }
         }
