@@ -3,7 +3,7 @@
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 
-use topoccl::{Buffer, Collective, CollectiveCall, Dtype, ReduceOp, Reduction};
+use topoccl::{Buffer, Collective, CollectiveCall, Dtype, ReduceOp, Reduction, Source};
 
 use topoccl::cuda::StreamRef;
 
@@ -73,14 +73,34 @@ fn collective(
     })
 }
 
+/// What topoccl.h's tagged calls add to a send or receive (`None`: NCCL's own call, tag 0).
+#[derive(Clone, Copy)]
+pub(super) struct Tagged {
+    pub tag: c_int,
+    /// Where a receive writes its source rank (NULL: nowhere).
+    pub source: *mut c_int,
+}
+
+/// `TOPOCCL_ANY_SOURCE`: the peer of a tagged receive that takes any rank's message.
+pub const ANY_SOURCE: c_int = -1;
+
+fn tag_of(tag: c_int) -> Result<u32> {
+    u32::try_from(tag)
+        .ok()
+        .filter(|t| *t <= topoccl::MAX_TAG)
+        .ok_or_else(|| invalid(format!("tag {tag} is outside 0..={} (TOPOCCL_MAX_TAG)", topoccl::MAX_TAG)))
+}
+
+/// A send or receive: NCCL's, or a tagged one (whose receive may take any source).
 #[allow(clippy::too_many_arguments)]
-fn transfer(
+pub(super) fn transfer(
     name: &str,
     send: bool,
     buf: *const c_void,
     count: usize,
     datatype: ncclDataType_t,
     peer: c_int,
+    tagged: Option<Tagged>,
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
@@ -88,20 +108,41 @@ fn transfer(
         let h = handle::lookup(comm)?;
         let dtype = dtype_of(datatype)?;
         let (rank, n) = h.identity()?;
-        let peer = rank_of("peer", peer, n)?;
-        log::info(
-            Subsys::P2p,
-            Some(rank),
-            format_args!("{name}: buff {buf:p} count {count} datatype {datatype} peer {peer} comm {comm:p}"),
-        );
-        let stream = StreamRef::from_raw(stream);
-        submit_transfers(&h, vec![TransferArgs::plain(send, Buffer::at(buf), dtype, count, peer, stream)])?;
+        let tag = tagged.map_or(Ok(0), |t| tag_of(t.tag))?;
+        let peer = match peer {
+            ANY_SOURCE if !send && tagged.is_some() => Source::Any,
+            p => Source::Rank(rank_of("peer", p, n)?),
+        };
+        if log::info_enabled(Subsys::P2p) {
+            // NCCL's line; a tagged call's names its tag.
+            let peer = match peer {
+                Source::Rank(r) => r.to_string(),
+                Source::Any => "any".to_string(),
+            };
+            let tag = tagged.map(|_| format!(" tag {tag}")).unwrap_or_default();
+            log::info(
+                Subsys::P2p,
+                Some(rank),
+                format_args!("{name}: buff {buf:p} count {count} datatype {datatype} peer {peer}{tag} comm {comm:p}"),
+            );
+        }
+        let t = TransferArgs {
+            send,
+            buf: Buffer::at(buf),
+            dtype,
+            count,
+            peer,
+            tag,
+            source: tagged.map_or(0, |t| t.source as usize),
+            stream: StreamRef::from_raw(stream),
+        };
+        submit_transfers(&h, vec![t])?;
         Ok(NCCL_SUCCESS)
     })
 }
 
 /// Transfers join the open group, or run now.
-pub(super) fn submit_transfers(h: &Arc<Handle>, list: Vec<TransferArgs>) -> Result<()> {
+fn submit_transfers(h: &Arc<Handle>, list: Vec<TransferArgs>) -> Result<()> {
     if group::active() {
         list.into_iter().for_each(|transfer| group::push(Deferred::Transfer { handle: h.clone(), transfer }));
     } else if !list.is_empty() {
@@ -279,11 +320,11 @@ fn send(
     comm: ncclComm_t,
     st: cudaStream_t,
 ) -> ncclResult_t {
-    transfer("ncclSend", true, b, n, t, peer, comm, st)
+    transfer("ncclSend", true, b, n, t, peer, None, comm, st)
 }
 
 fn recv(b: *mut c_void, n: usize, t: ncclDataType_t, peer: c_int, comm: ncclComm_t, st: cudaStream_t) -> ncclResult_t {
-    transfer("ncclRecv", false, b, n, t, peer, comm, st)
+    transfer("ncclRecv", false, b, n, t, peer, None, comm, st)
 }
 
 fn group_start() -> ncclResult_t {
