@@ -137,6 +137,11 @@ fn bad_tags_and_racing_receives_are_refused_and_leave_the_communicator_usable() 
         (errs.iter().map(|e| matches!(e, Error::InvalidArgument(_))).collect::<Vec<_>>(), sum[0])
     });
     assert_eq!(got, vec![(vec![true, true, true], 2); 2]);
+    // Alone, no rank could ever send one.
+    let alone = common::on_ranks(1, &common::config(TransportPolicy::Auto, 30.0), |comm| {
+        comm.recv_from_any(&mut [0u8; 1], 0).unwrap_err()
+    });
+    assert!(matches!(alone[0], Error::InvalidArgument(_)), "{}", alone[0]);
 }
 
 #[test]

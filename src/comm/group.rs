@@ -263,6 +263,11 @@ impl<'c, 'b> Group<'c, 'b> {
                 )));
             }
         }
+        if comm.nranks == 1 && ops.iter().any(|o| o.peer == ANY_SOURCE) {
+            return Err(Error::InvalidArgument(
+                "a receive from any source on a communicator of one rank: no other rank can send it a message".into(),
+            ));
+        }
         // A receive from any source must not race a receive from a given rank for one message.
         let any_tags = ops.iter().filter(|o| o.peer == ANY_SOURCE).map(|o| o.tag);
         for tag in any_tags {
