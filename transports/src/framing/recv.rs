@@ -254,6 +254,11 @@ impl<S: ByteStream> Framed<S> {
             let wanted = tags.contains(&h.tag);
             if wanted && !complete {
                 if let Err(Error::PeerClosed(why)) = self.stream.check_alive() {
+                    // The rest of the frame may have come after the peek, just before the
+                    // peer closed: it is the peer's last word, not lost.
+                    if self.stream.peek(frame).is_some_and(|p| p.bytes.len() >= frame) {
+                        continue;
+                    }
                     self.mark_closed(why);
                 }
                 return Ok(false);

@@ -79,7 +79,17 @@ impl ByteStream for ShmByteStream {
     fn read(&mut self, buf: &mut [u8]) -> Result<usize> {
         let n = self.rx.read(buf).map_err(|c| self.corrupted(c))?;
         if n == 0 && !buf.is_empty() {
-            self.check_peer()?;
+            if let Err(gone) = self.check_peer() {
+                // The peer may have written its last bytes after the read found the ring
+                // empty, then closed (or exited): those bytes come first. (Its writes are
+                // published before its close, which the check acquired.)
+                let n = self.rx.read(buf).map_err(|c| self.corrupted(c))?;
+                if n == 0 {
+                    return Err(gone);
+                }
+                self.idle = 0;
+                return Ok(n);
+            }
         } else {
             self.idle = 0;
         }
