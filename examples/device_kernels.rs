@@ -14,7 +14,7 @@
 //!
 //! Sizes take K/M/G suffixes (binary). N is chosen per size and operation so the timed loop
 //! lasts about `--target-ms` (between 3 and 2000 launches), unless `--iters` fixes it.
-//! `benches/gpu/run.sh` runs it; under the stand-in driver the numbers say nothing about speed.
+//! `benches/gpu/lease.sh` runs it; under the stand-in driver the numbers say nothing about speed.
 
 use std::time::Instant;
 

@@ -3,7 +3,7 @@
 //! loader reads the variable only at start-up, so the parent cannot switch itself).
 //!
 //! On a machine with a GPU, `TOPOCCL_TEST_DRIVER=real` runs the same bodies in the test's own
-//! process on the system's driver instead (`benches/gpu/run.sh` does).
+//! process on the system's driver instead (`benches/gpu/lease.sh` does, one test per process).
 #![allow(dead_code)]
 
 use std::path::PathBuf;
