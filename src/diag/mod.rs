@@ -319,6 +319,11 @@ pub(crate) fn answer_within(timeout: Duration) -> Duration {
 /// every other rank (before this rank's connections close, so that the ranks failing because
 /// of that closing report the same cause).
 pub(crate) fn explain(board: &Board, e: Error) -> Error {
+    explain_asking(board, e, |r| protocol::ask(&board.id, r))
+}
+
+/// [`explain`], asking other ranks with `ask`.
+fn explain_asking(board: &Board, e: Error, ask: impl Fn(u32) -> protocol::Answer + Sync) -> Error {
     if !caused_by_peer(&e) {
         // Started here: peers that ask see it (`Status::first`).
         return e;
@@ -326,13 +331,7 @@ pub(crate) fn explain(board: &Board, e: Error) -> Error {
     let me = board.id.rank;
     let cause = match board.verdict() {
         Some(v) => {
-            // Told by another rank: pass it on to the next few ranks before this one closes, so
-            // that a rank the finder could not reach (across a cut link) hears it from a
-            // neighbour rather than blaming that neighbour for closing.
-            let n = board.id.watch.len() as u32;
-            let next: Vec<u32> =
-                (1..=FORWARD_TO.min(n.saturating_sub(1))).map(|k| (me + k) % n).filter(|&r| r != v.found_by).collect();
-            protocol::for_each_rank(&next, |r| protocol::tell(&board.id, r, &v));
+            pass_on(board, &v);
             v
         }
         None => {
@@ -346,7 +345,7 @@ pub(crate) fn explain(board: &Board, e: Error) -> Error {
                         if r == me {
                             protocol::Answer::Status(Box::new(mine.clone()))
                         } else {
-                            protocol::ask(&board.id, r)
+                            ask(r)
                         }
                     })
                 };
@@ -373,7 +372,7 @@ pub(crate) fn explain(board: &Board, e: Error) -> Error {
                     _ => found,
                 }
             } else {
-                let found = cause::find(me, board.id.watch.len() as u32, &mine, |r| protocol::ask(&board.id, r));
+                let found = cause::find(me, board.id.watch.len() as u32, &mine, &ask);
                 if mine.blames.is_some_and(|p| found.culprits == [p]) {
                     // Only the rank that closed on this one is named: it may have closed
                     // because another rank told it the cause, which is on its way here too.
@@ -388,9 +387,69 @@ pub(crate) fn explain(board: &Board, e: Error) -> Error {
                 // before it sees this rank's connections close.
                 let others: Vec<u32> = (0..board.id.watch.len() as u32).filter(|r| *r != me).collect();
                 protocol::for_each_rank(&others, |r| protocol::tell(&board.id, r, &v));
+            } else {
+                // Another rank's verdict arrived while this one searched (the first stays):
+                // passed on as if it had come first, or a rank only this one can reach (the
+                // finder's across a cut link) would blame this one for closing.
+                pass_on(board, &v);
             }
             v
         }
     };
     Error::Fault { rank: me, cause, seen: Box::new(e) }
+}
+
+/// A verdict another rank told this one, passed on to the next few ranks before this one
+/// closes, so that a rank the finder could not reach (across a cut link) hears it from a
+/// neighbour rather than blaming that neighbour for closing.
+fn pass_on(board: &Board, v: &Verdict) {
+    let (me, n) = (board.id.rank, board.id.watch.len() as u32);
+    let next: Vec<u32> =
+        (1..=FORWARD_TO.min(n.saturating_sub(1))).map(|k| (me + k) % n).filter(|&r| r != v.found_by).collect();
+    protocol::for_each_rank(&next, |r| protocol::tell(&board.id, r, v));
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{IpAddr, Ipv4Addr};
+
+    use super::*;
+
+    /// Rank 0 finds the cause but cannot reach rank 1 (the link between them is down); rank 2
+    /// times out at the same moment and is still asking around when rank 0's verdict reaches
+    /// it. Rank 2 must pass that verdict on to rank 1, as it would had it come first: else
+    /// rank 1 hears from nobody and blames rank 2 for closing (seen in CI, collbench's
+    /// `a_link_taken_down_mid_run_fails_every_rank_naming_the_link`).
+    #[test]
+    fn a_verdict_told_while_this_rank_searches_is_passed_on() {
+        let addr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), service::port().unwrap());
+        let id = |rank| Identity {
+            rank,
+            secret: [9; 16],
+            comm_id: [51; 16],
+            watch: vec![addr, addr, addr],
+            answer_within: Duration::from_secs(2),
+        };
+        let (one, two) = (Board::new(id(1)), Board::new(id(2)));
+        service::register(&one).unwrap();
+        service::register(&two).unwrap();
+        two.stalled(Instant::now(), vec![Wait { peer: 1, channel: 0, step: 3, steps: 8, need: Need::Message }]);
+        let from_zero = Verdict {
+            culprits: vec![0, 1],
+            text: "the link between rank 0 and rank 1 is down".into(),
+            found_by: 0,
+            stalled: false,
+        };
+        let timeout = Error::Timeout { rank: 2, secs: 3.0, call: "all_reduce".into(), waiting: "rank 1".into() };
+        let explained = explain_asking(&two, timeout, |r| {
+            // Rank 0's verdict arrives while rank 2 asks rank 1.
+            two.set_verdict(from_zero.clone());
+            protocol::Answer::Status(Box::new(if r == 1 { one.status() } else { two.status() }))
+        });
+        match explained {
+            Error::Fault { cause, .. } => assert_eq!(cause.culprits, vec![0, 1]),
+            other => panic!("{other}"),
+        }
+        assert_eq!(one.told().map(|v| (v.culprits, v.found_by)), Some((vec![0, 1], 0)), "rank 1 was not told");
+    }
 }
