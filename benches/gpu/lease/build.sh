@@ -3,21 +3,23 @@
 # $CARRY/bundle.tar.gz, the one carried folder:
 #
 #   bundle/driver_probes                 lease/driver_probes.c (cc; the driver by dlopen)
-#   bundle/device_sweep, device_kernels  the examples (release)
-#   bundle/deps/device_{collectives,ipc,streams}   the device test binaries (release)
+#   bundle/device_sweep, device_kernels  the examples
+#   bundle/deps/device_{collectives,ipc,streams}   the device test binaries
 #   bundle/libcuda_standin.so            the stand-in driver (for --standin)
 #   bundle/clients/lib/libnccl.so.2      ours (release), clients/include/nccl.h     } not with
 #   bundle/clients/nccl-tests/           all_reduce_perf (MPI=1, against ours)      } --standin
 #   bundle/clients/mpi/                  Open MPI (a relocatable prefix)            }
 #   bundle/MANIFEST.txt                  what was built from what
 #
-# Binaries keep their symbols (strip --strip-debug) so that stacks name functions.
+# Binaries keep their symbols (strip --strip-debug) so that stacks name functions. For the GPU
+# they are built in release; for --standin with the test profile, which CI's `cargo test
+# --workspace` has built already (the stand-in makes speed meaningless anyway).
 
 LEASE_TESTS="device_collectives device_ipc device_streams"
 
-# cargo_executables ARGS...: runs cargo with ARGS (and JSON messages), prints the paths of
-# the executables it built (tests and examples), one per line.
-cargo_executables() {
+# cargo_artifacts ARGS...: runs cargo with ARGS (and JSON messages), prints the paths of the
+# executables it built (tests and examples) and of its cdylibs, one per line.
+cargo_artifacts() {
     cargo "$@" --message-format=json-render-diagnostics | python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -26,8 +28,12 @@ for line in sys.stdin:
     except ValueError:
         sys.stderr.write(line)
         continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable"):
-        print(m["executable"])'
+    if m.get("reason") != "compiler-artifact":
+        continue
+    if m.get("executable"):
+        print(m["executable"])
+    elif "cdylib" in m["target"]["kind"]:
+        print("\n".join(f for f in m["filenames"] if f.endswith(".so")))'
 }
 
 stage_bin() { # stage_bin SRC DST: a copy without debug information
@@ -36,21 +42,29 @@ stage_bin() { # stage_bin SRC DST: a copy without debug information
 
 build_bundle() {
     local t0=$SECONDS exes f t dst=$STAGE/bundle
-    echo "== lease build ($MODE): release binaries, the probes$([ "$MODE" = gpu ] && echo ', libnccl.so.2, nccl-tests and MPI') ==" >&2
-    exes=$(cargo_executables build --release --example device_kernels --example device_sweep) || return 1
-    exes+=$'\n'$(cargo_executables test --release --no-run $(for t in $LEASE_TESTS; do echo --test "$t"; done)) || return 1
-    cargo build --release -p topoccl-standin-cuda >&2 || return 1
+    echo "== lease build ($MODE): $([ "$MODE" = gpu ] && echo release || echo test-profile) binaries, the probes$([ "$MODE" = gpu ] && echo ', libnccl.so.2, nccl-tests and MPI') ==" >&2
+    local profile=test
+    [ "$MODE" = gpu ] && profile=release
+    # shellcheck disable=SC2046 # one --test per name
+    exes=$(cargo_artifacts test --workspace --no-run --profile "$profile" $(for t in $LEASE_TESTS; do echo --test "$t"; done)) || return 1
+    exes+=$'\n'$(cargo_artifacts build --profile "$profile" --example device_kernels --example device_sweep) || return 1
+    exes+=$'\n'$(cargo_artifacts build --profile "$profile" -p topoccl-standin-cuda) || return 1
     rm -rf "$STAGE" "$CARRY"
     mkdir -p "$dst/deps" "$CARRY"
     for f in device_kernels device_sweep; do
-        stage_bin "$(grep "/examples/$f\$" <<<"$exes" | head -n 1)" "$dst/$f" || return 1
+        local e
+        e=$(grep -E "/examples/$f(-[0-9a-f]+)?\$" <<<"$exes" | head -n 1)
+        [ -n "$e" ] || { echo "lease build: cargo built no $f example" >&2; return 1; }
+        stage_bin "$e" "$dst/$f" || return 1
     done
     for t in $LEASE_TESTS; do
         f=$(grep "/deps/$t-[0-9a-f]*\$" <<<"$exes" | head -n 1)
         [ -n "$f" ] || { echo "lease build: cargo built no $t test binary" >&2; return 1; }
         stage_bin "$f" "$dst/deps/$t" || return 1
     done
-    stage_bin "${CARGO_TARGET_DIR:-target}/release/libcuda_standin.so" "$dst/libcuda_standin.so" || return 1
+    f=$(grep '/libcuda_standin\.so$' <<<"$exes" | head -n 1)
+    [ -n "$f" ] || { echo "lease build: cargo reported no libcuda_standin.so" >&2; return 1; }
+    stage_bin "$f" "$dst/libcuda_standin.so" || return 1
     ${CC:-cc} -O2 -g -Wall -Wextra -std=gnu11 -pthread -o "$dst/driver_probes" "$HERE/lease/driver_probes.c" -ldl || return 1
     if [ "$MODE" = gpu ]; then build_clients "$dst/clients" || return 1; fi
     {

@@ -5,6 +5,7 @@
  * headers, and runs the same on a GPU and on the stand-in driver (standins/cuda).
  *
  *   driver_probes --image kernels/images/sm_90.cubin [--only i,ii,iii,iv] [--watchdog-ms 2000]
+ *                 [--connections 1,8] [--max-between 40] [--window-ms 100]
  *
  * (i)   a stream waits on a pinned host word (cuStreamWaitValue32); a kernel plus a
  *       cuStreamWriteValue32 on a stream made k streams later, in the same context, releases
@@ -347,7 +348,8 @@ static int in_child(const char *what, void (*body)(void *), void *arg, const cha
 /* (i) A wait released by a later stream's work. */
 
 #define MAX_BETWEEN 40
-#define RELEASE_WINDOW_US 100000.0
+static int max_between = MAX_BETWEEN;
+static double release_window_us = 100000.0;
 
 static void ranges(char *buf, size_t len, const int *set, int n) {
     size_t at = 0;
@@ -371,9 +373,10 @@ static void probe_release(void *arg) {
     MUST(CALL(cuMemAlloc_v2, &d, 4096));
     alive();
     int released[MAX_BETWEEN + 1] = {0}, deadlocked[MAX_BETWEEN + 1] = {0}, stuck[MAX_BETWEEN + 1] = {0};
+    int n = max_between;
     double lat[MAX_BETWEEN + 1] = {0};
     int made = 0; /* streams made in this context so far */
-    for (int k = 0; k <= MAX_BETWEEN; k++) {
+    for (int k = 0; k <= n; k++) {
         store(w, 0);
         CUstream a, b, between[MAX_BETWEEN];
         MUST(CALL(cuStreamCreate, &a, STREAM_NON_BLOCKING));
@@ -387,7 +390,7 @@ static void probe_release(void *arg) {
         double t0 = now_us();
         MUST(launch_copy(copy_fn, b, d + 256, d, 256));
         MUST(CALL(cuStreamWriteValue32_v2, b, w.dev, 1, WRITE_VALUE_DEFAULT));
-        CUresult r = wait_stream(a, RELEASE_WINDOW_US);
+        CUresult r = wait_stream(a, release_window_us);
         if (r == CUDA_SUCCESS) {
             released[k] = 1;
             lat[k] = now_us() - t0;
@@ -410,11 +413,11 @@ static void probe_release(void *arg) {
         if (stuck[k]) break;
     }
     char rel[256], dead[256], st[256];
-    ranges(rel, sizeof rel, released, MAX_BETWEEN);
-    ranges(dead, sizeof dead, deadlocked, MAX_BETWEEN);
-    ranges(st, sizeof st, stuck, MAX_BETWEEN);
+    ranges(rel, sizeof rel, released, n);
+    ranges(dead, sizeof dead, deadlocked, n);
+    ranges(st, sizeof st, stuck, n);
     int nd = 0;
-    for (int k = 0; k <= MAX_BETWEEN; k++) nd += deadlocked[k] + stuck[k];
+    for (int k = 0; k <= n; k++) nd += deadlocked[k] + stuck[k];
     const char *mc = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
     int any_stuck = strcmp(st, "none") != 0;
     out("RESULT (i) CUDA_DEVICE_MAX_CONNECTIONS=%s: %s; released at k=%s; deadlocked at k=%s%s%s", mc ? mc : "(unset)",
@@ -541,8 +544,10 @@ static void *thread_b(void *p) {
     return NULL;
 }
 
-#define B_WINDOW_US 500000.0
-#define AFTER_RELEASE_US 800000.0
+/* How long thread B's call is given before the release, and after it (--window-ms widens
+ * both, for a loaded machine). */
+#define B_WINDOW_US (release_window_us > 500000.0 ? release_window_us : 500000.0)
+#define AFTER_RELEASE_US (release_window_us > 400000.0 ? 2 * release_window_us : 800000.0)
 
 static const char *call_missing(int kind) {
     switch (kind) {
@@ -833,7 +838,7 @@ static int wanted(const char *only, const char *name) {
 }
 
 int main(int argc, char **argv) {
-    const char *only = NULL;
+    const char *only = NULL, *connections = "1,8";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--image") && i + 1 < argc)
             image_path = argv[++i];
@@ -841,8 +846,14 @@ int main(int argc, char **argv) {
             only = argv[++i];
         else if (!strcmp(argv[i], "--watchdog-ms") && i + 1 < argc)
             watchdog_ms = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--connections") && i + 1 < argc)
+            connections = argv[++i];
+        else if (!strcmp(argv[i], "--max-between") && i + 1 < argc)
+            max_between = atoi(argv[++i]) < 0 ? 0 : atoi(argv[i]) > MAX_BETWEEN ? MAX_BETWEEN : atoi(argv[i]);
+        else if (!strcmp(argv[i], "--window-ms") && i + 1 < argc)
+            release_window_us = atof(argv[++i]) * 1e3;
         else {
-            fprintf(stderr, "usage: %s --image FILE [--only i,ii,iii,iv] [--watchdog-ms MS]\n", argv[0]);
+            fprintf(stderr, "usage: %s --image FILE [--only i,ii,iii,iv] [--watchdog-ms MS] [--connections 1,8] [--max-between K] [--window-ms MS]\n", argv[0]);
             return 2;
         }
     }
@@ -870,12 +881,13 @@ int main(int argc, char **argv) {
 
     if (wanted(only, "i")) {
         out("== (i) a stream waits on a pinned host word; a kernel + cuStreamWriteValue32 on a stream made k streams later (same context) releases it; %.0f ms each ==",
-            RELEASE_WINDOW_US / 1e3);
-        const char *conns[] = {"1", "8"};
-        for (int c = 0; c < 2; c++) {
+            release_window_us / 1e3);
+        char list[64];
+        snprintf(list, sizeof list, "%s", connections);
+        for (char *c = strtok(list, ","); c; c = strtok(NULL, ",")) {
             char what[64];
-            snprintf(what, sizeof what, "(i) CUDA_DEVICE_MAX_CONNECTIONS=%s", conns[c]);
-            failures += in_child(what, probe_release, NULL, "CUDA_DEVICE_MAX_CONNECTIONS", conns[c]) != 0;
+            snprintf(what, sizeof what, "(i) CUDA_DEVICE_MAX_CONNECTIONS=%s", c);
+            failures += in_child(what, probe_release, NULL, "CUDA_DEVICE_MAX_CONNECTIONS", c) != 0;
         }
     }
     if (wanted(only, "ii")) {

@@ -34,12 +34,36 @@ pub struct Config {
     /// either load waits for all of the context's work, the synchronisation CUDA warns lazy
     /// loading may need.
     pub lazy_loading: bool,
+    /// `TOPOCCL_STANDIN_QUEUES`: `stream` (each stream its own queue: streams never hold each
+    /// other up) or `connections`: a context's streams share `CUDA_DEVICE_MAX_CONNECTIONS`
+    /// hardware queues (CUDA's own variable, 1..32, default 8), given round robin as streams
+    /// are made, each queue in order (`hwqueue`). `None` for `stream`, else the count.
+    pub queues: Option<u32>,
+    /// `TOPOCCL_STANDIN_LOCKS`: `observed` (the context lock that a copy into pageable memory
+    /// holds while it waits for its stream is taken by stream and event creation, as cuda-gdb
+    /// showed on an H200) or `all` (every resource call takes it: allocation and free of
+    /// device and host memory, host register and unregister, IPC get/open/close, dma-buf
+    /// export, module and function loading, peer access, stream and event creation).
+    pub lock_all: bool,
+    /// `TOPOCCL_STANDIN_LAZY`: with lazy loading, `lookup` loads a kernel at its first
+    /// `cuModuleGetFunction`; `launch` as CUDA 12.4+ may, at its first `cuLaunchKernel` unless
+    /// `cuFuncLoad` or `cuFuncGetAttribute` loaded it before. Either load waits for all of the
+    /// context's work.
+    pub load_at_launch: bool,
+    /// `TOPOCCL_STANDIN_DEADLOCK_S`: a call or a queue waiting this long where a real driver
+    /// would deadlock says so on stderr, once (default 10; it still waits).
+    pub deadlock_report_s: f64,
 }
 
 static CONFIG: OnceLock<Config> = OnceLock::new();
 
 fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().map(|v| v.trim().to_string()).filter(|v| !v.is_empty())
+}
+
+/// `CUDA_DEVICE_MAX_CONNECTIONS` as the driver reads it: 1..32, default 8.
+pub fn max_connections(v: Option<&str>) -> u32 {
+    v.and_then(|v| v.parse::<u32>().ok()).map_or(8, |n| n.clamp(1, 32))
 }
 
 /// Parses `90`, `9.0`, `sm_90`, `sm_90a` as 90.
@@ -63,6 +87,10 @@ fn parse_poison(s: &str) -> Option<Option<u8>> {
 
 impl Config {
     fn from_env() -> Self {
+        // `TOPOCCL_STANDIN_STRICT=1`: the models a real driver deadlocks under, all at once
+        // (shared hardware queues, the lock on every resource call, loading at first launch);
+        // each knob still overrides.
+        let strict = env("TOPOCCL_STANDIN_STRICT").is_some_and(|v| v != "0");
         let clock = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1);
         Config {
             devices: env("TOPOCCL_STANDIN_DEVICES").and_then(|v| v.parse().ok()).filter(|&n| n >= 0).unwrap_or(1),
@@ -76,6 +104,17 @@ impl Config {
             pools: env("TOPOCCL_STANDIN_POOLS").map_or(true, |v| v != "0"),
             dmabuf: env("TOPOCCL_STANDIN_DMABUF").map_or(true, |v| v != "0"),
             lazy_loading: env("CUDA_MODULE_LOADING").map_or(true, |v| !v.eq_ignore_ascii_case("EAGER")),
+            queues: match env("TOPOCCL_STANDIN_QUEUES").as_deref().unwrap_or(if strict {
+                "connections"
+            } else {
+                "stream"
+            }) {
+                "stream" => None,
+                _ => Some(max_connections(env("CUDA_DEVICE_MAX_CONNECTIONS").as_deref())),
+            },
+            lock_all: env("TOPOCCL_STANDIN_LOCKS").map_or(strict, |v| v == "all"),
+            load_at_launch: env("TOPOCCL_STANDIN_LAZY").map_or(strict, |v| v == "launch"),
+            deadlock_report_s: env("TOPOCCL_STANDIN_DEADLOCK_S").and_then(|v| v.parse().ok()).unwrap_or(10.0),
         }
     }
 
@@ -130,6 +169,11 @@ mod tests {
         assert_eq!(parse_sm("x"), None);
         assert_eq!(parse_poison("off"), Some(None));
         assert_eq!(parse_poison("0xa5"), Some(Some(0xa5)));
+        assert_eq!(max_connections(None), 8);
+        assert_eq!(max_connections(Some("1")), 1);
+        assert_eq!(max_connections(Some("0")), 1);
+        assert_eq!(max_connections(Some("64")), 32);
+        assert_eq!(max_connections(Some("x")), 8);
     }
 
     #[test]

@@ -4,13 +4,15 @@
 //! every call using the context returns that error.
 
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use crate::config;
 use crate::device;
 use crate::handle::{fresh, lock, Registry};
+use crate::hwqueue::HwQueue;
 use crate::stream::Stream;
+use crate::sync::{self, Delay};
 use crate::sys::{CUresult, CuResult};
 use crate::{ipc, memory, module, stream};
 
@@ -28,8 +30,8 @@ pub struct CtxCore {
     /// (context, device) pairs this context enabled peer access to.
     peers: Mutex<Vec<(usize, i32)>>,
     /// Held (shared) by a copy into pageable host memory while it waits for its stream, and
-    /// taken (exclusive) by stream and event creation: on an H200 (driver 580)
-    /// `cuStreamCreate` and `cuEventCreate` waited for as long as another thread of the
+    /// taken (exclusive) by resource calls ([`CtxCore::resource_call`]): on an H200 (driver
+    /// 580) `cuStreamCreate` and `cuEventCreate` waited for as long as another thread of the
     /// context sat in `cuMemcpyDtoHAsync` to pageable memory. Copies do not exclude each other.
     pub blocking: RwLock<()>,
 }
@@ -56,6 +58,26 @@ impl CtxCore {
         let _ = self.sticky.compare_exchange(0, e.0, Ordering::AcqRel, Ordering::Acquire);
     }
 
+    /// A resource call (`call`) waits, as on a real driver, while a copy into pageable memory of
+    /// this context waits for its stream: `observed` calls (stream and event creation, seen so
+    /// on an H200) always, the others under `TOPOCCL_STANDIN_LOCKS=all`. Said on stderr once
+    /// it has waited the deadlock time.
+    pub fn resource_call(&self, call: &str, observed: bool) {
+        if !observed && !config::get().is_ok_and(|c| c.lock_all) {
+            return;
+        }
+        if let Ok(guard) = self.blocking.try_write() {
+            drop(guard);
+            return;
+        }
+        sync::wait_until_reporting(
+            || self.blocking.try_write().is_ok(),
+            || {
+                format!("{call} waits for the context lock that a copy into pageable memory holds while it waits for its stream")
+            },
+        );
+    }
+
     pub fn is_closing(&self) -> bool {
         self.closing.load(Ordering::Acquire)
     }
@@ -73,6 +95,10 @@ pub struct Context {
     pub primary: bool,
     pub legacy: Arc<Stream>,
     streams: Mutex<Vec<Weak<Stream>>>,
+    /// The hardware queues its streams share (`TOPOCCL_STANDIN_QUEUES=connections`; empty when
+    /// each stream has its own), and the next one a new stream gets.
+    queues: Vec<Arc<HwQueue>>,
+    next_queue: AtomicUsize,
 }
 
 impl Context {
@@ -90,6 +116,15 @@ impl Context {
         streams.push(Arc::downgrade(s));
     }
 
+    /// The queue a new stream feeds: the next shared one, round robin (`None`: its own).
+    pub fn queue_for_stream(&self) -> Option<Arc<HwQueue>> {
+        if self.queues.is_empty() {
+            return None;
+        }
+        let i = self.next_queue.fetch_add(1, Ordering::Relaxed) % self.queues.len();
+        Some(self.queues[i].clone())
+    }
+
     /// The context's live streams other than the legacy one.
     pub fn streams(&self) -> Vec<Arc<Stream>> {
         lock(&self.streams).iter().filter_map(Weak::upgrade).collect()
@@ -100,6 +135,18 @@ impl Context {
         self.legacy.wait_idle();
         for s in self.streams() {
             s.wait_idle();
+        }
+    }
+
+    /// [`Context::drain`], saying on stderr what waits (`why`) once it has waited the
+    /// deadlock time.
+    pub fn drain_for(&self, why: &str) {
+        for s in std::iter::once(self.legacy.clone()).chain(self.streams()) {
+            let seq = s.progress.submitted();
+            sync::wait_until_reporting(
+                || s.progress.reached(seq),
+                || format!("{why}, but a stream of the context does not finish"),
+            );
         }
     }
 
@@ -133,11 +180,21 @@ fn new_context(device: i32, primary: bool) -> Arc<Context> {
         peers: Mutex::new(Vec::new()),
         blocking: RwLock::new(()),
     });
+    let (seed, max_us) = config::get().map_or((1, 0), |c| (c.seed, c.delay_us));
+    let queues: Vec<Arc<HwQueue>> = (0..config::get().ok().and_then(|c| c.queues).unwrap_or(0))
+        .map(|i| {
+            let delay = Delay::new(seed ^ (core.handle as u64).rotate_left(17) ^ u64::from(i).rotate_left(40), max_us);
+            HwQueue::spawn(format!("cuda-standin-q{i}-{:x}", core.handle), delay)
+        })
+        .collect();
+    // The legacy stream takes the first shared queue.
     let ctx = Arc::new_cyclic(|weak| Context {
-        legacy: Stream::spawn(core.clone(), weak.clone(), 0, true),
+        legacy: Stream::spawn(core.clone(), weak.clone(), 0, true, queues.first().cloned()),
         core: core.clone(),
         primary,
         streams: Mutex::new(Vec::new()),
+        next_queue: AtomicUsize::new(1),
+        queues,
     });
     CONTEXTS.insert(core.handle, ctx.clone());
     ctx
@@ -152,6 +209,9 @@ fn tear_down(ctx: &Context) {
     ctx.legacy.close();
     for s in ctx.streams() {
         s.close();
+    }
+    for q in &ctx.queues {
+        q.close();
     }
     stream::forget_context(ctx.handle());
     memory::release_context(ctx.handle());
@@ -279,6 +339,7 @@ pub fn enable_peer(peer: usize, flags: u32) -> CuResult<()> {
         return Err(CUresult::INVALID_VALUE);
     }
     let peer = lookup(peer)?;
+    ctx.core.resource_call("cuCtxEnablePeerAccess", false);
     if peer.device() == ctx.device() {
         return Err(CUresult::INVALID_DEVICE);
     }

@@ -109,7 +109,7 @@ fn register(core: Arc<CtxCore>, flags: u32, counters: Arc<Counters>) -> usize {
 pub fn create(flags: u32) -> CuResult<usize> {
     let ctx = context::current()?;
     // Waits while a copy to pageable memory waits for its stream (`CtxCore::blocking`).
-    drop(ctx.core.blocking.write().unwrap_or_else(|e| e.into_inner()));
+    ctx.core.resource_call("cuEventCreate", true);
     if flags & !(EVENT_BLOCKING_SYNC | EVENT_DISABLE_TIMING | EVENT_INTERPROCESS) != 0 {
         return Err(CUresult::INVALID_VALUE);
     }

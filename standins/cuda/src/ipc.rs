@@ -81,7 +81,7 @@ static OPENED: Mutex<Vec<Opened>> = Mutex::new(Vec::new());
 
 /// `cuIpcGetMemHandle`.
 pub fn get_mem_handle(ptr: u64) -> CuResult<CUipcHandle> {
-    context::current()?;
+    context::current()?.core.resource_call("cuIpcGetMemHandle", false);
     let a = memory::find(ptr).filter(|a| a.base == ptr && a.kind == Kind::Device).ok_or(CUresult::INVALID_VALUE)?;
     let d = a.device_backing().ok_or(CUresult::INVALID_VALUE)?;
     Ok(Wire {
@@ -98,6 +98,7 @@ pub fn get_mem_handle(ptr: u64) -> CuResult<CUipcHandle> {
 /// `cuIpcOpenMemHandle_v2`: maps the exporter's memory in the current context.
 pub fn open_mem_handle(handle: &CUipcHandle, flags: u32) -> CuResult<u64> {
     let ctx = context::current()?;
+    ctx.core.resource_call("cuIpcOpenMemHandle", false);
     if flags & !IPC_MEM_LAZY_ENABLE_PEER_ACCESS != 0 {
         return Err(CUresult::INVALID_VALUE);
     }
@@ -117,7 +118,7 @@ pub fn open_mem_handle(handle: &CUipcHandle, flags: u32) -> CuResult<u64> {
 
 /// `cuIpcCloseMemHandle`: `ptr` is what `cuIpcOpenMemHandle_v2` returned.
 pub fn close_mem_handle(ptr: u64) -> CuResult<()> {
-    context::current()?;
+    context::current()?.core.resource_call("cuIpcCloseMemHandle", false);
     let a = memory::find(ptr).filter(|a| a.base == ptr && a.kind == Kind::Ipc).ok_or(CUresult::INVALID_VALUE)?;
     if let Ok(owner) = context::lookup(a.ctx) {
         owner.drain();

@@ -70,6 +70,9 @@ pub unsafe fn launch(
         return Err(CUresult::INVALID_HANDLE);
     }
     dims.check()?;
+    // A kernel only looked up (`TOPOCCL_STANDIN_LAZY=launch`) is loaded now, synchronising the
+    // context.
+    module::load(&f, "cuLaunchKernel of a kernel not yet loaded (lazy loading) synchronises the context")?;
     if !extra.is_null() || params.is_null() {
         return Err(CUresult::INVALID_VALUE);
     }

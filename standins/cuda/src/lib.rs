@@ -17,6 +17,7 @@ pub mod error;
 pub mod event;
 pub mod exports;
 mod handle;
+pub mod hwqueue;
 pub mod image;
 pub mod ipc;
 pub mod launch;

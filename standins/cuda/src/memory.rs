@@ -248,7 +248,9 @@ pub fn remove_ipc(base: u64) -> CuResult<()> {
 
 /// `cuMemAlloc_v2`.
 pub fn alloc(size: usize) -> CuResult<u64> {
-    new_device(size, Kind::Device, &*context::current()?)
+    let ctx = context::current()?;
+    ctx.core.resource_call("cuMemAlloc", false);
+    new_device(size, Kind::Device, &ctx)
 }
 
 /// Waits for all work of the context owning `alloc` (freeing synchronises, as in CUDA).
@@ -260,7 +262,7 @@ fn drain_owner(alloc: &Allocation) {
 
 /// `cuMemFree_v2`: the base of a device or pool allocation; synchronises its context first.
 pub fn free(ptr: u64) -> CuResult<()> {
-    context::current()?;
+    context::current()?.core.resource_call("cuMemFree", false);
     let a = find(ptr).filter(|a| a.base == ptr && matches!(a.kind, Kind::Device | Kind::Pool));
     let a = a.ok_or(CUresult::INVALID_VALUE)?;
     drain_owner(&a);
@@ -289,6 +291,7 @@ pub fn free_async(ptr: u64, stream: usize) -> CuResult<()> {
 /// guard page after it.
 pub fn host_alloc(size: usize, flags: u32) -> CuResult<*mut c_void> {
     let ctx = context::current()?;
+    ctx.core.resource_call("cuMemHostAlloc", false);
     if flags & !(MEMHOSTALLOC_PORTABLE | MEMHOSTALLOC_DEVICEMAP | MEMHOSTALLOC_WRITECOMBINED) != 0 || size == 0 {
         return Err(CUresult::INVALID_VALUE);
     }
@@ -313,7 +316,7 @@ pub fn host_alloc(size: usize, flags: u32) -> CuResult<*mut c_void> {
 
 /// `cuMemFreeHost`.
 pub fn free_host(p: *mut c_void) -> CuResult<()> {
-    context::current()?;
+    context::current()?.core.resource_call("cuMemFreeHost", false);
     let a = find(p as u64).filter(|a| a.base == p as u64 && a.kind == Kind::HostAlloc);
     let a = a.ok_or(CUresult::INVALID_VALUE)?;
     drain_owner(&a);
@@ -333,6 +336,7 @@ pub fn host_device_pointer(p: *mut c_void, flags: u32) -> CuResult<u64> {
 /// `cuMemHostRegister_v2`: the caller's range becomes pinned memory.
 pub fn host_register(p: *mut c_void, size: usize, flags: u32) -> CuResult<()> {
     let ctx = context::current()?;
+    ctx.core.resource_call("cuMemHostRegister", false);
     let known = MEMHOSTREGISTER_PORTABLE | MEMHOSTREGISTER_DEVICEMAP | MEMHOSTREGISTER_READ_ONLY;
     if p.is_null() || size == 0 || flags & !(known | MEMHOSTREGISTER_IOMEMORY) != 0 {
         return Err(CUresult::INVALID_VALUE);
@@ -366,7 +370,7 @@ pub fn host_register(p: *mut c_void, size: usize, flags: u32) -> CuResult<()> {
 /// `cuMemHostUnregister`: synchronises the registering context first (its workers may still
 /// read the caller's memory).
 pub fn host_unregister(p: *mut c_void) -> CuResult<()> {
-    context::current()?;
+    context::current()?.core.resource_call("cuMemHostUnregister", false);
     let a = find(p as u64).filter(|a| a.base == p as u64 && a.kind == Kind::HostRegistered);
     let a = a.ok_or(CUresult::HOST_MEMORY_NOT_REGISTERED)?;
     drain_owner(&a);
@@ -395,6 +399,7 @@ pub fn release_context(ctx: usize) {
 /// first byte**: the stand-in libibverbs reads that position back in `ibv_reg_dmabuf_mr`.
 pub fn dmabuf(dptr: u64, size: usize) -> CuResult<OwnedFd> {
     let ctx = context::current()?;
+    ctx.core.resource_call("cuMemGetHandleForAddressRange", false);
     if !config::get()?.dmabuf {
         return Err(CUresult::NOT_SUPPORTED);
     }

@@ -5,9 +5,12 @@
 //!
 //! Loading kernels synchronises the context, as CUDA's lazy loading may ("Lazy Loading:
 //! potential hazards"): the first `cuModuleGetFunction` of each kernel waits for all of the
-//! context's work (with `CUDA_MODULE_LOADING=EAGER`, `cuModuleLoadData` does, once). A library
-//! that looks a kernel up while a stream of the context waits for that library's own later
-//! work hangs here as it does on a GPU.
+//! context's work (with `CUDA_MODULE_LOADING=EAGER`, `cuModuleLoadData` does, once). With
+//! `TOPOCCL_STANDIN_LAZY=launch`, as CUDA 12.4+ documents it ("the function retrieved may be
+//! partially loaded"), the lookup loads nothing and the kernel's first `cuLaunchKernel` loads
+//! it, unless `cuFuncLoad` or `cuFuncGetAttribute` did before. A library that loads a kernel
+//! while a stream of the context waits for that library's own later work hangs here as it
+//! does on a GPU.
 
 use std::collections::HashSet;
 use std::ffi::CStr;
@@ -34,6 +37,7 @@ pub struct Function {
     pub module: usize,
     pub ctx: usize,
     pub kernel: &'static HostKernel,
+    name: String,
 }
 
 static MODULES: Registry<Module> = Registry::new();
@@ -57,6 +61,7 @@ pub fn check_target(image: &Image, device_sm: u32, max_isa: u32) -> CuResult<()>
 /// `image` must point at a complete cubin or NUL-terminated PTX.
 pub unsafe fn load_data(image: *const u8) -> CuResult<usize> {
     let ctx = context::current()?;
+    ctx.core.resource_call("cuModuleLoadData", false);
     // SAFETY: passed on from the caller.
     let img = unsafe { image::read(image) }?;
     let c = config::get()?;
@@ -65,7 +70,7 @@ pub unsafe fn load_data(image: *const u8) -> CuResult<usize> {
     let loaded = if c.lazy_loading {
         HashSet::new()
     } else {
-        ctx.drain();
+        ctx.drain_for("cuModuleLoadData (CUDA_MODULE_LOADING=EAGER) synchronises the context");
         names.iter().cloned().collect()
     };
     let handle = fresh();
@@ -76,21 +81,60 @@ pub unsafe fn load_data(image: *const u8) -> CuResult<usize> {
 /// `cuModuleGetFunction`: `CUDA_ERROR_NOT_FOUND` unless the name is in the image and has a
 /// host-compiled kernel.
 pub fn get_function(module: usize, name: &CStr) -> CuResult<usize> {
-    config::get()?;
+    let c = config::get()?;
     let m = MODULES.get(module).ok_or(CUresult::INVALID_HANDLE)?;
+    context::lookup(m.ctx)?.core.resource_call("cuModuleGetFunction", false);
     let name = name.to_str().map_err(|_| CUresult::NOT_FOUND)?;
     if !m.names.iter().any(|n| n == name) {
         return Err(CUresult::NOT_FOUND);
     }
     let kernel = topoccl_kernels_host::find(name).ok_or(CUresult::NOT_FOUND)?;
-    let first = lock(&m.loaded).insert(name.to_string());
-    if first {
-        // Loading the kernel: every stream of the module's context runs dry first.
-        context::lookup(m.ctx)?.drain();
+    let f = Function { handle: fresh(), module, ctx: m.ctx, kernel, name: name.to_string() };
+    if !c.load_at_launch {
+        load(&f, "cuModuleGetFunction's lazy load of a kernel synchronises the context")?;
     }
-    let handle = fresh();
-    FUNCTIONS.insert(handle, Arc::new(Function { handle, module, ctx: m.ctx, kernel }));
+    let handle = f.handle;
+    FUNCTIONS.insert(handle, Arc::new(f));
     Ok(handle)
+}
+
+/// Whether `f`'s kernel is loaded (`cuFuncIsLoaded`).
+pub fn is_loaded(f: &Function) -> bool {
+    MODULES.get(f.module).is_some_and(|m| lock(&m.loaded).contains(&f.name))
+}
+
+/// Loads `f`'s kernel unless it is: every stream of its context runs dry first (`why` says,
+/// if that takes the deadlock time, what waits).
+pub fn load(f: &Function, why: &str) -> CuResult<()> {
+    let m = MODULES.get(f.module).ok_or(CUresult::INVALID_HANDLE)?;
+    if lock(&m.loaded).contains(&f.name) {
+        return Ok(());
+    }
+    context::lookup(m.ctx)?.drain_for(why);
+    lock(&m.loaded).insert(f.name.clone());
+    Ok(())
+}
+
+/// `cuFuncLoad`.
+pub fn func_load(handle: usize) -> CuResult<()> {
+    let f = function(handle)?;
+    context::lookup(f.ctx)?.core.resource_call("cuFuncLoad", false);
+    load(&f, "cuFuncLoad synchronises the context")
+}
+
+/// `cuFuncGetAttribute`: loads the kernel (as NCCL relies on: `cudaFuncGetAttributes` at
+/// init); the host-compiled kernels use no shared, constant or local memory.
+pub fn attribute(handle: usize, attr: i32) -> CuResult<i32> {
+    let f = function(handle)?;
+    load(&f, "cuFuncGetAttribute loads the kernel, which synchronises the context")?;
+    let sm = config::get()?.sm as i32;
+    match attr {
+        0 => Ok(1024),   // MAX_THREADS_PER_BLOCK
+        1..=3 => Ok(0),  // SHARED_SIZE_BYTES, CONST_SIZE_BYTES, LOCAL_SIZE_BYTES
+        4 => Ok(32),     // NUM_REGS
+        5 | 6 => Ok(sm), // PTX_VERSION, BINARY_VERSION
+        _ => Err(CUresult::INVALID_VALUE),
+    }
 }
 
 /// `cuModuleUnload`: its functions go with it.

@@ -1,18 +1,18 @@
-//! Streams: one worker thread each, running its items in order, each item first sleeping a
-//! random delay, so work really runs after the call that enqueued it returned and a missing
-//! wait shows up as wrong data. Each context's legacy default stream (`NULL`,
+//! Streams: each feeds a hardware queue (`hwqueue`: its own, or one shared with other streams
+//! of the context), whose worker runs the items in order, each first sleeping a random delay,
+//! so work really runs after the call that enqueued it returned and a missing wait shows up as
+//! wrong data. Each context's legacy default stream (`NULL`,
 //! `CU_STREAM_LEGACY`) synchronises implicitly with the context's blocking streams, as CUDA
 //! defines it; `CU_STREAM_NON_BLOCKING` streams do not.
 
-use std::collections::VecDeque;
-use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 
 use crate::config;
 use crate::context::{self, Context, CtxCore};
 use crate::event::Counters;
-use crate::handle::{fresh, lock, Registry};
+use crate::handle::{fresh, Registry};
+use crate::hwqueue::HwQueue;
 use crate::sync::{self, Delay};
 use crate::sys::{CUresult, CuResult, STREAM_LEGACY, STREAM_NON_BLOCKING, STREAM_PER_THREAD};
 
@@ -31,6 +31,16 @@ impl Progress {
     pub fn reached(&self, seq: u64) -> bool {
         self.done.load(Ordering::Acquire) >= seq
     }
+
+    /// One more item submitted: its number.
+    pub(crate) fn count_submitted(&self) -> u64 {
+        self.submitted.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// One more item run.
+    pub(crate) fn count_done(&self) {
+        self.done.fetch_add(1, Ordering::AcqRel);
+    }
 }
 
 /// What an item waits for before it runs.
@@ -42,7 +52,7 @@ pub enum Dep {
 }
 
 impl Dep {
-    fn met(&self) -> bool {
+    pub(crate) fn met(&self) -> bool {
         match self {
             Dep::Stream(p, seq) => p.reached(*seq),
             Dep::Event(c, generation) => c.completed() >= *generation,
@@ -53,18 +63,12 @@ impl Dep {
 /// An item's work: runs on the stream's worker; an `Err` becomes the context's sticky error.
 pub type Work = Box<dyn FnOnce() -> CuResult<()> + Send>;
 
-struct Item {
-    deps: Vec<Dep>,
-    work: Work,
+pub(crate) struct Item {
+    pub deps: Vec<Dep>,
+    pub work: Work,
     /// Bookkeeping (event records, value writes) runs even after the context faulted, so that
     /// nothing waiting on it hangs; data work is skipped, as a dead GPU context runs nothing.
-    always: bool,
-}
-
-#[derive(Default)]
-struct Queue {
-    items: VecDeque<Item>,
-    closed: bool,
+    pub always: bool,
 }
 
 pub struct Stream {
@@ -74,65 +78,43 @@ pub struct Stream {
     pub legacy: bool,
     pub core: Arc<CtxCore>,
     ctx: Weak<Context>,
-    queue: Mutex<Queue>,
-    ready: Condvar,
+    /// The hardware queue its items go to.
+    hw: Arc<HwQueue>,
+    /// Whether that queue is this stream's alone (closed with it).
+    own_queue: bool,
+    closed: AtomicBool,
     pub progress: Arc<Progress>,
 }
 
 static STREAMS: Registry<Stream> = Registry::new();
 
 impl Stream {
-    /// A stream with its worker running.
-    pub fn spawn(core: Arc<CtxCore>, ctx: Weak<Context>, flags: u32, legacy: bool) -> Arc<Stream> {
-        let stream = Arc::new(Stream {
-            handle: if legacy { 0 } else { fresh() },
+    /// A stream feeding `hw` (a shared queue of its context), or a queue of its own.
+    pub fn spawn(
+        core: Arc<CtxCore>,
+        ctx: Weak<Context>,
+        flags: u32,
+        legacy: bool,
+        hw: Option<Arc<HwQueue>>,
+    ) -> Arc<Stream> {
+        let handle = if legacy { 0 } else { fresh() };
+        let own_queue = hw.is_none();
+        let hw = hw.unwrap_or_else(|| {
+            let (seed, max_us) = config::get().map_or((1, 0), |c| (c.seed, c.delay_us));
+            let delay = Delay::new(seed ^ (core.handle as u64).rotate_left(17) ^ handle as u64, max_us);
+            HwQueue::spawn(format!("cuda-standin-{:x}", handle.max(core.handle)), delay)
+        });
+        Arc::new(Stream {
+            handle,
             flags,
             legacy,
             core,
             ctx,
-            queue: Mutex::new(Queue::default()),
-            ready: Condvar::new(),
+            hw,
+            own_queue,
+            closed: AtomicBool::new(false),
             progress: Arc::default(),
-        });
-        let (seed, max_us) = config::get().map_or((1, 0), |c| (c.seed, c.delay_us));
-        let delay = Delay::new(seed ^ (stream.core.handle as u64).rotate_left(17) ^ stream.handle as u64, max_us);
-        let worker = stream.clone();
-        std::thread::Builder::new()
-            .name(format!("cuda-standin-{:x}", stream.handle.max(stream.core.handle)))
-            .spawn(move || worker.run(delay))
-            .expect("the stand-in could not start a stream worker thread");
-        stream
-    }
-
-    fn run(&self, mut delay: Delay) {
-        loop {
-            let item = {
-                let mut q = lock(&self.queue);
-                loop {
-                    if let Some(item) = q.items.pop_front() {
-                        break item;
-                    }
-                    if q.closed {
-                        return;
-                    }
-                    q = self.ready.wait(q).unwrap_or_else(|e| e.into_inner());
-                }
-            };
-            delay.sleep();
-            for dep in &item.deps {
-                sync::wait_until(|| dep.met());
-            }
-            if item.always || self.core.sticky().is_ok() {
-                let work = item.work;
-                match catch_unwind(AssertUnwindSafe(work)) {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => self.core.fail(e),
-                    Err(_) => self.core.fail(CUresult::LAUNCH_FAILED),
-                }
-            }
-            self.progress.done.fetch_add(1, Ordering::AcqRel);
-            sync::notify();
-        }
+        })
     }
 
     /// Enqueues data work (copies, memsets, kernels): the item number.
@@ -157,14 +139,10 @@ impl Stream {
             }
         }
         deps.retain(|d| !d.met());
-        let mut q = lock(&self.queue);
-        if q.closed {
+        if self.closed.load(Ordering::Acquire) {
             return Err(CUresult::INVALID_HANDLE);
         }
-        q.items.push_back(Item { deps, work, always });
-        let seq = self.progress.submitted.fetch_add(1, Ordering::AcqRel) + 1;
-        self.ready.notify_one();
-        Ok(seq)
+        self.hw.push(&self.progress, &self.core, Item { deps, work, always })
     }
 
     /// Blocks until item `seq` has run.
@@ -193,10 +171,12 @@ impl Stream {
         }
     }
 
-    /// Lets the worker finish what is queued and exit.
+    /// Takes no more work; what is queued still runs (and a queue of its own then ends).
     pub fn close(&self) {
-        lock(&self.queue).closed = true;
-        self.ready.notify_all();
+        self.closed.store(true, Ordering::Release);
+        if self.own_queue {
+            self.hw.close();
+        }
     }
 
     /// The owning context, while it lives.
@@ -231,8 +211,8 @@ pub fn create(flags: u32) -> CuResult<usize> {
     if flags & !STREAM_NON_BLOCKING != 0 {
         return Err(CUresult::INVALID_VALUE);
     }
-    drop(ctx.core.blocking.write().unwrap_or_else(|e| e.into_inner()));
-    let s = Stream::spawn(ctx.core.clone(), Arc::downgrade(&ctx), flags, false);
+    ctx.core.resource_call("cuStreamCreate", true);
+    let s = Stream::spawn(ctx.core.clone(), Arc::downgrade(&ctx), flags, false, ctx.queue_for_stream());
     ctx.add_stream(&s);
     STREAMS.insert(s.handle, s.clone());
     Ok(s.handle)

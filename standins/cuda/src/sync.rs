@@ -34,6 +34,26 @@ pub fn wait_until(mut done: impl FnMut() -> bool) {
     }
 }
 
+/// [`wait_until`], saying once on stderr what waits (`what()`) when it has waited the
+/// stand-in's deadlock time: where a real driver would never come back, the stand-in waits too,
+/// but a test's log says why.
+pub fn wait_until_reporting(mut done: impl FnMut() -> bool, what: impl FnOnce() -> String) {
+    let report_after = crate::config::get().map_or(10.0, |c| c.deadlock_report_s);
+    let start = std::time::Instant::now();
+    let mut what = Some(what);
+    wait_until(|| {
+        if done() {
+            return true;
+        }
+        if start.elapsed().as_secs_f64() >= report_after {
+            if let Some(w) = what.take() {
+                eprintln!("stand-in CUDA driver: {} (waited {report_after} s; a real driver deadlocks here)", w());
+            }
+        }
+        false
+    });
+}
+
 /// A stream's random delays: 0..`max_us` microseconds, from a splitmix64 sequence.
 pub struct Delay {
     state: u64,

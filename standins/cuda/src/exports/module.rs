@@ -1,6 +1,6 @@
 //! Modules, functions and kernel launches.
 
-use std::ffi::{c_char, c_uint, c_void, CStr};
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 
 use super::{edge, Out};
 use crate::launch::{self, Dims};
@@ -55,4 +55,31 @@ pub unsafe extern "C" fn cuLaunchKernel(
     let dims = Dims { grid: [grid_x, grid_y, grid_z], block: [block_x, block_y, block_z], shared_bytes };
     // SAFETY: the caller's kernel parameter array.
     edge(|| unsafe { launch::launch(f as usize, dims, s as usize, params, extra) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuFuncLoad(f: CUfunction) -> CUresult {
+    edge(|| module::func_load(f as usize))
+}
+
+/// `CU_FUNCTION_LOADING_STATE_UNLOADED` (0) or `_LOADED` (1).
+#[no_mangle]
+pub unsafe extern "C" fn cuFuncIsLoaded(state: *mut c_int, f: CUfunction) -> CUresult {
+    edge(|| {
+        // SAFETY: the caller's out-pointer.
+        let out = unsafe { Out::new(state) }?;
+        let func = module::function(f as usize)?;
+        out.set(c_int::from(module::is_loaded(&func)));
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuFuncGetAttribute(value: *mut c_int, attrib: c_int, f: CUfunction) -> CUresult {
+    edge(|| {
+        // SAFETY: the caller's out-pointer.
+        let out = unsafe { Out::new(value) }?;
+        out.set(module::attribute(f as usize, attrib)?);
+        Ok(())
+    })
 }
