@@ -18,6 +18,9 @@
 
 use std::time::Instant;
 
+#[path = "support/size.rs"]
+mod size;
+
 use clap::Parser;
 use topoccl::cuda::{Context, CudaOps};
 use topoccl::ops::{CpuOps, Fence, LocalOps, Workspace};
@@ -27,10 +30,10 @@ use topoccl::{Dtype, ReduceOp, Region};
 #[command(about = "topoccl's device reduction kernel against a device-to-device copy")]
 struct Args {
     /// Smallest size (bytes; K/M/G suffixes).
-    #[arg(long, default_value = "1M", value_parser = parse_size)]
+    #[arg(long, default_value = "1M", value_parser = size::parse_size)]
     min: usize,
     /// Largest size (bytes; K/M/G suffixes).
-    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    #[arg(long, default_value = "1G", value_parser = size::parse_size)]
     max: usize,
     /// Each size is the previous one times this.
     #[arg(long, default_value_t = 4)]
@@ -41,17 +44,6 @@ struct Args {
     /// Launches per timed loop (overrides --target-ms).
     #[arg(long)]
     iters: Option<usize>,
-}
-
-fn parse_size(s: &str) -> Result<usize, String> {
-    let t = s.trim().trim_end_matches("iB").trim_end_matches('B');
-    let (num, shift) = match t.chars().last() {
-        Some('K' | 'k') => (&t[..t.len() - 1], 10),
-        Some('M' | 'm') => (&t[..t.len() - 1], 20),
-        Some('G' | 'g') => (&t[..t.len() - 1], 30),
-        _ => (t, 0),
-    };
-    num.parse::<usize>().map(|n| n << shift).map_err(|e| format!("size {s:?}: {e}"))
 }
 
 fn human(bytes: usize) -> String {

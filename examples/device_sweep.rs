@@ -27,6 +27,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+#[path = "support/size.rs"]
+mod size;
+
 use clap::Parser;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 use topoccl::cuda::{Context, DeviceMemory, StreamRef};
@@ -38,10 +41,10 @@ type Failure = Box<dyn std::error::Error + Send + Sync>;
 #[command(about = "topoccl's all-reduce on device buffers, checked at every size")]
 struct Args {
     /// Smallest size in bytes (K/M/G suffixes).
-    #[arg(default_value = "8", value_parser = parse_size)]
+    #[arg(default_value = "8", value_parser = size::parse_size)]
     min: usize,
     /// Largest size in bytes (K/M/G suffixes).
-    #[arg(default_value = "64M", value_parser = parse_size)]
+    #[arg(default_value = "64M", value_parser = size::parse_size)]
     max: usize,
     /// Each size is the previous one times this.
     #[arg(default_value_t = 4)]
@@ -53,17 +56,6 @@ struct Args {
     /// Only the checked call per size (read back straight after it), no timing.
     #[arg(long)]
     once: bool,
-}
-
-fn parse_size(s: &str) -> Result<usize, String> {
-    let t = s.trim().trim_end_matches("iB").trim_end_matches('B');
-    let (num, shift) = match t.chars().last() {
-        Some('K' | 'k') => (&t[..t.len() - 1], 10),
-        Some('M' | 'm') => (&t[..t.len() - 1], 20),
-        Some('G' | 'g') => (&t[..t.len() - 1], 30),
-        _ => (t, 0),
-    };
-    num.parse::<usize>().map(|n| n << shift).map_err(|e| format!("size {s:?}: {e}"))
 }
 
 /// Rank `rank`'s element `i`: small integers, so every sum of up to 64 ranks is exact in f32.

@@ -197,18 +197,15 @@ step_nccl_tests() {
     [ "$(id -u)" = 0 ] && mpirun+=(--allow-run-as-root)
     export OPAL_PREFIX=$mpi NCCL_TESTS_DEVICE=0
     local ours=$CLIENTS/lib:$mpi/lib nv note
-    bounded "$T_NCCL" ours-2ranks env LD_LIBRARY_PATH=$ours NCCL_DEBUG=VERSION "${mpirun[@]}" -np 2 "$nt" "${args[@]}" -c 1
-    note=$(NT_MIN=8 NT_MAX=256M NT_FACTOR=4 benches/gpu/clients.sh --check-table "$LAST_LOG" 2 2>&1 | tail -n 1)
-    [ "$LAST_RC" = 0 ] && [[ "$note" == PROBLEMS* ]] && LAST_RC=1
-    [ "$LAST_RC" = 0 ] || note="$(first_error "$LAST_LOG"); $note"
-    sub_row 6 "nccl-tests: ours, 2 processes, -c 1" "$note"
-    nccl_rows "$LAST_LOG" >"$STEP_DIR/ours-2.rows"
-    bounded "$T_NCCL" ours-1rank env LD_LIBRARY_PATH=$ours NCCL_DEBUG=VERSION "${mpirun[@]}" -np 1 "$nt" "${args[@]}" -c 1
-    note=$(NT_MIN=8 NT_MAX=256M NT_FACTOR=4 benches/gpu/clients.sh --check-table "$LAST_LOG" 1 2>&1 | tail -n 1)
-    [ "$LAST_RC" = 0 ] && [[ "$note" == PROBLEMS* ]] && LAST_RC=1
-    [ "$LAST_RC" = 0 ] || note="$(first_error "$LAST_LOG"); $note"
-    sub_row 6 "nccl-tests: ours, 1 rank, -c 1" "$note"
-    nccl_rows "$LAST_LOG" >"$STEP_DIR/ours-1.rows"
+    local np
+    for np in 2 1; do
+        bounded "$T_NCCL" ours-np$np env LD_LIBRARY_PATH=$ours NCCL_DEBUG=VERSION "${mpirun[@]}" -np "$np" "$nt" "${args[@]}" -c 1
+        note=$(NT_MIN=8 NT_MAX=256M NT_FACTOR=4 benches/gpu/clients.sh --check-table "$LAST_LOG" "$np" 2>&1 | tail -n 1)
+        [ "$LAST_RC" = 0 ] && [[ "$note" == PROBLEMS* ]] && LAST_RC=1
+        [ "$LAST_RC" = 0 ] || note="$(first_error "$LAST_LOG"); $note"
+        sub_row 6 "nccl-tests: ours, $np rank$([ "$np" = 1 ] || echo s), -c 1" "$note"
+        nccl_rows "$LAST_LOG" >"$STEP_DIR/ours-$np.rows"
+    done
     nv=$(nvidia_nccl_dir)
     if [ -z "$nv" ]; then
         row 6 "nccl-tests: NVIDIA's NCCL, 1 rank" SKIP 0 "no NVIDIA libnccl.so.2 found (nvidia-nccl-cu13, ldconfig)"
