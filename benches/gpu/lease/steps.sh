@@ -29,7 +29,8 @@ step_machine() {
 
 # The kernels' image for this device: the cubin of its SM, else PTX (the driver compiles it).
 kernel_image() {
-    local cap=${GPU_CAP:-}
+    # Asked here too: step 0 may not have run (--steps).
+    local cap=${GPU_CAP:-$(timeout 10 nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1)}
     [ "$MODE" = standin ] && cap=${TOPOCCL_STANDIN_SM:-90}
     cap=${cap//./}
     if [ -f "$REPO/kernels/images/sm_$cap.cubin" ]; then echo "$REPO/kernels/images/sm_$cap.cubin"; else echo "$REPO/kernels/images/compute_90.ptx"; fi

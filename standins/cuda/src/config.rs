@@ -50,8 +50,9 @@ pub struct Config {
     /// `cuFuncLoad` or `cuFuncGetAttribute` loaded it before. Either load waits for all of the
     /// context's work.
     pub load_at_launch: bool,
-    /// `TOPOCCL_STANDIN_DEADLOCK_S`: a call or a queue waiting this long where a real driver
-    /// would deadlock says so on stderr, once (default 10; it still waits).
+    /// `TOPOCCL_STANDIN_DEADLOCK_S`: a resource call or a context synchronisation waiting this
+    /// long (where a real driver would deadlock) says so on stderr, once (default 10; it still
+    /// waits).
     pub deadlock_report_s: f64,
 }
 

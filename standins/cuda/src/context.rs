@@ -132,10 +132,7 @@ impl Context {
 
     /// Waits for everything submitted so far on every stream of the context.
     pub fn drain(&self) {
-        self.legacy.wait_idle();
-        for s in self.streams() {
-            s.wait_idle();
-        }
+        self.drain_for("synchronising the context (a free, cuCtxSynchronize, a context's end)");
     }
 
     /// [`Context::drain`], saying on stderr what waits (`why`) once it has waited the
