@@ -6,8 +6,10 @@
 //! At the end, the work is split by communicator. Inits and splits come first, each
 //! communicator's on a thread of its own (their rendezvous blocks until every rank arrives).
 //! Then each communicator's sends and receives, as one batch, and its collectives in call order
-//! are queued on it ([`topoccl::Communicator::submit`]), so every communicator's progress
-//! thread runs its share at once, and the group's end waits for all of them. Any order that is
+//! are queued on it ([`topoccl::Communicator::submit`]) — several communicators' side by side,
+//! a thread each, since a device-resident call on one may wait, as it is queued, for another's
+//! to be queued (ranks on one device) — so every communicator's progress thread runs its share
+//! at once, and the group's end waits for all of them. Any order that is
 //! the same on every rank is correct, because NCCL's group semantics is that the calls run
 //! concurrently.
 
@@ -224,10 +226,37 @@ fn submit(work: Vec<Deferred>) -> (Queued, Option<Error>) {
         });
         results.into_iter().for_each(&mut note);
     }
-    // Every communicator's calls queued.
+    // Every communicator's calls queued. Several communicators' calls go in side by side, a
+    // thread each, with the caller's CUDA context current: a device-resident call between
+    // ranks on one device queues a wait only once its peer has queued the write releasing it
+    // (topoccl's `exec::resident`), and the peer's calls are this same group's.
+    let lanes: Vec<Vec<Deferred>> = calls.into_iter().filter(|c| !c.is_empty()).collect();
+    let results: Vec<Result<(Arc<Handle>, Vec<topoccl::Work>)>> = if lanes.len() <= 1 {
+        lanes.into_iter().map(submit_lane).collect()
+    } else {
+        let current = topoccl::cuda::Context::current().ok().flatten().map(|c| c as usize);
+        std::thread::scope(|sc| {
+            let running: Vec<_> = lanes
+                .into_iter()
+                .map(|lane| {
+                    sc.spawn(move || {
+                        // SAFETY: the context current on the group's thread, which stays alive
+                        // while that thread waits here for this one.
+                        let ctx = current.and_then(|raw| unsafe { topoccl::cuda::Context::borrowed(raw as _) }.ok());
+                        let _entered = ctx.as_ref().and_then(|c| c.enter().ok());
+                        submit_lane(lane)
+                    })
+                })
+                .collect();
+            running
+                .into_iter()
+                .map(|t| t.join().unwrap_or_else(|_| Err(Error::Panic("a group's thread panicked".into()))))
+                .collect()
+        })
+    };
     let mut pending = Vec::new();
-    for lane in calls.into_iter().filter(|c| !c.is_empty()) {
-        match submit_lane(lane) {
+    for r in results {
+        match r {
             Ok(p) => pending.push(p),
             Err(e) => note(Err(e)),
         }

@@ -34,6 +34,7 @@ mod group;
 mod netif;
 pub(crate) mod plan;
 mod rdma;
+mod resident;
 mod resize;
 mod stream;
 mod submit;
@@ -132,6 +133,8 @@ struct CallState {
     splits: u32,
     /// The CUDA context and completion word of calls on streams, once bound.
     binding: Option<Arc<crate::cuda::Binding>>,
+    /// Device-resident calls' links, where every rank reaches every other by CUDA IPC.
+    resident: Option<resident::ResidentSide>,
 }
 
 impl std::fmt::Debug for Communicator {
@@ -280,6 +283,7 @@ impl Communicator {
         };
         let tuner = Selector::new(topology.clone(), options)?;
         let settings = Settings::new(config.slice_bytes, config.max_backlog, config.timeout, local > cores);
+        let device_peers: Vec<_> = links.iter().map(|l| l.as_ref().and_then(|c| c.device_peer())).collect();
         let mut exec = Executor::new(rank, links, settings, Arc::new(AtomicBool::new(false)));
         let board = Board::new(Identity {
             rank,
@@ -303,6 +307,7 @@ impl Communicator {
             seq: 0,
             splits: 0,
             binding,
+            resident: None,
         };
         // Whether any rank brought a device to init (what the rendezvous told every rank
         // alike, so all or none of them wait below).
@@ -325,8 +330,15 @@ impl Communicator {
             // As NCCL's init, return only once every rank has connected: a rank still making
             // its device resources (CUDA IPC streams) would wait, on a GPU, for another rank
             // thread of this process sitting in a blocking copy that waits for a first call
-            // needing this rank (`crate::cuda::Binding` says why).
-            comm.all_reduce_in_place(&mut [0u8], crate::ReduceOp::Max)?;
+            // needing this rank (`crate::cuda::Binding` says why). The same all-reduce agrees
+            // on whether calls may run device-resident: only if every rank reaches every other
+            // by CUDA IPC, so that all ranks of a call take the same path.
+            let side = if comm.config.device_resident { resident::ResidentSide::new(rank, device_peers) } else { None };
+            let mut all = [u8::from(side.is_some())];
+            comm.all_reduce_in_place(&mut all, crate::ReduceOp::Min)?;
+            if all[0] == 1 {
+                comm.calls().resident = side;
+            }
         }
         Ok(comm)
     }

@@ -13,7 +13,7 @@
 use std::sync::Arc;
 
 use super::group::Group;
-use super::work::Work;
+use super::work::{Task, Work};
 use super::{CallState, Communicator};
 use crate::buffer::Buffer;
 use crate::call::CollectiveCall;
@@ -86,6 +86,9 @@ impl Communicator {
         let binding = Communicator::binding_for(&mut calls, stream)?;
         stream.not_capturing()?;
         let Some(mut task) = self.prepare(&mut calls, call, send, recv)? else { return Ok(Work::done(&self.runner)) };
+        if let Some(job) = self.resident_job(&mut calls, &binding, &task, stream)? {
+            return Ok(self.runner.submit(Task { job, refine: None, agreement: task.agreement.take() }));
+        }
         let sync = match binding.attach(stream) {
             Ok(s) => s,
             Err(e) => {

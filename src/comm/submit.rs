@@ -54,7 +54,16 @@ impl Communicator {
         // Planning depends only on what every rank shares, so it fails alike everywhere and
         // leaves the ranks in step; so does a checkpoint (`super::agree`), which may put an
         // agreement ahead of this call.
-        let agreement = self.checkpoint(calls)?;
+        let mut agreement = self.checkpoint(calls)?;
+        if calls.resident.is_some() {
+            if let Some(a) = agreement.take() {
+                // A device-resident call cannot have its schedule switched once it is on the
+                // stream, so where calls may run so, every agreement runs before the call it
+                // precedes is planned: every rank then plans this call, and the later ones,
+                // alike (`super::resident`). Only checkpoints wait (for the calls before them).
+                self.runner.submit(*a).wait()?;
+            }
+        }
         let (plan, quick) = calls.planner.plan(call.collective, call.dtype.size(), call.count)?;
         let header = call_header(call, calls.seq, plan.hash);
         calls.seq = calls.seq.wrapping_add(1);

@@ -328,6 +328,7 @@ impl Runner {
     /// that fails has no caller: the failure breaks the communicator and is kept for the next
     /// call ([`Queue::unseen`]), which is this task.
     fn run_job(&self, turn: &mut Turn<'_>, task: &mut Task) -> Result<()> {
+        let _executor = crate::cuda::OnExecutor::enter();
         if let Some(mut agreement) = task.agreement.take() {
             let _ = self.run_one(turn, &mut agreement);
         }
@@ -349,6 +350,7 @@ impl Runner {
         if let Some(b) = &exec.board {
             b.begin(match &task.job {
                 Job::Collective(c) => Some(&c.header),
+                Job::Resident(r) => Some(&r.header),
                 Job::Transfers(_) => None,
             });
         }

@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 
 use super::context::Context;
 use super::kernels::Kernels;
-use super::memory::Pinned;
+use super::memory::{DeviceMemory, Pinned};
 use super::ops::CudaOps;
 use super::stream::{Event, StreamRef};
 use crate::error::{Error, Result};
@@ -58,13 +58,20 @@ pub const SLOTS: u32 = 4096;
 /// that a call makes one (which may wait for a caller's blocking copy: module documentation).
 pub const EVENTS: usize = 32;
 
+/// Bytes of each of a device-resident call's two workspaces (scratch chunks; an input staged
+/// apart from an overlapping output): a call that needs more runs host-driven.
+pub const RESIDENT_WORKSPACE: usize = 4 << 20;
+
 /// A communicator's device context and the words its calls' completions are written to.
 #[derive(Debug)]
 pub struct Binding {
     ctx: Arc<Context>,
     /// The context's kernels, loaded before any stream can wait on this binding (loading may
     /// synchronise the context: [`Kernels::of`]) and kept loaded while it lives.
-    _kernels: Arc<Kernels>,
+    pub(super) kernels: Arc<Kernels>,
+    /// Device-resident calls' scratch and staging, made here because nothing may be allocated
+    /// once a call can be waited for ([`RESIDENT_WORKSPACE`] bytes each).
+    pub(super) workspace: DeviceMemory,
     /// The words (freed by `drop` only once no stream can still read them).
     flag: ManuallyDrop<Pinned>,
     /// The last ticket handed out (the front of the queue); tickets go out in call order.
@@ -86,9 +93,11 @@ impl Binding {
         let ops = CudaOps::new(&ctx)?;
         let spare = (0..EVENTS).map(|_| Event::new(&ctx)).collect::<Result<Vec<_>>>()?;
         let flag = ManuallyDrop::new(Pinned::new(&ctx, SLOTS as usize * 4)?);
+        let workspace = DeviceMemory::new(&ctx, 2 * RESIDENT_WORKSPACE)?;
         Ok(Arc::new(Binding {
             ctx,
-            _kernels: kernels,
+            kernels,
+            workspace,
             flag,
             issued: AtomicU32::new(0),
             passed: Mutex::new(Vec::new()),
@@ -158,6 +167,26 @@ impl Binding {
         passed[i].1.record(stream)?;
         drop(passed);
         Ok(StreamSync { binding: self.clone(), start: ManuallyDrop::new(start), ticket })
+    }
+
+    /// A ticket for a device-resident call: its caller's stream writes it at the call's end
+    /// ([`Binding::complete_on`]) and the host watches for it ([`Binding::completed`]); no
+    /// stream waits on it. Must be taken in call order, as `attach`'s.
+    pub fn next_ticket(&self) -> u32 {
+        let ticket = self.issued.load(Ordering::Relaxed).wrapping_add(1);
+        self.issued.store(ticket, Ordering::Relaxed);
+        ticket
+    }
+
+    /// The device address of ticket `ticket`'s word (a stream may wait on it).
+    pub(super) fn word_device_addr(&self, ticket: u32) -> u64 {
+        self.word(ticket).1
+    }
+
+    /// Whether ticket `ticket`'s word has been written (by the device or the host).
+    pub fn completed(&self, ticket: u32) -> bool {
+        let now = self.word(ticket).0.load(Ordering::Acquire);
+        (now.wrapping_sub(ticket) as i32) >= 0
     }
 
     /// Marks a call done from the host (a failed call, one never run, or one on host memory).

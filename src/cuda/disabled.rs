@@ -159,6 +159,22 @@ impl Binding {
         match *self {}
     }
 
+    pub fn next_ticket(&self) -> u32 {
+        match *self {}
+    }
+
+    pub fn completed(&self, _ticket: u32) -> bool {
+        match *self {}
+    }
+
+    pub fn resident_workspaces(&self) -> (Region, Region) {
+        match *self {}
+    }
+
+    pub fn caller_stream(&self, _stream: StreamRef, _dtype: Dtype, _op: ReduceOp) -> CallerStream<'_> {
+        match *self {}
+    }
+
     /// # Safety
     /// Never callable (the type is empty).
     pub unsafe fn complete_on(&self, _stream: StreamRef, _ticket: u32) -> Result<()> {
@@ -231,4 +247,75 @@ pub fn device_id(_ordinal: u32) -> Result<topoccl_transports::ipc::DeviceId> {
 
 pub fn ipc_access(_id: topoccl_transports::ipc::DeviceId) -> Result<Arc<dyn topoccl_transports::ipc::DeviceAccess>> {
     Err(off())
+}
+
+/// Never made (there is no binding).
+pub struct CallerStream<'b>(&'b Binding);
+
+impl CallerStream<'_> {
+    /// # Safety
+    /// Never callable.
+    pub unsafe fn divide(&mut self, _data: Region, _n: u32) -> Result<()> {
+        match *self.0 {}
+    }
+
+    pub fn finish(&mut self, _ticket: u32) -> Result<()> {
+        match *self.0 {}
+    }
+
+    pub fn after(&mut self, _ticket: u32) -> Result<()> {
+        match *self.0 {}
+    }
+
+    /// # Safety
+    /// Never callable.
+    pub unsafe fn scale(&mut self, _dst: Region, _src: Region, _scalar: &[u8]) -> Result<()> {
+        match *self.0 {}
+    }
+}
+
+impl crate::exec::resident::DeviceStream for CallerStream<'_> {
+    unsafe fn copy(&mut self, _dst: u64, _src: u64, _len: usize) -> Result<()> {
+        match *self.0 {}
+    }
+    unsafe fn reduce(&mut self, _dst: u64, _a: u64, _b: u64, _len: usize) -> Result<()> {
+        match *self.0 {}
+    }
+    unsafe fn wait(&mut self, _word: u64, _value: u32) -> Result<()> {
+        match *self.0 {}
+    }
+    unsafe fn signal(&mut self, _word: u64, _value: u32) -> Result<()> {
+        match *self.0 {}
+    }
+}
+
+/// A device-resident call outstanding (none can be, here).
+#[derive(Debug)]
+pub struct Outstanding(());
+
+impl Outstanding {
+    pub(crate) fn begin() -> Outstanding {
+        Outstanding(())
+    }
+
+    pub fn end(&self) {}
+}
+
+/// No driver, so no driver calls.
+pub fn foreign_driver_calls() -> u64 {
+    0
+}
+
+/// No driver, so no driver calls.
+pub fn driver_calls_on_this_thread() -> u64 {
+    0
+}
+
+/// Nothing to mark without a driver.
+pub(crate) struct OnExecutor;
+
+impl OnExecutor {
+    pub(crate) fn enter() -> OnExecutor {
+        OnExecutor
+    }
 }

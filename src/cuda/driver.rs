@@ -3,6 +3,8 @@
 //! missing library or symbol — so nothing here calls into `sys` before [`driver`] has made
 //! sure both are there).
 
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 use cudarc::driver::sys::{self, CUresult};
@@ -47,6 +49,7 @@ const SYMBOLS: &[&str] = &[
     "cuModuleLoadData",
     "cuModuleUnload",
     "cuModuleGetFunction",
+    "cuFuncGetAttribute",
     "cuLaunchKernel",
     // The CUDA IPC transport.
     "cuDeviceGetUuid_v2",
@@ -138,8 +141,82 @@ fn name(r: CUresult) -> String {
     }
 }
 
+/// Device-resident calls whose end the host has not seen yet, in this process.
+static OUTSTANDING: AtomicUsize = AtomicUsize::new(0);
+/// Driver calls the executor made while a device-resident call was outstanding.
+static FOREIGN: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// How deep this thread is in running queued work (it is the executor: the progress
+    /// thread, or a waiting caller running what others queued).
+    static ON_EXECUTOR: Cell<u32> = const { Cell::new(0) };
+    /// Driver calls this library made on this thread.
+    static ON_THIS_THREAD: Cell<u64> = const { Cell::new(0) };
+}
+
+/// The driver calls this library has made (through [`check`]) on the calling thread: what a
+/// call costs its caller, for the table of driver calls per call.
+pub fn driver_calls_on_this_thread() -> u64 {
+    ON_THIS_THREAD.with(Cell::get)
+}
+
+/// The debug counter of NCCL's invariant: the driver calls this library's executor made
+/// (through [`check`]) — on the progress thread, or on a waiting caller running queued work —
+/// while some device-resident call was between its enqueue and the host seeing its end. Such
+/// a call's work is all on the GPU's queues when it returns, and the executor only watches it
+/// with plain loads of pinned memory, so this stays 0 unless host-driven device work runs
+/// beside it (which a copy into pageable memory can deadlock: `../shared/gpu-review.md` §2).
+pub fn foreign_driver_calls() -> u64 {
+    FOREIGN.load(Ordering::Relaxed)
+}
+
+/// Marks the current thread as running queued work while it lives.
+pub(crate) struct OnExecutor(());
+
+impl OnExecutor {
+    pub(crate) fn enter() -> OnExecutor {
+        ON_EXECUTOR.with(|c| c.set(c.get() + 1));
+        OnExecutor(())
+    }
+}
+
+impl Drop for OnExecutor {
+    fn drop(&mut self) {
+        ON_EXECUTOR.with(|c| c.set(c.get().saturating_sub(1)));
+    }
+}
+
+/// One device-resident call outstanding until it [ends](Outstanding::end) or is dropped (see
+/// [`foreign_driver_calls`]).
+#[derive(Debug)]
+pub struct Outstanding(std::sync::atomic::AtomicBool);
+
+impl Outstanding {
+    pub(crate) fn begin() -> Outstanding {
+        OUTSTANDING.fetch_add(1, Ordering::AcqRel);
+        Outstanding(std::sync::atomic::AtomicBool::new(false))
+    }
+
+    /// The host has seen the call end (or given up on it).
+    pub fn end(&self) {
+        if !self.0.swap(true, Ordering::AcqRel) {
+            OUTSTANDING.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl Drop for Outstanding {
+    fn drop(&mut self) {
+        self.end();
+    }
+}
+
 /// `Ok` for `CUDA_SUCCESS`, else an error naming the call and the code.
 pub fn check(r: CUresult, call: &str) -> Result<()> {
+    ON_THIS_THREAD.with(|c| c.set(c.get() + 1));
+    if OUTSTANDING.load(Ordering::Relaxed) > 0 && ON_EXECUTOR.with(Cell::get) > 0 {
+        FOREIGN.fetch_add(1, Ordering::Relaxed);
+    }
     if r == CUresult::CUDA_SUCCESS {
         Ok(())
     } else {

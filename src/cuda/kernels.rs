@@ -195,6 +195,14 @@ impl Kernels {
                     // is NUL-terminated.
                     check(unsafe { sys::cuModuleGetFunction(&mut f, module, c.as_ptr()) }, "cuModuleGetFunction")
                         .map_err(|e| Error::Cuda(format!("kernel {name}: {e}")))?;
+                    // With lazy loading (CUDA 12.4+) the lookup may return a partly loaded
+                    // function whose first launch loads it, synchronising the context — during
+                    // a call, a deadlock. Asking an attribute loads it now (as NCCL does at init).
+                    let mut local: std::ffi::c_int = 0;
+                    let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES;
+                    // SAFETY: a live function of the current context; the out-pointer is a local.
+                    check(unsafe { sys::cuFuncGetAttribute(&mut local, attr, f) }, "cuFuncGetAttribute")
+                        .map_err(|e| Error::Cuda(format!("loading kernel {name}: {e}")))?;
                     by_name.insert(name, f);
                     f
                 }

@@ -25,6 +25,8 @@ mod memory;
 #[cfg(feature = "cuda")]
 mod ops;
 #[cfg(feature = "cuda")]
+mod resident;
+#[cfg(feature = "cuda")]
 mod stream;
 
 #[cfg(feature = "cuda")]
@@ -32,7 +34,9 @@ pub use binding::{Binding, StreamSync};
 #[cfg(feature = "cuda")]
 pub use context::{current_primary_device, device_count, Context, Entered};
 #[cfg(feature = "cuda")]
-pub use driver::{driver, present, Driver};
+pub(crate) use driver::OnExecutor;
+#[cfg(feature = "cuda")]
+pub use driver::{driver, driver_calls_on_this_thread, foreign_driver_calls, present, Driver, Outstanding};
 #[cfg(feature = "cuda")]
 pub use ipc::{device_at_init, device_id, ipc_access};
 #[cfg(feature = "cuda")]
@@ -41,6 +45,8 @@ pub use kernels::{Kernel, KernelArgs};
 pub use memory::{space_of, DeviceMemory, Pinned};
 #[cfg(feature = "cuda")]
 pub use ops::CudaOps;
+#[cfg(feature = "cuda")]
+pub use resident::CallerStream;
 #[cfg(feature = "cuda")]
 pub use stream::{Event, Stream, StreamRef};
 

@@ -40,10 +40,24 @@ pub(crate) struct CollectiveJob {
     pub sync: Option<StreamSync>,
 }
 
+/// A device-resident collective, already on its caller's stream: what is left for the
+/// executor is to watch it end, and to release its stream should it fail (`super::resident`).
+pub(crate) struct ResidentJob {
+    pub binding: Arc<crate::cuda::Binding>,
+    /// The ticket the caller's stream writes at the call's end.
+    pub ticket: u32,
+    pub release: super::resident::Release,
+    /// What went wrong while it was queued, if anything (the stream is released already).
+    pub failed: Option<Error>,
+    pub header: CallHeader,
+    pub outstanding: crate::cuda::Outstanding,
+}
+
 /// What the executor runs.
 pub(crate) enum Job {
     Collective(CollectiveJob),
     Transfers(TransferJob),
+    Resident(ResidentJob),
 }
 
 impl Job {
@@ -52,11 +66,17 @@ impl Job {
         match self {
             Job::Collective(c) => c.sync.as_ref(),
             Job::Transfers(t) => t.sync.as_ref(),
+            Job::Resident(_) => None,
         }
     }
 
     /// Lets its caller's stream go on (a job that will never run).
     pub(crate) fn release(&self) {
+        if let Job::Resident(r) = self {
+            r.outstanding.end();
+            r.release.release();
+            r.binding.complete_from_host(r.ticket);
+        }
         if let Some(s) = self.sync() {
             s.binding.complete_from_host(s.ticket);
         }
@@ -93,6 +113,9 @@ impl Executor {
     /// The job's regions must be valid memory of the space they name, used by nothing else
     /// until the job is done (for a job tied to a stream: until the stream has passed it).
     pub(crate) unsafe fn run(&mut self, job: &Job) -> Result<()> {
+        if let Job::Resident(r) = job {
+            return self.watch(r);
+        }
         let sync = job.sync();
         // SAFETY: this fn's contract.
         let r = unsafe { self.run_on_space(job, sync) };
@@ -115,6 +138,7 @@ impl Executor {
         let space = match job {
             Job::Collective(c) => c.checked.space,
             Job::Transfers(t) => t.space()?,
+            Job::Resident(_) => return Err(Error::Internal("a device-resident call on the host path".into())),
         };
         // Host calls wait on the host for the caller's stream. So do device calls over a
         // connection that reads device memory itself (CUDA IPC): its copies run on its own
@@ -218,6 +242,7 @@ impl Parts<'_> {
             match job {
                 Job::Collective(c) => self.run_collective(c, space),
                 Job::Transfers(t) => self.run_transfers(t, space),
+                Job::Resident(_) => Err(Error::Internal("a device-resident call on the host path".into())),
             }
         }
     }

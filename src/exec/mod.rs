@@ -11,6 +11,7 @@ pub(crate) mod memory;
 pub(crate) mod p2p;
 pub(crate) mod plan;
 pub(crate) mod program;
+pub(crate) mod resident;
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;

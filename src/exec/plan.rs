@@ -2,12 +2,13 @@
 //! element count, and this rank's program. The communicator's planner decides which schedule
 //! and keeps plans (`crate::comm::plan`); a plan itself is the executor's input.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use topoccl_synth::schedule::Schedule;
 
 use super::layout::ChunkLayout;
 use super::program::Program;
+use super::resident::ResidentProgram;
 
 /// Everything the executor needs to run one collective of one size on this rank.
 #[derive(Debug)]
@@ -24,6 +25,9 @@ pub(crate) struct Plan {
     pub program: Program,
     /// Bytes of the schedule's scratch chunks.
     pub scratch_bytes: usize,
+    rank: u32,
+    /// The program as one stream's work, made the first time a call runs device-resident.
+    resident: OnceLock<Result<ResidentProgram, String>>,
 }
 
 impl Plan {
@@ -36,6 +40,14 @@ impl Plan {
         let layout = if padded { ChunkLayout::padded(k, count.div_ceil(k), esize) } else { uneven };
         let program = Program::from_schedule(&schedule, rank, &layout);
         let scratch_bytes = layout.offset(schedule.scratch_chunks as usize);
-        Plan { hash, schedule, k, layout, padded, program, scratch_bytes }
+        Plan { hash, schedule, k, layout, padded, program, scratch_bytes, rank, resident: OnceLock::new() }
+    }
+
+    /// This rank's program as one stream's work, or why it cannot be.
+    pub(crate) fn resident(&self) -> Result<&ResidentProgram, &str> {
+        self.resident
+            .get_or_init(|| ResidentProgram::lower(&self.schedule, &self.layout, &self.program, self.rank))
+            .as_ref()
+            .map_err(String::as_str)
     }
 }

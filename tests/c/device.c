@@ -4,9 +4,12 @@
  * datatype x operator (PreMulSum with a host-immediate and a device-resident scalar) on device
  * buffers, in place and out of place; inputs are filled with cuMemcpyHtoD_v2 (on the rank's
  * stream where ranks share a context: see put), outputs poisoned on the stream right before
- * the call, and read back with cuMemcpyDtoHAsync_v2 on the same stream and cuStreamSynchronize,
- * nothing else: the call must start after the stream's earlier work and finish before its
- * later work. Every element is checked. Also: a group of calls on one stream, chains of queued
+ * the call, and read back straight after the call as users read results, with no
+ * synchronisation first: cuMemcpyDtoH_v2 into malloc'd memory (cudaMemcpy into a vector: the
+ * legacy stream's copy waits for the rank's blocking stream), or, where ranks share a context,
+ * cuMemcpyDtoHAsync_v2 on the rank's own stream into malloc'd memory (which returns once the
+ * copy is done; the legacy stream would also wait for the other ranks' streams). The call must
+ * start after the stream's earlier work and finish before its later work. Every element is checked. Also: a group of calls on one stream, chains of queued
  * calls read back once, ncclCommInitAll with every rank on device 0 (one thread, one stream
  * each, in a group), ncclCommCuDevice, ncclMemAlloc's device memory, and a stream of another
  * context refused.
@@ -58,6 +61,7 @@ CUresult cuCtxDestroy_v2(CUcontext ctx);
 CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize);
 CUresult cuMemFree_v2(CUdeviceptr dptr);
 CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount);
+CUresult cuMemcpyDtoH_v2(void* dstHost, CUdeviceptr srcDevice, size_t ByteCount);
 CUresult cuMemcpyDtoHAsync_v2(void* dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream);
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount, CUstream hStream);
 CUresult cuStreamCreate(CUstream* phStream, unsigned int Flags);
@@ -152,12 +156,12 @@ static void poison_async(struct rank_env* e, CUdeviceptr dst, size_t bytes) {
   CU(cuMemcpyHtoDAsync_v2(dst, e->poison, bytes, e->s));
 }
 
-/* The only synchronisation: a copy on the call's stream, then waiting for that stream. */
+/* The only synchronisation: a copy into pageable memory, right after the call. */
 static void fetch(struct rank_env* e, CUdeviceptr src, size_t bytes) {
   fits(e, bytes);
   memset(e->got, 0x5A, bytes);
-  CU(cuMemcpyDtoHAsync_v2(e->got, src, bytes, e->s));
-  CU(cuStreamSynchronize(e->s));
+  if (shared_ctx || use_legacy) CU(cuMemcpyDtoHAsync_v2(e->got, src, bytes, e->s));
+  else CU(cuMemcpyDtoH_v2(e->got, src, bytes));
 }
 
 static void call_done(const char* what) {
@@ -762,7 +766,6 @@ static void init_all(int n) {
                               : moved((r + n - 1) % n, i);
       }
       CU(cuMemcpyDtoHAsync_v2(got, out[r], m * es, s[r]));
-      CU(cuStreamSynchronize(s[r]));
       expect(what, t, got, want, m);
     }
   }

@@ -18,11 +18,13 @@ use topoccl::{Buffer, Collective, CollectiveCall, Communicator, Dtype, ReduceOp,
 /// pageable memory waiting for its own call, which waits for this rank: a deadlock (seen on an
 /// H200; the stand-in driver has that lock too).
 pub fn device_config(transport: topoccl::TransportPolicy, timeout_s: f64) -> topoccl::Config {
+    // From the environment first, so that a run can switch what it compares
+    // (`TOPOCCL_DEVICE_RESIDENT=0`: the host-driven device path).
     topoccl::Config {
         cuda_device: Some(0),
         transport,
         timeout: std::time::Duration::from_secs_f64(timeout_s),
-        ..topoccl::Config::default()
+        ..topoccl::Config::from_env().expect("TOPOCCL_* settings")
     }
 }
 
@@ -37,15 +39,33 @@ pub fn stream() -> Arc<CudaStream> {
     ctx.new_stream().expect("stream")
 }
 
-/// `slice` read back to the host once `stream` has passed everything queued on it. The wait is
-/// in `cuStreamSynchronize`, not in the copy: on an H200 (driver 580) a copy into pageable
-/// memory that waits for its stream holds a lock of the context that `cuStreamCreate` and
-/// `cuEventCreate` wait for, so with ranks as threads of one context a rank waiting there for
-/// a call stops another rank making the stream it would make that call on (the stand-in does
-/// the same: `CtxCore::blocking`).
+/// `slice` read back to the host as users read results: a copy into pageable memory queued
+/// right after the call, with no synchronisation first (`tensor.cpu()`, `loss.item()`,
+/// `cudaMemcpy` into a `std::vector`). Into pageable memory the copy returns only once its
+/// stream has run up to it, and while it waits it holds a lock of the context that resource
+/// calls (allocation, stream and event creation, IPC mapping, module loading) also take (seen
+/// on an H200, driver 580; the stand-in's `TOPOCCL_STANDIN_LOCKS=all` models it): a call whose
+/// completion needs such a call from another thread hangs here, as it would for a user.
 pub fn read_back<T: cudarc::driver::DeviceRepr>(stream: &Arc<CudaStream>, slice: &CudaSlice<T>) -> Vec<T> {
+    stream.clone_dtoh(slice).expect("dtoh")
+}
+
+/// `slice` read back once `stream` has passed everything queued on it: for communicators whose
+/// device calls are still host-driven (network peers: shared memory, TCP, RDMA), which make
+/// driver calls from the progress thread during a call and so hang under [`read_back`]'s copy
+/// (issue 58's remaining part; the lease's smoke step shows it on a GPU).
+pub fn read_back_synchronized<T: cudarc::driver::DeviceRepr>(stream: &Arc<CudaStream>, slice: &CudaSlice<T>) -> Vec<T> {
     stream.synchronize().expect("synchronize");
     stream.clone_dtoh(slice).expect("dtoh")
+}
+
+/// How `comm`'s results are read back: as users do where its device calls run device-resident.
+pub fn reader<T: cudarc::driver::DeviceRepr>(comm: &Communicator) -> fn(&Arc<CudaStream>, &CudaSlice<T>) -> Vec<T> {
+    if comm.device_resident_calls().is_some() {
+        read_back
+    } else {
+        read_back_synchronized
+    }
 }
 
 /// `v` as one element of `dtype` (small integers and halves: exact in every type).
@@ -130,7 +150,7 @@ pub fn device_and_host(
             let (s, r) = (at(&send, stream), at(&recv, stream));
             // SAFETY: both slices live until the stream has passed the call (the copy below).
             unsafe { comm.submit_on(call, s, r, StreamRef(stream.cu_stream()))? };
-            let out = read_back(stream, &recv);
+            let out = reader(comm)(stream, &recv);
             drop((send, &mut recv));
             out[..out_bytes].to_vec()
         }
@@ -145,7 +165,7 @@ pub fn device_and_host(
             };
             // SAFETY: as above.
             unsafe { comm.submit_on(call, s, r, StreamRef(stream.cu_stream()))? };
-            read_back(stream, &d)
+            reader(comm)(stream, &d)
         }
     };
     let host = match placement {

@@ -135,6 +135,10 @@ impl Connection for Faulty {
         self.inner.closed()
     }
 
+    fn device_peer(&self) -> Option<std::sync::Arc<crate::ipc::DevicePeer>> {
+        self.inner.device_peer()
+    }
+
     fn wait_fds(&self, out: &mut Vec<WaitFd>) {
         self.inner.wait_fds(out)
     }

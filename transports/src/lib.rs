@@ -63,7 +63,7 @@ pub use memory::{MemSpace, Region};
 pub use table::{ConnectionWrapper, TransportTable};
 
 /// Version of the [`Transport`] and [`Connection`] interfaces.
-pub const TRANSPORT_API_VERSION: u32 = 4;
+pub const TRANSPORT_API_VERSION: u32 = 5;
 
 /// Bytes of per-message metadata carried for the user of the connection.
 pub const META_BYTES: usize = 24;
@@ -179,6 +179,11 @@ pub trait Connection: Send {
     }
     /// Why the peer is gone, once it is.
     fn closed(&self) -> Option<&str>;
+    /// What the pair lends to device-resident calls, where it lends anything (CUDA IPC: see
+    /// [`ipc::resident`]). Asked once, when the communicator is made.
+    fn device_peer(&self) -> Option<std::sync::Arc<ipc::DevicePeer>> {
+        None
+    }
     /// Descriptors whose readiness means this connection may progress.
     fn wait_fds(&self, out: &mut Vec<WaitFd>);
     /// True when progress can come without any descriptor becoming ready (shared memory):

@@ -28,8 +28,11 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use std::sync::Arc;
+
 use super::device::{DeviceQueue, ExportedMemory, ImportedMemory};
 use super::offers::{Announced, Control, Imports, Offer, CONTROL_TAG, DIRECT_MIN_BYTES};
+use super::resident::{DevicePeer, Kept};
 use super::stats::Counter;
 use super::wire::{reached, Descriptor, Signals, REVOKED_AT, WINDOW_ALIGN, WRITING_AT};
 use super::{Shared, DEVICE_BIT};
@@ -52,9 +55,17 @@ const OWN_TICKETS: u64 = 1 << 62;
 pub(crate) struct PeerWindow {
     /// Mapped here by its handle (kept open while the connection lives); `None` when the peer
     /// shares this process.
-    pub(crate) mapping: Option<Box<dyn ImportedMemory>>,
+    pub(crate) mapping: Option<Arc<Kept<dyn ImportedMemory>>>,
     pub(crate) base: u64,
     pub(crate) cap: usize,
+}
+
+/// This side's receiving half: its window (the connection's `cap` bytes, then the resident
+/// window) and the pair's resident side.
+pub(crate) struct Receiving {
+    pub(crate) window: Arc<Kept<dyn ExportedMemory>>,
+    pub(crate) cap: usize,
+    pub(crate) resident: Option<Arc<DevicePeer>>,
 }
 
 /// A send not yet handed on: no room in the window, or behind one that has none.
@@ -92,8 +103,12 @@ pub struct IpcConnection {
     // Dropped first: waits for the copies queued into the peer's window before it is closed.
     queue: Box<dyn DeviceQueue>,
     tx: PeerWindow,
-    rx: Box<dyn ExportedMemory>,
+    /// This side's window (its first `rx_cap` bytes; the rest is the resident one), at `rx_addr`.
+    _rx: Arc<Kept<dyn ExportedMemory>>,
+    rx_addr: u64,
     rx_cap: usize,
+    /// The pair's resident side (`None` when the device has none to lend).
+    resident: Option<Arc<DevicePeer>>,
     signals: Signals,
     shm: ShmConnection,
     /// The peer's registrations opened here: closed after the queue has finished.
@@ -131,16 +146,20 @@ impl IpcConnection {
         shm: ShmConnection,
         queue: Box<dyn DeviceQueue>,
         tx: PeerWindow,
-        (rx, rx_cap): (Box<dyn ExportedMemory>, usize),
+        rx: Receiving,
         signals: Signals,
         shared: Shared,
         peer: String,
     ) -> IpcConnection {
+        let Receiving { window: rx, cap: rx_cap, resident } = rx;
+        let rx_addr = rx.0.lock().map_or(0, |m| m.addr());
         IpcConnection {
             queue,
             tx,
-            rx,
+            _rx: rx,
+            rx_addr,
             rx_cap,
+            resident,
             signals,
             shm,
             imports: Imports::default(),
@@ -344,7 +363,7 @@ impl IpcConnection {
 
     /// The message in `d` as the executor gets it: this side's window.
     fn region(&self, d: &Descriptor) -> Region {
-        Region::new(MemSpace::Device(self.ordinal), (self.rx.addr() + d.offset) as usize, d.len as usize)
+        Region::new(MemSpace::Device(self.ordinal), (self.rx_addr + d.offset) as usize, d.len as usize)
     }
 
     fn landed(&self, d: &Descriptor) -> bool {
@@ -548,6 +567,10 @@ impl Connection for IpcConnection {
 
     fn closed(&self) -> Option<&str> {
         self.shm.closed()
+    }
+
+    fn device_peer(&self) -> Option<Arc<DevicePeer>> {
+        self.resident.clone()
     }
 
     fn wait_fds(&self, out: &mut Vec<WaitFd>) {

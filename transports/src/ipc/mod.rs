@@ -15,6 +15,7 @@
 mod connection;
 pub mod device;
 mod offers;
+pub mod resident;
 pub mod stats;
 mod wire;
 
@@ -28,9 +29,11 @@ use crate::shm::segment::Segment;
 use crate::shm::ShmTransport;
 use crate::{Connected, Locality, PeerSetup, Transport};
 pub use connection::IpcConnection;
-use connection::PeerWindow;
+use connection::{PeerWindow, Receiving};
 use device::IPC_HANDLE_BYTES;
 pub use device::{DeviceAccess, DeviceId, DeviceQueue, ExportedMemory, ImportedMemory, RegisteredHost};
+pub use resident::{DevicePeer, Word};
+use resident::{Kept, ResidentParts};
 pub use stats::{IpcCounts, IpcStats};
 use wire::{Signals, DIRECTION_BYTES, WINDOW_ALIGN};
 
@@ -41,10 +44,11 @@ pub const DEFAULT_WINDOW_BYTES: usize = 8 << 20;
 /// The largest window a peer may announce.
 pub const MAX_WINDOW_BYTES: usize = 1 << 30;
 const MAGIC: &[u8; 4] = b"TIPC";
-const VERSION: u8 = 1;
+/// v2: each side's IPC allocation holds two windows, the resident one above the other.
+const VERSION: u8 = 2;
 /// magic, version, ok, pid, window bytes, window address, handle, page fd, device ordinal.
 const HELLO_BYTES: usize = 4 + 1 + 1 + 4 + 8 + 8 + IPC_HANDLE_BYTES + 4 + 4;
-const PAGE_BYTES: usize = 4096;
+pub(crate) const PAGE_BYTES: usize = 4096;
 /// Allocations whose registrations a rank keeps (the oldest go first).
 const CACHED_ALLOCATIONS: usize = 256;
 const _: () = assert!(2 * DIRECTION_BYTES <= PAGE_BYTES);
@@ -174,13 +178,14 @@ impl IpcTransport {
     fn handshake(
         &self,
         setup: &mut PeerSetup,
-    ) -> Result<std::result::Result<(Box<dyn ExportedMemory>, PeerWindow, Signals), String>> {
+    ) -> Result<std::result::Result<(Arc<Kept<dyn ExportedMemory>>, PeerWindow, Signals, DevicePeer), String>> {
         let peer = setup.peer.clone();
         let Some(control) = setup.streams.first_mut() else {
             return Err(Error::Unsupported(format!("no control stream to {peer}")));
         };
         control.set_read_timeout(Some(setup.timeout)).map_err(|e| hs(&peer, e))?;
-        let window = self.access.alloc(self.window_bytes);
+        // Two windows in one allocation: the connection's own, then the resident one.
+        let window = self.access.alloc(2 * self.window_bytes);
         let page = if setup.creator { Some(Segment::create(PAGE_BYTES)) } else { None };
         let mine = Hello {
             ok: window.is_ok() && page.as_ref().map_or(true, |p| p.is_ok()),
@@ -230,10 +235,33 @@ impl IpcTransport {
             return Err(Error::Protocol("a failed IPC set-up agreed to".into()));
         };
         page.release_file();
+        let page = Arc::new(page);
         let base = mapping.as_ref().map_or(theirs.window_addr, |m| m.addr());
-        let tx = PeerWindow { mapping, base, cap: theirs.window_bytes as usize };
-        let signals = Signals { page, registered, tx: usize::from(!setup.creator) };
-        Ok(Ok((window, tx, signals)))
+        let rx_base = window.addr();
+        let device_base = registered.device_addr();
+        let (window, registered) = (Kept::new(window), Kept::new(registered));
+        let mapping = mapping.map(Kept::new);
+        let cap = self.window_bytes;
+        let tx_cap = theirs.window_bytes as usize;
+        let mut keep: Vec<Arc<dyn std::any::Any + Send + Sync>> = vec![window.clone(), registered.clone()];
+        if let Some(m) = &mapping {
+            keep.push(m.clone());
+        }
+        let resident = DevicePeer::new(ResidentParts {
+            rank: setup.rank,
+            same_context: same_process && theirs.ordinal == self.access.device().ordinal,
+            page: page.clone(),
+            page_device: device_base,
+            tx: usize::from(!setup.creator),
+            tx_window: base + tx_cap as u64,
+            rx_window: rx_base + cap as u64,
+            // Both sides' windows are of their own size: the smaller one bounds both directions.
+            window_bytes: cap.min(tx_cap),
+            keep,
+        });
+        let tx = PeerWindow { mapping, base, cap: tx_cap };
+        let signals = Signals { page, _registered: registered, device_base, tx: usize::from(!setup.creator) };
+        Ok(Ok((window, tx, signals, resident)))
     }
 }
 
@@ -251,7 +279,7 @@ impl Transport for IpcTransport {
     }
 
     fn connect(&self, mut setup: PeerSetup) -> Result<Connected> {
-        let (rx, tx, signals) = match self.handshake(&mut setup)? {
+        let (rx, tx, signals, resident) = match self.handshake(&mut setup)? {
             Ok(parts) => parts,
             Err(why) => return Ok(Connected::Declined { setup, why }),
         };
@@ -270,7 +298,7 @@ impl Transport for IpcTransport {
             shm,
             queue,
             tx,
-            (rx, self.window_bytes),
+            Receiving { window: rx, cap: self.window_bytes, resident: Some(Arc::new(resident)) },
             signals,
             shared,
             peer,

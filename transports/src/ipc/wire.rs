@@ -3,8 +3,10 @@
 //! with) and the descriptor each device message's frame carries.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
 
 use super::device::RegisteredHost;
+use super::resident::Kept;
 use crate::error::{Error, Result};
 use crate::shm::segment::Segment;
 
@@ -25,9 +27,11 @@ pub(crate) const DIRECT_AT: usize = 80;
 
 /// The shared page of a pair: two directions of signal words.
 pub(crate) struct Signals {
-    pub(crate) page: Segment,
-    /// The page as the device sees it (this side's registration).
-    pub(crate) registered: Box<dyn RegisteredHost>,
+    pub(crate) page: Arc<Segment>,
+    /// The page as the device sees it (this side's registration, shared with the pair's
+    /// resident side), and its first byte's device address.
+    pub(crate) _registered: Arc<Kept<dyn RegisteredHost>>,
+    pub(crate) device_base: u64,
     /// The direction this side sends in (0 or 1); the other is the one it receives in.
     pub(crate) tx: usize,
 }
@@ -61,7 +65,7 @@ impl Signals {
 
     /// The device address of this side's `landed` word.
     pub(crate) fn landed_device_addr(&self) -> u64 {
-        self.registered.device_addr() + (self.tx * DIRECTION_BYTES) as u64
+        self.device_base + (self.tx * DIRECTION_BYTES) as u64
     }
 }
 

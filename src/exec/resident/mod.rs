@@ -1,0 +1,434 @@
+//! Device-resident calls: a rank's whole part of a collective put on its caller's CUDA stream
+//! by the caller's own thread before the call returns — copies into the peers' windows, the
+//! stream's own writes of "landed" counts, waits on the peers' counts, reduction kernels — so
+//! that once the stream waits for anything of the call, nothing it needs is a driver call from
+//! a host thread (NCCL's invariant; `../shared/gpu-review.md` §2 has why the host-driven path
+//! breaks it). The schedule IR stays the one description of the algorithm: a rank's program is
+//! lowered here ([`ResidentProgram::lower`]) into a list of [`Item`]s, in the order of
+//! [`order::stream_order`], and [`emit`] puts the list on a [`DeviceStream`].
+//!
+//! Why this shape rather than one kernel interpreting the program (MSCCL's): every dependency
+//! stays visible to CUDA's scheduler as stream order, copies run on the copy engines, and no
+//! kernel holds multiprocessors while it waits for a peer, which on one GPU shared by several
+//! ranks would starve the very kernels the call needs. A one-launch path for small calls is
+//! the next step (it fits the same lowering: one item list per call).
+//!
+//! Peers whose stream shares this rank's CUDA context (ranks as threads on one device) also
+//! share its hardware queues: a wait queued ahead of the write that releases it would block
+//! that write for ever (with `CUDA_DEVICE_MAX_CONNECTIONS=1`, always). So a wait on such a peer
+//! is queued only once the peer's thread has queued the write ([`Gate`]): every queue then
+//! holds the writes before the waits they release.
+
+pub(crate) mod order;
+mod watch;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use rustc_hash::FxHashMap;
+use topoccl_synth::schedule::Schedule;
+use topoccl_transports::ipc::{DevicePeer, Word};
+
+use super::layout::ChunkLayout;
+use super::memory::{Memory, Span};
+use super::program::{Action, Program};
+use crate::error::{Error, Result};
+
+/// Where a byte range of an item lies: one of the call's buffers, this rank's window for a
+/// peer's messages, or the peer's window for this rank's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Loc {
+    Buf(Span),
+    Rx { peer: u32, off: usize, len: usize },
+    Tx { peer: u32, off: usize, len: usize },
+}
+
+/// One piece of work on the stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Item {
+    Copy {
+        dst: Loc,
+        src: Loc,
+    },
+    /// `dst = a ⊕ b`, the call's operator.
+    Reduce {
+        dst: Loc,
+        a: Loc,
+        b: Loc,
+    },
+    /// The stream waits until message `index` (of this call, from 0) from `peer` has landed.
+    Arrival {
+        peer: u32,
+        index: u32,
+    },
+    /// The stream says message `index` to `peer` has landed (after the copy or kernel before).
+    Landed {
+        peer: u32,
+        index: u32,
+    },
+    /// The stream waits until `peer` has read every earlier call's messages of this rank (its
+    /// window is free again).
+    Room {
+        peer: u32,
+    },
+}
+
+/// A rank's part of one collective as stream work.
+#[derive(Debug, Default)]
+pub(crate) struct ResidentProgram {
+    pub items: Vec<Item>,
+    /// Per peer sent to / received from: messages and window bytes.
+    pub to: Vec<(u32, u32, usize)>,
+    pub from: Vec<(u32, u32, usize)>,
+}
+
+impl ResidentProgram {
+    /// Rank `me`'s `program` (its part of `schedule` on `layout`) as stream work.
+    pub(crate) fn lower(
+        schedule: &Schedule,
+        layout: &ChunkLayout,
+        program: &Program,
+        me: u32,
+    ) -> std::result::Result<ResidentProgram, String> {
+        let order = order::stream_order(schedule)?;
+        let msgs = order::messages(schedule, layout, &order, me);
+        let mut items = Vec::new();
+        let mut roomed: Vec<u32> = Vec::new();
+        let missing = |what: &str, c: u32, s: u32| format!("rank {me}'s step {s} of channel {c}: no {what}");
+        for s in order.get(me as usize).into_iter().flatten() {
+            let st = program
+                .channels
+                .get(s.channel as usize)
+                .and_then(|c| c.steps.get(s.step as usize))
+                .ok_or_else(|| missing("program step", s.channel, s.step))?;
+            let rx = if st.action.receives() {
+                let (peer, m) = *msgs.received.get(s).ok_or_else(|| missing("message", s.channel, s.step))?;
+                items.push(Item::Arrival { peer, index: m.index });
+                Some(Loc::Rx { peer, off: m.offset, len: m.len })
+            } else {
+                None
+            };
+            let tx = if st.action.sends() {
+                let (peer, m) = *msgs.sent.get(s).ok_or_else(|| missing("message", s.channel, s.step))?;
+                Some((peer, m.index, Loc::Tx { peer, off: m.offset, len: m.len }))
+            } else {
+                None
+            };
+            let (src, dst) = (Loc::Buf(st.src), Loc::Buf(st.dst));
+            let mut room = |items: &mut Vec<Item>, peer: u32| {
+                if !roomed.contains(&peer) {
+                    roomed.push(peer);
+                    items.push(Item::Room { peer });
+                }
+            };
+            match (st.action, rx, tx) {
+                (Action::Copy, ..) => items.push(Item::Copy { dst, src }),
+                (Action::Reduce, ..) => items.push(Item::Reduce { dst, a: dst, b: src }),
+                (Action::Send, None, Some((peer, index, t))) => {
+                    room(&mut items, peer);
+                    items.push(Item::Copy { dst: t, src });
+                    items.push(Item::Landed { peer, index });
+                }
+                (Action::Recv, Some(r), None) => items.push(Item::Copy { dst, src: r }),
+                (Action::RecvReduce, Some(r), None) => items.push(Item::Reduce { dst, a: src, b: r }),
+                (Action::RecvCopySend, Some(r), Some((peer, index, t))) => {
+                    items.push(Item::Copy { dst, src: r });
+                    room(&mut items, peer);
+                    items.push(Item::Copy { dst: t, src: r });
+                    items.push(Item::Landed { peer, index });
+                }
+                (Action::RecvReduceSend, Some(r), Some((peer, index, t))) => {
+                    room(&mut items, peer);
+                    items.push(Item::Reduce { dst: t, a: src, b: r });
+                    items.push(Item::Landed { peer, index });
+                }
+                (Action::RecvReduceCopySend, Some(r), Some((peer, index, t))) => {
+                    items.push(Item::Reduce { dst, a: src, b: r });
+                    room(&mut items, peer);
+                    items.push(Item::Copy { dst: t, src: dst });
+                    items.push(Item::Landed { peer, index });
+                }
+                _ => return Err(missing("message for its action", s.channel, s.step)),
+            }
+        }
+        let sorted = |m: &FxHashMap<u32, (u32, usize)>| {
+            let mut v: Vec<(u32, u32, usize)> = m.iter().map(|(&p, &(n, b))| (p, n, b)).collect();
+            v.sort_unstable();
+            v
+        };
+        Ok(ResidentProgram { items, to: sorted(&msgs.to), from: sorted(&msgs.from) })
+    }
+
+    /// Whether every peer's messages of one call fit the windows of `links`, and every peer
+    /// is one.
+    pub(crate) fn fits(&self, links: &[Option<Link>]) -> bool {
+        self.to.iter().chain(&self.from).all(|&(p, _, bytes)| {
+            links.get(p as usize).and_then(Option::as_ref).is_some_and(|l| bytes <= l.window_bytes)
+        })
+    }
+}
+
+/// What [`emit`] needs of a peer's [`DevicePeer`] (a copy of its addresses; the peer itself is
+/// kept alive by whoever holds the links).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Link {
+    pub same_context: bool,
+    pub tx_window: u64,
+    pub rx_window: u64,
+    pub window_bytes: usize,
+    pub arrived_out: Word,
+    pub arrived_in: Word,
+    pub consumed_in: Word,
+    pub consumed_out: Word,
+    pub arrived_out_enq: Word,
+    pub arrived_in_enq: Word,
+    pub consumed_out_enq: Word,
+    pub consumed_in_enq: Word,
+}
+
+impl Link {
+    pub(crate) fn of(p: &DevicePeer) -> Link {
+        Link {
+            same_context: p.same_context,
+            tx_window: p.tx_window,
+            rx_window: p.rx_window,
+            window_bytes: p.window_bytes,
+            arrived_out: p.arrived_out,
+            arrived_in: p.arrived_in,
+            consumed_in: p.consumed_in,
+            consumed_out: p.consumed_out,
+            arrived_out_enq: p.arrived_out_enq,
+            arrived_in_enq: p.arrived_in_enq,
+            consumed_out_enq: p.consumed_out_enq,
+            consumed_in_enq: p.consumed_in_enq,
+        }
+    }
+}
+
+/// Per peer, the counts the words carry so far (every call adds to them).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Counts {
+    pub sent: u32,
+    pub received: u32,
+    pub calls_sent: u32,
+    pub calls_received: u32,
+}
+
+/// What a stream does for [`emit`]: the CUDA driver on a caller's stream, or (in tests) the
+/// host, at once.
+pub(crate) trait DeviceStream {
+    /// # Safety
+    /// Both ranges valid device-reachable memory until the copy has run.
+    unsafe fn copy(&mut self, dst: u64, src: u64, len: usize) -> Result<()>;
+    /// `dst = a ⊕ b` over `len` bytes, with the call's datatype and operator.
+    ///
+    /// # Safety
+    /// As for `copy`.
+    unsafe fn reduce(&mut self, dst: u64, a: u64, b: u64, len: usize) -> Result<()>;
+    /// The stream waits until the word at device address `word` reaches `value` (wrapping).
+    ///
+    /// # Safety
+    /// A live, device-mapped word.
+    unsafe fn wait(&mut self, word: u64, value: u32) -> Result<()>;
+    /// The stream writes `value` into the word, after its work before.
+    ///
+    /// # Safety
+    /// As for `wait`.
+    unsafe fn signal(&mut self, word: u64, value: u32) -> Result<()>;
+}
+
+/// Whether counter `now` has reached `value` (both wrap), as `CU_STREAM_WAIT_VALUE_GEQ` judges.
+pub(crate) fn reached(now: u32, value: u32) -> bool {
+    (now.wrapping_sub(value) as i32) >= 0
+}
+
+/// The host's polls before a wait on a peer sharing this context: bounded, and abortable.
+pub(crate) struct Gate<'a> {
+    pub deadline: Instant,
+    pub abort: &'a AtomicBool,
+    pub rank: u32,
+}
+
+impl Gate<'_> {
+    fn until(&self, word: &Word, value: u32, peer: u32, what: &str) -> Result<()> {
+        let begun = Instant::now();
+        let mut rounds = 0u32;
+        while !reached(word.host().load(Ordering::Acquire), value) {
+            rounds += 1;
+            if rounds % 64 == 0 {
+                if self.abort.load(Ordering::Relaxed) {
+                    return Err(Error::Aborted);
+                }
+                if Instant::now() >= self.deadline {
+                    return Err(Error::Timeout {
+                        rank: self.rank,
+                        secs: begun.elapsed().as_secs_f64(),
+                        call: "a device call".into(),
+                        waiting: format!(
+                            "rank {peer}, a thread of this process on the same device, to enqueue {what} (ranks on one device from one thread need a group call)"
+                        ),
+                    });
+                }
+            }
+            if rounds < 256 {
+                std::hint::spin_loop();
+            } else if rounds < 4096 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(20));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One wait of a call: the word, the value it waits for, and whose it is (for the host's
+/// report of what a stuck call waits for).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Wait {
+    pub word: Word,
+    pub value: u32,
+    pub peer: u32,
+    /// Its peer's messages arriving, else its peer reading this rank's earlier ones.
+    pub arrival: bool,
+}
+
+/// The values every wait of one call waits for: stored by the host, they release a stream
+/// whose call failed (a peer gone, a timeout, an abort), so that it never hangs.
+#[derive(Debug, Default)]
+pub(crate) struct Release(pub Vec<Wait>);
+
+impl Release {
+    pub(crate) fn release(&self) {
+        for w in &self.0 {
+            let word = w.word.host();
+            if !reached(word.load(Ordering::Acquire), w.value) {
+                word.store(w.value, Ordering::Release);
+            }
+        }
+    }
+
+    /// Each wait, with whether it is satisfied now.
+    pub(crate) fn state(&self) -> impl Iterator<Item = (&Wait, u32, bool)> + '_ {
+        self.0.iter().map(|w| {
+            let now = w.word.host().load(Ordering::Acquire);
+            (w, now, reached(now, w.value))
+        })
+    }
+}
+
+/// The waits of `prog` on this call's counts (made before anything is queued).
+pub(crate) fn release_of(prog: &ResidentProgram, links: &[Option<Link>], counts: &[Counts]) -> Result<Release> {
+    let mut out = Vec::new();
+    for &(p, n, _) in &prog.from {
+        let (l, c) = link_of(links, counts, p)?;
+        out.push(Wait { word: l.arrived_in, value: c.received.wrapping_add(n), peer: p, arrival: true });
+    }
+    for &(p, _, _) in &prog.to {
+        let (l, c) = link_of(links, counts, p)?;
+        out.push(Wait { word: l.consumed_in, value: c.calls_sent, peer: p, arrival: false });
+    }
+    Ok(Release(out))
+}
+
+fn link_of<'l>(links: &'l [Option<Link>], counts: &'l [Counts], p: u32) -> Result<(&'l Link, &'l Counts)> {
+    match (links.get(p as usize).and_then(Option::as_ref), counts.get(p as usize)) {
+        (Some(l), Some(c)) => Ok((l, c)),
+        _ => Err(Error::Internal(format!("a device-resident call with rank {p}, which is no device peer"))),
+    }
+}
+
+/// Puts `prog` on `stream` over the buffers of `mem`, and advances `counts` past the call.
+///
+/// # Safety
+/// The regions of `mem` must be valid device memory the stream's device reaches until the
+/// stream has passed the call, used by nothing else meanwhile; the links' windows and words
+/// must stay alive as long.
+pub(crate) unsafe fn emit(
+    prog: &ResidentProgram,
+    mem: &Memory,
+    links: &[Option<Link>],
+    counts: &mut [Counts],
+    stream: &mut dyn DeviceStream,
+    gate: &Gate<'_>,
+) -> Result<()> {
+    let addr = |loc: Loc, write: bool| -> Result<(u64, usize)> {
+        match loc {
+            Loc::Buf(s) => mem.span(s, write).map(|r| (r.addr as u64, r.len)),
+            Loc::Rx { peer, off, len } => Ok((link_of(links, counts, peer)?.0.rx_window + off as u64, len)),
+            Loc::Tx { peer, off, len } => Ok((link_of(links, counts, peer)?.0.tx_window + off as u64, len)),
+        }
+    };
+    for item in &prog.items {
+        match *item {
+            Item::Copy { dst, src } => {
+                let ((d, n), (s, m)) = (addr(dst, true)?, addr(src, false)?);
+                if n != m {
+                    return Err(Error::Internal(format!("a device copy of {m} bytes into {n}")));
+                }
+                if n > 0 && d != s {
+                    // SAFETY: spans of the call's buffers (this fn's contract, bounds-checked by
+                    // `Memory::span`) or message ranges inside the windows (`fits`).
+                    unsafe { stream.copy(d, s, n)? };
+                }
+            }
+            Item::Reduce { dst, a, b } => {
+                let ((d, n), (x, _), (y, _)) = (addr(dst, true)?, addr(a, false)?, addr(b, false)?);
+                if n > 0 {
+                    // SAFETY: as for the copy.
+                    unsafe { stream.reduce(d, x, y, n)? };
+                }
+            }
+            Item::Arrival { peer, index } => {
+                let (l, c) = link_of(links, counts, peer)?;
+                let v = c.received.wrapping_add(index + 1);
+                if l.same_context {
+                    gate.until(&l.arrived_in_enq, v, peer, "its message")?;
+                }
+                // SAFETY: a word of the pair's page, alive with the link (this fn's contract).
+                unsafe { stream.wait(l.arrived_in.device, v)? };
+            }
+            Item::Landed { peer, index } => {
+                let (l, c) = link_of(links, counts, peer)?;
+                let v = c.sent.wrapping_add(index + 1);
+                // SAFETY: as above.
+                unsafe { stream.signal(l.arrived_out.device, v)? };
+                l.arrived_out_enq.host().store(v, Ordering::Release);
+            }
+            Item::Room { peer } => {
+                let (l, c) = link_of(links, counts, peer)?;
+                let v = c.calls_sent;
+                if v != 0 {
+                    if l.same_context {
+                        gate.until(&l.consumed_in_enq, v, peer, "its read of the previous call")?;
+                    }
+                    // SAFETY: as above.
+                    unsafe { stream.wait(l.consumed_in.device, v)? };
+                }
+            }
+        }
+    }
+    for &(p, _, _) in &prog.from {
+        let (l, c) = link_of(links, counts, p)?;
+        let v = c.calls_received.wrapping_add(1);
+        // SAFETY: as above; queued after every read of the window.
+        unsafe { stream.signal(l.consumed_out.device, v)? };
+        l.consumed_out_enq.host().store(v, Ordering::Release);
+    }
+    for &(p, n, _) in &prog.to {
+        if let Some(c) = counts.get_mut(p as usize) {
+            c.sent = c.sent.wrapping_add(n);
+            c.calls_sent = c.calls_sent.wrapping_add(1);
+        }
+    }
+    for &(p, n, _) in &prog.from {
+        if let Some(c) = counts.get_mut(p as usize) {
+            c.received = c.received.wrapping_add(n);
+            c.calls_received = c.calls_received.wrapping_add(1);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

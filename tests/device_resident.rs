@@ -1,0 +1,205 @@
+//! Device-resident calls under the stand-in driver, tested the way users call: each result is
+//! read back with a copy into pageable memory queued right after the call, with no
+//! synchronisation first (`tensor.cpu()`, `float(loss)`, `cudaMemcpy` into a vector), and
+//! must equal the same call on host buffers byte for byte. Every call between CUDA IPC peers
+//! must have run device-resident (queued whole on the caller's stream by the caller's thread),
+//! and the executor must have made no driver call while one was outstanding
+//! (`topoccl::cuda::foreign_driver_calls`): NCCL's invariant, which is what keeps those copies
+//! from deadlocking. Ranks as threads of one process (one context: the queue gate) and as
+//! processes; and a rank that never makes its call leaves the others' streams released, with
+//! an error naming it, instead of hung.
+#![cfg(feature = "cuda")]
+
+mod common;
+mod device_support;
+mod standin;
+
+use std::time::{Duration, Instant};
+
+use device_support::{device_and_host, device_config, read_back, stream, Placement};
+use topoccl::cuda::StreamRef;
+use topoccl::{Collective, CollectiveCall, Communicator, Dtype, ReduceOp, Reduction, TransportPolicy};
+
+/// The calls every run checks on `n` ranks: each collective, every reduction (PreMulSum with a
+/// scalar by value: one in device memory still runs host-driven), three sizes, out of place
+/// and in place.
+fn calls(n: u32) -> Vec<(CollectiveCall, Placement)> {
+    let mut v = Vec::new();
+    for count in [1, 1000, 100_003] {
+        for dtype in [Dtype::Float32, Dtype::Int32, Dtype::Bfloat16, Dtype::Float8e4m3] {
+            for red in device_support::reductions(dtype) {
+                for coll in [Collective::AllReduce, Collective::ReduceScatter, Collective::Reduce { root: n - 1 }] {
+                    v.push((CollectiveCall::new(coll, dtype, count).reduced_with(red), Placement::Apart));
+                }
+            }
+            for coll in [Collective::AllGather, Collective::Broadcast { root: 1 }, Collective::AllToAll] {
+                v.push((CollectiveCall::new(coll, dtype, count), Placement::Apart));
+            }
+            for coll in [Collective::AllReduce, Collective::ReduceScatter, Collective::AllGather] {
+                let sum = Reduction::Op(ReduceOp::Sum);
+                v.push((CollectiveCall::new(coll, dtype, count).reduced_with(sum), Placement::InPlace));
+            }
+        }
+    }
+    v
+}
+
+/// Runs every call on `comm`, on two streams by turns (calls share the communicator's
+/// workspaces, so each must wait for the one before on the other stream); what went wrong, in
+/// words.
+fn run_all(comm: &Communicator) -> Vec<String> {
+    let streams = [stream(), stream()];
+    let mut wrong = Vec::new();
+    let all = calls(comm.nranks());
+    let before = comm.device_resident_calls();
+    for (i, (call, placement)) in all.iter().enumerate() {
+        match device_and_host(comm, &streams[i % 2], call, *placement, i) {
+            Ok((dev, host)) if dev != host => wrong.push(format!("{call} ({placement:?}) differs from the host path")),
+            Ok(_) => {}
+            Err(e) => wrong.push(format!("{call} ({placement:?}) failed: {e}")),
+        }
+    }
+    let resident = comm.device_resident_calls().unwrap_or(0) - before.unwrap_or(0);
+    println!(
+        "rank {}: {resident} of {} device calls device-resident; {} executor driver calls while one was outstanding",
+        comm.rank(),
+        all.len(),
+        topoccl::cuda::foreign_driver_calls()
+    );
+    if resident != all.len() as u64 {
+        wrong.push(format!("{resident} of {} calls ran device-resident", all.len()));
+    }
+    if topoccl::cuda::foreign_driver_calls() != 0 {
+        wrong.push(format!("{} driver calls by the executor during calls", topoccl::cuda::foreign_driver_calls()));
+    }
+    wrong
+}
+
+#[test]
+fn every_call_on_three_threads_runs_resident_and_reads_back_at_once() {
+    if !standin::child("every_call_on_three_threads_runs_resident_and_reads_back_at_once", &[]) {
+        return;
+    }
+    let cfg = device_config(TransportPolicy::Auto, 30.0);
+    let results = common::on_ranks(3, &cfg, |comm| run_all(comm));
+    for (r, w) in results.iter().enumerate() {
+        assert!(w.is_empty(), "rank {r}:\n{}", w.join("\n"));
+    }
+}
+
+#[test]
+fn every_call_on_four_processes_runs_resident_and_reads_back_at_once() {
+    let env = [("TOPOCCL_STANDIN_DELAY_US", "20")];
+    if standin::ranks("every_call_on_four_processes_runs_resident_and_reads_back_at_once", 4, &env, 300) {
+        let _s = stream();
+        let comm = Communicator::from_env().expect("join");
+        let wrong = run_all(&comm);
+        assert!(wrong.is_empty(), "rank {}:\n{}", comm.rank(), wrong.join("\n"));
+        comm.destroy().expect("destroy");
+    }
+}
+
+/// Rank 0 never makes the call its peers make: their streams must be let go (their read-back
+/// returns) within about the timeout, and the call fail naming rank 0.
+#[test]
+fn a_rank_that_never_calls_leaves_its_peers_streams_released() {
+    let env = [("TOPOCCL_TIMEOUT", "3")];
+    if !standin::ranks("a_rank_that_never_calls_leaves_its_peers_streams_released", 2, &env, 120) {
+        return;
+    }
+    let s = stream();
+    let comm = Communicator::from_env().expect("join");
+    assert!(comm.device_resident_calls().is_some(), "{:?}", comm.transports());
+    if comm.rank() == 0 {
+        std::thread::sleep(Duration::from_secs(8));
+        return;
+    }
+    let n = 4096;
+    let send = s.clone_htod(&vec![1.0f32; n]).expect("htod");
+    let mut recv = s.alloc_zeros::<f32>(n).expect("alloc");
+    let t = Instant::now();
+    let work = comm.all_reduce_device(&send, &mut recv, ReduceOp::Sum, &s).expect("queued");
+    let _ = read_back(&s, &recv);
+    let waited = t.elapsed();
+    let err = work.wait().expect_err("a call rank 0 never made succeeded");
+    println!("rank 1: stream released after {:.1} s: {err}", waited.as_secs_f64());
+    assert!(waited < Duration::from_secs(7), "the stream was held {waited:?}");
+    assert!(err.to_string().contains("rank 0"), "{err}");
+    // The stream is usable again.
+    let _ = StreamRef(s.cu_stream());
+    let again = s.clone_htod(&[2.0f32]).expect("htod after");
+    assert_eq!(read_back(&s, &again), [2.0]);
+}
+
+/// The driver calls one call makes, by collective and size, from the caller's thread (all of
+/// them: the call's work is queued then) and from the executor while it is outstanding (none):
+/// rank 0's rows.
+fn driver_calls_table(comm: &Communicator) -> Vec<String> {
+    let s = stream();
+    let mut rows = Vec::new();
+    for coll in
+        [Collective::AllReduce, Collective::AllGather, Collective::ReduceScatter, Collective::Broadcast { root: 0 }]
+    {
+        for bytes in [8usize, 64 << 10, 1 << 20, 4 << 20] {
+            // nccl-tests' size: the larger buffer.
+            let (i, o) = coll.blocks(comm.nranks());
+            let count = bytes / 4 / i.max(o);
+            let call = CollectiveCall::new(coll, Dtype::Float32, count).reduced_with(Reduction::Op(ReduceOp::Sum));
+            let (_, in_bytes, out_bytes) = call.bytes(comm.nranks()).expect("sizes");
+            let send = s.alloc_zeros::<u8>(in_bytes.max(1)).expect("alloc");
+            let recv = s.alloc_zeros::<u8>(out_bytes.max(1)).expect("alloc");
+            let (a, b) = (device_support::at(&send, &s), device_support::at(&recv, &s));
+            let resident = comm.device_resident_calls();
+            let (here, foreign) = (topoccl::cuda::driver_calls_on_this_thread(), topoccl::cuda::foreign_driver_calls());
+            // SAFETY: both buffers live until the read-back below has passed the call.
+            unsafe { comm.submit_on(&call, a, b, StreamRef(s.cu_stream())) }.expect("call");
+            let caller = topoccl::cuda::driver_calls_on_this_thread() - here;
+            let _ = read_back(&s, &recv);
+            comm.flush().expect("flush");
+            let went = comm.device_resident_calls().unwrap_or(0) - resident.unwrap_or(0);
+            rows.push(format!(
+                "| {:<14} | {:>8} | {:>9} | {:>20} | {:>24} |",
+                coll.name(),
+                bytes,
+                if went == 1 { "resident" } else { "host" },
+                caller,
+                topoccl::cuda::foreign_driver_calls() - foreign
+            ));
+        }
+    }
+    rows
+}
+
+const TABLE_HEAD: &str =
+    "| collective     |    bytes |      path | caller driver calls | executor calls meanwhile |\n|---|---|---|---|---|";
+
+fn all_resident_and_none_from_the_executor(rows: &[String]) -> bool {
+    rows.iter().all(|r| r.contains("resident") && r.trim_end_matches([' ', '|']).ends_with(" 0"))
+}
+
+#[test]
+fn driver_calls_per_call_on_two_processes() {
+    if standin::ranks("driver_calls_per_call_on_two_processes", 2, &[], 120) {
+        let _s = stream();
+        let comm = Communicator::from_env().expect("join");
+        let rows = driver_calls_table(&comm);
+        if comm.rank() == 0 {
+            println!("2 processes, rank 0:\n{TABLE_HEAD}\n{}", rows.join("\n"));
+        }
+        assert!(all_resident_and_none_from_the_executor(&rows), "{rows:?}");
+        comm.destroy().expect("destroy");
+    }
+}
+
+#[test]
+fn driver_calls_per_call_on_two_threads() {
+    if !standin::child("driver_calls_per_call_on_two_threads", &[]) {
+        return;
+    }
+    let cfg = device_config(TransportPolicy::Auto, 30.0);
+    let tables = common::on_ranks(2, &cfg, |comm| driver_calls_table(comm));
+    println!("2 threads, rank 0:\n{TABLE_HEAD}\n{}", tables[0].join("\n"));
+    for rows in &tables {
+        assert!(all_resident_and_none_from_the_executor(rows), "{rows:?}");
+    }
+}

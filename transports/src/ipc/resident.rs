@@ -1,0 +1,151 @@
+//! What a pair of ranks connected by CUDA IPC lends to **device-resident** calls: calls whose
+//! every copy, signal and wait the caller enqueues on its own stream, so that no host thread
+//! has a driver call to make once the stream waits (NCCL's invariant; the core crate's
+//! `exec::resident` runs them).
+//!
+//! Each side exposes a second receive window (the upper half of its IPC allocation, beside the
+//! one the connection's own protocol uses), and the pair's shared page holds, per direction,
+//! four words past the connection's own:
+//!
+//! - `arrived`: written by the sender's *stream* after each copy into the receiver's window
+//!   (the count of messages sent so far in that direction); the receiver's stream waits on it;
+//! - `consumed`: written by the receiver's stream once it has read a call's messages (the
+//!   count of calls consumed); the sender's stream waits on it before it reuses the window;
+//! - `arrived_enq`, `consumed_enq`: plain host stores of the same counts, made by the thread
+//!   that *enqueued* those writes. Ranks on one CUDA context share its hardware queues, where
+//!   a wait queued ahead of the write releasing it would block that write for ever; a rank
+//!   whose peer shares its context therefore queues a wait only once the peer's thread has
+//!   queued the write (it polls these words on the host first).
+//!
+//! Both sides register the page with their device, so each word has a host address (for the
+//! host's polls and, when a call fails, the host's release of its waits) and a device address
+//! in each side's context.
+
+use std::any::Any;
+use std::sync::atomic::AtomicU32;
+use std::sync::{Arc, Mutex};
+
+use crate::shm::segment::Segment;
+
+/// Where the resident words of direction `d` (the sender's) start in the pair's page.
+pub(crate) const RESIDENT_AT: usize = 2048;
+const ARRIVED: usize = 0;
+const ARRIVED_ENQ: usize = 4;
+const CONSUMED: usize = 64;
+const CONSUMED_ENQ: usize = 68;
+const RESIDENT_DIRECTION_BYTES: usize = 128;
+
+/// One word of the pair's page: its address on the host and on this side's device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Word {
+    pub host: usize,
+    pub device: u64,
+}
+
+impl Word {
+    /// The word as the host reads and writes it.
+    pub fn host(&self) -> &AtomicU32 {
+        // SAFETY: an aligned word of the pair's page, which every `DevicePeer` keeps mapped
+        // while it lives (the reference cannot outlive `self`, which holds the page); only
+        // atomics and the devices' 32-bit stream memory operations touch it.
+        unsafe { &*(self.host as *const AtomicU32) }
+    }
+}
+
+/// The device-resident side of one CUDA IPC pair, as this rank sees it.
+pub struct DevicePeer {
+    /// The peer's rank.
+    pub rank: u32,
+    /// The peer drives the same device from this process: it shares this rank's CUDA context
+    /// and so its hardware queues (see the module documentation).
+    pub same_context: bool,
+    /// The peer's resident window, as this device writes it.
+    pub tx_window: u64,
+    /// This rank's resident window, which the peer writes.
+    pub rx_window: u64,
+    /// Bytes of each window.
+    pub window_bytes: usize,
+    /// Messages this rank sent: the peer's stream waits on it, this stream writes it.
+    pub arrived_out: Word,
+    /// Messages the peer sent: this stream waits on it.
+    pub arrived_in: Word,
+    /// Calls of this rank's messages the peer has consumed: this stream waits on it.
+    pub consumed_in: Word,
+    /// Calls of the peer's messages this rank has consumed: this stream writes it.
+    pub consumed_out: Word,
+    /// Host-only counts of the writes queued so far (see the module documentation): this
+    /// rank publishes `*_out_enq`, and polls `*_in_enq` before queueing a wait.
+    pub arrived_out_enq: Word,
+    pub arrived_in_enq: Word,
+    pub consumed_out_enq: Word,
+    pub consumed_in_enq: Word,
+    /// The page, its registration, the windows' memory: freed when the connection and every
+    /// user of this are gone.
+    _keep: Vec<Arc<dyn Any + Send + Sync>>,
+}
+
+impl std::fmt::Debug for DevicePeer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DevicePeer")
+            .field("rank", &self.rank)
+            .field("same_context", &self.same_context)
+            .field("window_bytes", &self.window_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where the pieces of one pair's resident side lie.
+pub(crate) struct ResidentParts {
+    pub(crate) rank: u32,
+    pub(crate) same_context: bool,
+    pub(crate) page: Arc<Segment>,
+    /// The device address of the page's first byte, in this side's context.
+    pub(crate) page_device: u64,
+    /// The direction this side sends in.
+    pub(crate) tx: usize,
+    pub(crate) tx_window: u64,
+    pub(crate) rx_window: u64,
+    pub(crate) window_bytes: usize,
+    pub(crate) keep: Vec<Arc<dyn Any + Send + Sync>>,
+}
+
+impl DevicePeer {
+    pub(crate) fn new(p: ResidentParts) -> DevicePeer {
+        let word = |direction: usize, at: usize| {
+            let off = RESIDENT_AT + direction * RESIDENT_DIRECTION_BYTES + at;
+            Word { host: p.page.base().as_ptr() as usize + off, device: p.page_device + off as u64 }
+        };
+        let (tx, rx) = (p.tx, 1 - p.tx);
+        let mut keep = p.keep;
+        keep.push(p.page.clone());
+        DevicePeer {
+            rank: p.rank,
+            same_context: p.same_context,
+            tx_window: p.tx_window,
+            rx_window: p.rx_window,
+            window_bytes: p.window_bytes,
+            arrived_out: word(tx, ARRIVED),
+            arrived_in: word(rx, ARRIVED),
+            consumed_in: word(tx, CONSUMED),
+            consumed_out: word(rx, CONSUMED),
+            arrived_out_enq: word(tx, ARRIVED_ENQ),
+            arrived_in_enq: word(rx, ARRIVED_ENQ),
+            consumed_out_enq: word(rx, CONSUMED_ENQ),
+            consumed_in_enq: word(tx, CONSUMED_ENQ),
+            _keep: keep,
+        }
+    }
+}
+
+/// Something a [`DevicePeer`] keeps alive, behind a lock so that it may be shared between
+/// threads (the boxes inside are only ever dropped, never used, through it).
+pub(crate) struct Kept<T: ?Sized + Send>(pub(crate) Mutex<Box<T>>);
+
+impl<T: ?Sized + Send> Kept<T> {
+    pub(crate) fn new(b: Box<T>) -> Arc<Kept<T>> {
+        Arc::new(Kept(Mutex::new(b)))
+    }
+}
+
+const _: () = assert!(RESIDENT_AT + 2 * RESIDENT_DIRECTION_BYTES <= super::PAGE_BYTES);
+const _: () = assert!(2 * super::wire::DIRECTION_BYTES <= RESIDENT_AT);
