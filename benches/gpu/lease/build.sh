@@ -15,7 +15,7 @@
 # they are built in release; for --standin with the test profile, which CI's `cargo test
 # --workspace` has built already (the stand-in makes speed meaningless anyway).
 
-LEASE_TESTS="device_collectives device_ipc device_streams"
+LEASE_TESTS="device_resident device_collectives device_ipc device_streams"
 
 # cargo_artifacts ARGS...: runs cargo with ARGS (and JSON messages), prints the paths of the
 # executables it built (tests and examples) and of its cdylibs, one per line.
