@@ -20,7 +20,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use topoccl_transports::ipc::DevicePeer;
+use topoccl_transports::ipc::{DevicePeer, ResidentLink};
 use topoccl_transports::MemSpace;
 
 use super::work::Task;
@@ -30,13 +30,13 @@ use crate::cuda::{Binding, Outstanding, StreamRef};
 use crate::error::Result;
 use crate::exec::job::{Job, ResidentJob};
 use crate::exec::memory::{Memory, INPUT, OUTPUT, SCRATCH};
-use crate::exec::resident::{emit, release_of, Counts, DeviceStream, Gate, Link};
+use crate::exec::resident::{emit, release_of, Counts, DeviceStream, Gate};
 use crate::types::{ReduceOp, Reduction, Scalar};
 
 /// The device-resident side of a communicator: a link per rank, and the counts its words
 /// carry so far.
 pub(crate) struct ResidentSide {
-    links: Vec<Option<Link>>,
+    links: Vec<Option<ResidentLink>>,
     counts: Vec<Counts>,
     /// Calls queued device-resident so far.
     queued: u64,
@@ -54,7 +54,7 @@ impl ResidentSide {
         if !all || peers.len() < 2 {
             return None;
         }
-        let links = peers.iter().map(|p| p.as_deref().map(Link::of)).collect();
+        let links = peers.iter().map(|p| p.as_ref().map(|p| p.link)).collect();
         let counts = vec![Counts::default(); peers.len()];
         Some(ResidentSide { links, counts, queued: 0, last: None, _peers: peers.into_iter().flatten().collect() })
     }

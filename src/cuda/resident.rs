@@ -13,28 +13,18 @@ use crate::error::Result;
 use crate::exec::resident::DeviceStream;
 use crate::types::{Dtype, ReduceOp};
 
-/// What one call queued, for the stand-in's table of driver calls per call.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Queued {
-    pub copies: u32,
-    pub kernels: u32,
-    pub waits: u32,
-    pub writes: u32,
-}
-
 /// A caller's stream, with the binding's kernels, for one call of `dtype` and `op`.
 pub struct CallerStream<'b> {
     binding: &'b Binding,
     stream: StreamRef,
     dtype: Dtype,
     op: ReduceOp,
-    pub queued: Queued,
 }
 
 impl Binding {
     /// The caller's `stream` for a device-resident call (the context must be current).
     pub fn caller_stream(&self, stream: StreamRef, dtype: Dtype, op: ReduceOp) -> CallerStream<'_> {
-        CallerStream { binding: self, stream, dtype, op, queued: Queued::default() }
+        CallerStream { binding: self, stream, dtype, op }
     }
 
     /// The device-resident workspaces, made with the binding: scratch, then staging.
@@ -54,22 +44,25 @@ impl CallerStream<'_> {
     /// # Safety
     /// `data` must be device memory of the binding's device, valid until the stream has run it.
     pub unsafe fn divide(&mut self, data: Region, n: u32) -> Result<()> {
-        let args = KernelArgs {
-            dst: data.addr as u64,
-            a: data.addr as u64,
-            count: (data.len / self.dtype.size()) as u64,
-            scalar: u64::from(n),
-            ..KernelArgs::default()
-        };
-        self.queued.kernels += 1;
+        // SAFETY: this fn's contract.
+        unsafe { self.elementwise(Kernel::Divide(self.dtype), data, data, u64::from(n)) }
+    }
+
+    /// Launches `k` (divide, scale) over `dst` and `src` with the scalar `bits`.
+    ///
+    /// # Safety
+    /// As for [`CallerStream::divide`], for both regions.
+    unsafe fn elementwise(&mut self, k: Kernel, dst: Region, src: Region, bits: u64) -> Result<()> {
+        let count = (dst.len / self.dtype.size()) as u64;
+        let args =
+            KernelArgs { dst: dst.addr as u64, a: src.addr as u64, count, scalar: bits, ..KernelArgs::default() };
         // SAFETY: this fn's contract; the context is current (the caller entered it).
-        unsafe { self.binding.kernels.launch(Kernel::Divide(self.dtype), args, self.stream) }
+        unsafe { self.binding.kernels.launch(k, args, self.stream) }
     }
 
     /// The stream waits until the call of `ticket` (queued earlier, on another stream) has
     /// ended: calls of one communicator share its workspaces, so they run one after another.
     pub fn after(&mut self, ticket: u32) -> Result<()> {
-        self.queued.waits += 1;
         // SAFETY: the binding's words live as long as it; the write this waits for was queued
         // before (an earlier call), so no queue holds this wait ahead of it.
         unsafe { self.stream.wait_value(self.binding.word_device_addr(ticket), ticket) }
@@ -84,21 +77,12 @@ impl CallerStream<'_> {
         let mut bits = [0u8; 8];
         let n = scalar.len().min(8);
         bits[..n].copy_from_slice(&scalar[..n]);
-        let args = KernelArgs {
-            dst: dst.addr as u64,
-            a: src.addr as u64,
-            count: (dst.len / self.dtype.size()) as u64,
-            scalar: u64::from_le_bytes(bits),
-            ..KernelArgs::default()
-        };
-        self.queued.kernels += 1;
-        // SAFETY: this fn's contract; the context is current.
-        unsafe { self.binding.kernels.launch(Kernel::Scale(self.dtype), args, self.stream) }
+        // SAFETY: this fn's contract.
+        unsafe { self.elementwise(Kernel::Scale(self.dtype), dst, src, u64::from_le_bytes(bits)) }
     }
 
     /// Writes `ticket` into the binding's word once the stream has run the call.
     pub fn finish(&mut self, ticket: u32) -> Result<()> {
-        self.queued.writes += 1;
         // SAFETY: the stream is the caller's, of the binding's context (checked at the call).
         unsafe { self.binding.complete_on(self.stream, ticket) }
     }
@@ -106,26 +90,22 @@ impl CallerStream<'_> {
 
 impl DeviceStream for CallerStream<'_> {
     unsafe fn copy(&mut self, dst: u64, src: u64, len: usize) -> Result<()> {
-        self.queued.copies += 1;
         // SAFETY: device memory valid until the copy has run (this fn's contract).
         unsafe { copy_async(dst as usize, src as usize, len, self.stream) }
     }
 
     unsafe fn reduce(&mut self, dst: u64, a: u64, b: u64, len: usize) -> Result<()> {
         let args = KernelArgs { dst, a, b, count: (len / self.dtype.size()) as u64, ..KernelArgs::default() };
-        self.queued.kernels += 1;
         // SAFETY: as for `copy`; the context is current.
         unsafe { self.binding.kernels.launch(Kernel::Reduce(self.dtype, self.op), args, self.stream) }
     }
 
     unsafe fn wait(&mut self, word: u64, value: u32) -> Result<()> {
-        self.queued.waits += 1;
         // SAFETY: a live device-mapped word (this fn's contract).
         unsafe { self.stream.wait_value(word, value) }
     }
 
     unsafe fn signal(&mut self, word: u64, value: u32) -> Result<()> {
-        self.queued.writes += 1;
         // SAFETY: as for `wait`.
         unsafe { self.stream.write_value(word, value) }
     }

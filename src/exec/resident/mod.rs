@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
 use topoccl_synth::schedule::Schedule;
-use topoccl_transports::ipc::{DevicePeer, Word};
+use topoccl_transports::ipc::{ResidentLink, Word};
 
 use super::layout::ChunkLayout;
 use super::memory::{Memory, Span};
@@ -161,47 +161,10 @@ impl ResidentProgram {
 
     /// Whether every peer's messages of one call fit the windows of `links`, and every peer
     /// is one.
-    pub(crate) fn fits(&self, links: &[Option<Link>]) -> bool {
+    pub(crate) fn fits(&self, links: &[Option<ResidentLink>]) -> bool {
         self.to.iter().chain(&self.from).all(|&(p, _, bytes)| {
             links.get(p as usize).and_then(Option::as_ref).is_some_and(|l| bytes <= l.window_bytes)
         })
-    }
-}
-
-/// What [`emit`] needs of a peer's [`DevicePeer`] (a copy of its addresses; the peer itself is
-/// kept alive by whoever holds the links).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Link {
-    pub same_context: bool,
-    pub tx_window: u64,
-    pub rx_window: u64,
-    pub window_bytes: usize,
-    pub arrived_out: Word,
-    pub arrived_in: Word,
-    pub consumed_in: Word,
-    pub consumed_out: Word,
-    pub arrived_out_enq: Word,
-    pub arrived_in_enq: Word,
-    pub consumed_out_enq: Word,
-    pub consumed_in_enq: Word,
-}
-
-impl Link {
-    pub(crate) fn of(p: &DevicePeer) -> Link {
-        Link {
-            same_context: p.same_context,
-            tx_window: p.tx_window,
-            rx_window: p.rx_window,
-            window_bytes: p.window_bytes,
-            arrived_out: p.arrived_out,
-            arrived_in: p.arrived_in,
-            consumed_in: p.consumed_in,
-            consumed_out: p.consumed_out,
-            arrived_out_enq: p.arrived_out_enq,
-            arrived_in_enq: p.arrived_in_enq,
-            consumed_out_enq: p.consumed_out_enq,
-            consumed_in_enq: p.consumed_in_enq,
-        }
     }
 }
 
@@ -318,7 +281,7 @@ impl Release {
 }
 
 /// The waits of `prog` on this call's counts (made before anything is queued).
-pub(crate) fn release_of(prog: &ResidentProgram, links: &[Option<Link>], counts: &[Counts]) -> Result<Release> {
+pub(crate) fn release_of(prog: &ResidentProgram, links: &[Option<ResidentLink>], counts: &[Counts]) -> Result<Release> {
     let mut out = Vec::new();
     for &(p, n, _) in &prog.from {
         let (l, c) = link_of(links, counts, p)?;
@@ -331,7 +294,11 @@ pub(crate) fn release_of(prog: &ResidentProgram, links: &[Option<Link>], counts:
     Ok(Release(out))
 }
 
-fn link_of<'l>(links: &'l [Option<Link>], counts: &'l [Counts], p: u32) -> Result<(&'l Link, &'l Counts)> {
+fn link_of<'l>(
+    links: &'l [Option<ResidentLink>],
+    counts: &'l [Counts],
+    p: u32,
+) -> Result<(&'l ResidentLink, &'l Counts)> {
     match (links.get(p as usize).and_then(Option::as_ref), counts.get(p as usize)) {
         (Some(l), Some(c)) => Ok((l, c)),
         _ => Err(Error::Internal(format!("a device-resident call with rank {p}, which is no device peer"))),
@@ -347,7 +314,7 @@ fn link_of<'l>(links: &'l [Option<Link>], counts: &'l [Counts], p: u32) -> Resul
 pub(crate) unsafe fn emit(
     prog: &ResidentProgram,
     mem: &Memory,
-    links: &[Option<Link>],
+    links: &[Option<ResidentLink>],
     counts: &mut [Counts],
     stream: &mut dyn DeviceStream,
     gate: &Gate<'_>,

@@ -10,7 +10,7 @@ use topoccl_synth::generate::Request;
 use topoccl_synth::registry::Registry;
 use topoccl_synth::schedule::{Collective, Schedule};
 use topoccl_synth::topology::resolve;
-use topoccl_transports::ipc::Word;
+use topoccl_transports::ipc::{ResidentLink, Word};
 use topoccl_transports::Region;
 
 use super::*;
@@ -72,9 +72,9 @@ impl Pairs {
         Word { host: a, device: a as u64 }
     }
     /// `me`'s link to `p`, with `same_context` as asked (the gate is then exercised).
-    fn link(&self, me: usize, p: usize, same_context: bool) -> Link {
+    fn link(&self, me: usize, p: usize, same_context: bool) -> ResidentLink {
         let window = |owner: usize, sender: usize| self.windows[owner * self.n + sender].as_ptr() as u64;
-        Link {
+        ResidentLink {
             same_context,
             tx_window: window(p, me),
             rx_window: window(me, p),
@@ -128,7 +128,7 @@ fn run_all_ranks(s: &Schedule, count: usize, same_context: bool) {
                     return;
                 }
                 let prog = ResidentProgram::lower(&schedule, &plan.layout, &plan.program, me as u32).unwrap();
-                let links: Vec<Option<Link>> =
+                let links: Vec<Option<ResidentLink>> =
                     (0..n).map(|p| (p != me).then(|| pairs.link(me, p, same_context))).collect();
                 assert!(prog.fits(&links) || prog.to.is_empty() && prog.from.is_empty());
                 let mut counts = vec![Counts::default(); n];

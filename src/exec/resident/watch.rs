@@ -34,6 +34,9 @@ impl Executor {
             return Err(e.clone());
         }
         let mut seen: Vec<u32> = job.release.state().map(|(_, now, _)| now).collect();
+        let mut peers: Vec<u32> = job.release.0.iter().map(|w| w.peer).collect();
+        peers.sort_unstable();
+        peers.dedup();
         let mut moved_at = Instant::now();
         let mut rounds = 0u32;
         loop {
@@ -48,15 +51,16 @@ impl Executor {
                 if let Some(v) = self.board.as_deref().and_then(Board::told) {
                     return Err(Error::PeerFailed { peer: v.found_by, reason: "it found the job broken".into() });
                 }
-                for (w, _, done) in job.release.state() {
-                    if let Some(Some(l)) = self.links.get_mut(w.peer as usize) {
+                for &peer in &peers {
+                    if let Some(Some(l)) = self.links.get_mut(peer as usize) {
                         // Liveness only: the pair's frames carry nothing for a resident call.
-                        l.progress().map_err(transport_error(w.peer))?;
+                        l.progress().map_err(transport_error(peer))?;
                         // A peer that has done its part of the call (its messages landed, this
                         // rank's read) may close: only the local work is left.
+                        let done = job.release.state().all(|(w, _, done)| done || w.peer != peer);
                         if let (Some(why), false) = (l.closed(), done) {
                             if !job.binding.completed(job.ticket) {
-                                return Err(Error::PeerFailed { peer: w.peer, reason: why.to_string() });
+                                return Err(Error::PeerFailed { peer, reason: why.to_string() });
                             }
                         }
                     }

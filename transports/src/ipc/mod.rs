@@ -32,7 +32,7 @@ pub use connection::IpcConnection;
 use connection::{PeerWindow, Receiving};
 use device::IPC_HANDLE_BYTES;
 pub use device::{DeviceAccess, DeviceId, DeviceQueue, ExportedMemory, ImportedMemory, RegisteredHost};
-pub use resident::{DevicePeer, Word};
+pub use resident::{DevicePeer, ResidentLink, Word};
 use resident::{Kept, ResidentParts};
 pub use stats::{IpcCounts, IpcStats};
 use wire::{Signals, DIRECTION_BYTES, WINDOW_ALIGN};
@@ -248,7 +248,6 @@ impl IpcTransport {
             keep.push(m.clone());
         }
         let resident = DevicePeer::new(ResidentParts {
-            rank: setup.rank,
             same_context: same_process && theirs.ordinal == self.access.device().ordinal,
             page: page.clone(),
             page_device: device_base,

@@ -52,10 +52,10 @@ impl Word {
     }
 }
 
-/// The device-resident side of one CUDA IPC pair, as this rank sees it.
-pub struct DevicePeer {
-    /// The peer's rank.
-    pub rank: u32,
+/// Where one CUDA IPC pair's resident windows and words lie, as this rank sees them: plain
+/// addresses, valid while the [`DevicePeer`] they came from lives.
+#[derive(Debug, Clone, Copy)]
+pub struct ResidentLink {
     /// The peer drives the same device from this process: it shares this rank's CUDA context
     /// and so its hardware queues (see the module documentation).
     pub same_context: bool,
@@ -79,6 +79,12 @@ pub struct DevicePeer {
     pub arrived_in_enq: Word,
     pub consumed_out_enq: Word,
     pub consumed_in_enq: Word,
+}
+
+/// The device-resident side of one CUDA IPC pair, as this rank sees it: its addresses, and the
+/// memory they lie in, kept alive.
+pub struct DevicePeer {
+    pub link: ResidentLink,
     /// The page, its registration, the windows' memory: freed when the connection and every
     /// user of this are gone.
     _keep: Vec<Arc<dyn Any + Send + Sync>>,
@@ -86,17 +92,12 @@ pub struct DevicePeer {
 
 impl std::fmt::Debug for DevicePeer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DevicePeer")
-            .field("rank", &self.rank)
-            .field("same_context", &self.same_context)
-            .field("window_bytes", &self.window_bytes)
-            .finish_non_exhaustive()
+        f.debug_struct("DevicePeer").field("link", &self.link).finish_non_exhaustive()
     }
 }
 
 /// Where the pieces of one pair's resident side lie.
 pub(crate) struct ResidentParts {
-    pub(crate) rank: u32,
     pub(crate) same_context: bool,
     pub(crate) page: Arc<Segment>,
     /// The device address of the page's first byte, in this side's context.
@@ -118,8 +119,7 @@ impl DevicePeer {
         let (tx, rx) = (p.tx, 1 - p.tx);
         let mut keep = p.keep;
         keep.push(p.page.clone());
-        DevicePeer {
-            rank: p.rank,
+        let link = ResidentLink {
             same_context: p.same_context,
             tx_window: p.tx_window,
             rx_window: p.rx_window,
@@ -132,8 +132,8 @@ impl DevicePeer {
             arrived_in_enq: word(rx, ARRIVED_ENQ),
             consumed_out_enq: word(rx, CONSUMED_ENQ),
             consumed_in_enq: word(tx, CONSUMED_ENQ),
-            _keep: keep,
-        }
+        };
+        DevicePeer { link, _keep: keep }
     }
 }
 
