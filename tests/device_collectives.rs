@@ -49,9 +49,10 @@ fn matrix_on(comm: &Communicator) -> Vec<String> {
         }
     }
     println!(
-        "rank {}: {:?} of {} calls device-resident, {} driver calls from threads outside a call",
+        "rank {}: {:?} device-resident and {} staged of {} calls, {} driver calls from threads outside a call",
         comm.rank(),
         comm.device_resident_calls(),
+        comm.device_staged_calls(),
         matrix(comm.nranks(), &COUNTS).len(),
         topoccl::cuda::foreign_driver_calls()
     );
@@ -144,9 +145,9 @@ fn sends_and_receives_of_device_buffers_in_a_group() {
             g.recv_device(&mut own, r, &s).expect("recv from self");
             g.submit_on(StreamRef(s.cu_stream())).expect("group");
         }
-        // Grouped send/recv still runs host-driven: read back after synchronising.
-        let left = device_support::read_back_synchronized(&s, &from_left);
-        let own = device_support::read_back_synchronized(&s, &own);
+        // Staged through pinned host slots: read back as users do, straight after the group.
+        let read = device_support::reader::<i64>(comm);
+        let (left, own) = (read(&s, &from_left), read(&s, &own));
         let want_left = i64::from((r + n - 1) % n);
         let bad = left.iter().enumerate().filter(|(i, v)| **v != *i as i64 * 10 + want_left).count();
         bad + own.iter().zip(&mine).filter(|(a, b)| a != b).count()

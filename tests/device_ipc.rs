@@ -61,8 +61,14 @@ fn every_call_in_this_process(counts: &[usize]) -> IpcCounts {
 fn every_collective_over_cuda_ipc_on_two_processes() {
     // A device without memory pools: cudarc allocates with `cuMemAlloc`, so buffers have IPC
     // handles and receives are offered (the other tests' pool memory never is). The host-driven
-    // protocol's test: device-resident calls (which `tests/device_resident.rs` checks) are off.
-    let env = [("TOPOCCL_STANDIN_DELAY_US", "20"), ("TOPOCCL_STANDIN_POOLS", "0"), ("TOPOCCL_DEVICE_RESIDENT", "0")];
+    // protocol's test: device-resident and staged calls (which `tests/device_resident.rs` and
+    // `tests/device_collectives.rs` check) are off.
+    let env = [
+        ("TOPOCCL_STANDIN_DELAY_US", "20"),
+        ("TOPOCCL_STANDIN_POOLS", "0"),
+        ("TOPOCCL_DEVICE_RESIDENT", "0"),
+        ("TOPOCCL_DEVICE_STAGED", "0"),
+    ];
     if standin::ranks("every_collective_over_cuda_ipc_on_two_processes", 2, &env, 300) {
         let c = every_call_in_this_process(&COUNTS);
         // Some receives were offered in time, some not (the sender was first).
@@ -117,11 +123,13 @@ fn a_rank_killed_mid_call_fails_the_others_naming_it() {
     let send = s.alloc_zeros::<f32>(n).expect("alloc");
     let mut recv = s.alloc_zeros::<f32>(n).expect("alloc");
     if comm.rank() == 2 {
-        // Dies while the call's slices are on their way.
+        // Dies while the others are in the call, waiting for its part (which it is slow to
+        // start: the call is quick on its own).
         std::thread::spawn(|| {
             std::thread::sleep(Duration::from_millis(300));
             std::process::exit(0);
         });
+        std::thread::sleep(Duration::from_millis(600));
     }
     let t = Instant::now();
     // Queued at once; the host's part ends (or fails) by the flush.
@@ -141,11 +149,16 @@ fn a_rank_killed_mid_call_fails_the_others_naming_it() {
 /// window). A buffer freed and allocated again — the same address, another allocation — must
 /// not be written through the old registration: it is registered again, and the old one is
 /// revoked at the peer, which closes its mapping. This is the host-driven IPC protocol, which
-/// device-resident calls (the default between IPC peers) do not use: it runs with them off.
+/// device-resident and staged calls (the defaults) do not use: it runs with them off.
 #[test]
 fn receives_land_straight_in_registered_buffers_and_a_freed_one_is_registered_again() {
     let name = "receives_land_straight_in_registered_buffers_and_a_freed_one_is_registered_again";
-    let env = [("TOPOCCL_STANDIN_DELAY_US", "20"), ("TOPOCCL_TIMEOUT", "30"), ("TOPOCCL_DEVICE_RESIDENT", "0")];
+    let env = [
+        ("TOPOCCL_STANDIN_DELAY_US", "20"),
+        ("TOPOCCL_TIMEOUT", "30"),
+        ("TOPOCCL_DEVICE_RESIDENT", "0"),
+        ("TOPOCCL_DEVICE_STAGED", "0"),
+    ];
     if !standin::ranks(name, 2, &env, 120) {
         return;
     }

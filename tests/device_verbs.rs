@@ -60,7 +60,10 @@ fn matrix_in_this_process() -> VerbsCounts {
 #[test]
 fn receives_into_device_memory_are_written_there_through_dma_buf() {
     let name = "receives_into_device_memory_are_written_there_through_dma_buf";
-    if let Some(out) = standin::ranks_each(name, 2, u32::MAX, &|r| on_own_host(r, &[]), 300) {
+    // The host-driven device protocol's test (the NIC reads and writes device memory): staged
+    // calls, the default, move only host bytes over verbs.
+    let host_driven = [("TOPOCCL_DEVICE_STAGED", "0")];
+    if let Some(out) = standin::ranks_each(name, 2, u32::MAX, &|r| on_own_host(r, &host_driven), 300) {
         print!("{out}");
         return;
     }
@@ -91,7 +94,8 @@ fn without_dma_buf_device_receives_come_through_host_memory() {
 #[test]
 fn a_send_read_in_place_from_device_memory_waits_for_the_work_before_the_call() {
     let name = "a_send_read_in_place_from_device_memory_waits_for_the_work_before_the_call";
-    let env = |r: u32| on_own_host(r, &[("TOPOCCL_STANDIN_DELAY_US", "20000")]);
+    // The host-driven device protocol's (see above).
+    let env = |r: u32| on_own_host(r, &[("TOPOCCL_STANDIN_DELAY_US", "20000"), ("TOPOCCL_DEVICE_STAGED", "0")]);
     if let Some(out) = standin::ranks_each(name, 2, u32::MAX, &env, 300) {
         print!("{out}");
         return;

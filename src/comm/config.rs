@@ -24,6 +24,7 @@
 //! | `TOPOCCL_SHM_BYTES` | shared-memory ring per direction | 4 MiB |
 //! | `TOPOCCL_IPC_BYTES` | CUDA IPC receive window per peer and direction (device memory; at least one slice) | 8 MiB |
 //! | `TOPOCCL_DEVICE_RESIDENT` | `1`: a device collective whose every peer is a CUDA IPC peer is put whole on the caller's stream by the caller's thread (`exec::resident`); `0`: every device call runs host-driven, by the progress thread (the old path, which can deadlock under a real driver: `../shared/gpu-review.md`) | 1 |
+//! | `TOPOCCL_DEVICE_STAGED` | `1`: every other device call (network peers, calls larger than the device-resident workspaces, device-scalar PreMulSum, padded schedules) goes through pinned host slots: the caller's stream copies each piece in and out and the progress thread only moves host bytes (`comm::staged`); `0`: host-driven, as before | 1 |
 //! | `TOPOCCL_SHM_DIRECT` | `1`: shared memory puts large payloads straight into offered receive buffers where the processes may write each other's memory; `0`: always through the ring (faster on all-reduce where measured: see the README) | 0 |
 //! | `TOPOCCL_SOCKET_IFNAME` / `NCCL_SOCKET_IFNAME` | interfaces to use (prefixes; `^` excludes, `=` exact) | first non-loopback |
 //! | `TOPOCCL_HOSTID` / `NCCL_HOSTID` | stands in for the host name in the host identity (ranks given different ones count as different hosts) | the host name |
@@ -89,6 +90,8 @@ pub struct Config {
     pub shm_direct: bool,
     /// Device collectives between CUDA IPC peers run device-resident (`TOPOCCL_DEVICE_RESIDENT`).
     pub device_resident: bool,
+    /// Other device calls are staged through pinned host slots (`TOPOCCL_DEVICE_STAGED`).
+    pub device_staged: bool,
     /// A send waits while this many bytes are queued to its peer.
     pub max_backlog: usize,
     /// The machine model the tuner reasons about (`None`: `full:N`).
@@ -122,6 +125,7 @@ impl Default for Config {
             ipc_window_bytes: topoccl_transports::ipc::DEFAULT_WINDOW_BYTES,
             shm_direct: false,
             device_resident: true,
+            device_staged: true,
             max_backlog: 4 << 20,
             topology: None,
             tuner_message_us: 4.0,
@@ -221,6 +225,9 @@ impl Config {
         }
         if let Some(d) = number("TOPOCCL_DEVICE_RESIDENT", 0.0, 1.0)? {
             c.device_resident = d == 1.0;
+        }
+        if let Some(d) = number("TOPOCCL_DEVICE_STAGED", 0.0, 1.0)? {
+            c.device_staged = d == 1.0;
         }
         if let Some(b) = number("TOPOCCL_MAX_BACKLOG", 4096.0, (1u64 << 34) as f64)? {
             c.max_backlog = b as usize;

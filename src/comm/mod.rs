@@ -36,6 +36,7 @@ pub(crate) mod plan;
 mod rdma;
 mod resident;
 mod resize;
+mod staged;
 mod stream;
 mod submit;
 mod typed;
@@ -135,6 +136,15 @@ struct CallState {
     binding: Option<Arc<crate::cuda::Binding>>,
     /// Device-resident calls' links, where every rank reaches every other by CUDA IPC.
     resident: Option<resident::ResidentSide>,
+    /// The stream and ticket of the last device call queued on a stream (device-resident or
+    /// staged): a call on another stream waits for it, as calls share the workspaces and slots.
+    device_last: Option<(crate::cuda::StreamRef, u32)>,
+    /// Another rank of this communicator may share this rank's CUDA context (same process, same
+    /// or unknown device): its staged calls then wait for their output on the caller's thread,
+    /// not on the stream (`staged`).
+    shares_context: bool,
+    /// Device calls (collectives and groups) staged so far.
+    staged: u64,
 }
 
 impl std::fmt::Debug for Communicator {
@@ -308,6 +318,9 @@ impl Communicator {
             splits: 0,
             binding,
             resident: None,
+            device_last: None,
+            shares_context: shares_context(rank, &peers),
+            staged: 0,
         };
         // Whether any rank brought a device to init (what the rendezvous told every rank
         // alike, so all or none of them wait below).
@@ -513,6 +526,18 @@ impl Communicator {
     pub fn topology(&self) -> &Topology {
         &self.topology
     }
+}
+
+/// Whether another of `peers` may share `rank`'s CUDA context: one in the same process whose
+/// device is the same, or where either is not known yet.
+fn shares_context(rank: u32, peers: &[bootstrap::PeerInfo]) -> bool {
+    let me = &peers[rank as usize];
+    peers.iter().enumerate().any(|(r, p)| {
+        r as u32 != rank
+            && p.host == me.host
+            && p.pid == me.pid
+            && (p.device.is_none() || me.device.is_none() || p.device == me.device)
+    })
 }
 
 /// The device binding [`Config::cuda_device`] asks for at init (`None`: the first call on a

@@ -40,9 +40,6 @@ pub(crate) struct ResidentSide {
     counts: Vec<Counts>,
     /// Calls queued device-resident so far.
     queued: u64,
-    /// The stream and ticket of the last one: a call on another stream waits for it (calls
-    /// share the workspaces).
-    last: Option<(StreamRef, u32)>,
     /// Keep the windows and pages the links name alive.
     _peers: Vec<Arc<DevicePeer>>,
 }
@@ -56,7 +53,7 @@ impl ResidentSide {
         }
         let links = peers.iter().map(|p| p.as_ref().map(|p| p.link)).collect();
         let counts = vec![Counts::default(); peers.len()];
-        Some(ResidentSide { links, counts, queued: 0, last: None, _peers: peers.into_iter().flatten().collect() })
+        Some(ResidentSide { links, counts, queued: 0, _peers: peers.into_iter().flatten().collect() })
     }
 }
 
@@ -99,6 +96,7 @@ impl Communicator {
             return Ok(None);
         }
         let plan = job.plan.clone();
+        let last = calls.device_last;
         let Some(side) = calls.resident.as_mut() else { return Ok(None) };
         let Ok(prog) = plan.resident() else { return Ok(None) };
         if plan.padded || plan.scratch_bytes > scratch.len || !prog.fits(&side.links) {
@@ -125,7 +123,7 @@ impl Communicator {
         // the links, longer than any stream's use of them.
         let queued = unsafe {
             (|| -> Result<()> {
-                if let Some((_, prev)) = side.last.filter(|(last, _)| *last != stream) {
+                if let Some((_, prev)) = last.filter(|(last, _)| *last != stream) {
                     s.after(prev)?;
                 }
                 match scalar {
@@ -142,7 +140,7 @@ impl Communicator {
         };
         let failed = queued.err();
         side.queued += 1;
-        side.last = Some((stream, ticket));
+        calls.device_last = Some((stream, ticket));
         if failed.is_some() {
             // Whatever was queued may wait on words no peer will write now: let it through.
             release.release();

@@ -89,6 +89,11 @@ impl Communicator {
         if let Some(job) = self.resident_job(&mut calls, &binding, &task, stream)? {
             return Ok(self.runner.submit(Task { job, refine: None, agreement: task.agreement.take() }));
         }
+        if let Job::Collective(c) = &task.job {
+            if self.stages(&binding, c.checked.space) {
+                return self.submit_staged(&mut calls, &binding, task, stream);
+            }
+        }
         let sync = match binding.attach(stream) {
             Ok(s) => s,
             Err(e) => {
@@ -118,6 +123,12 @@ impl Group<'_, '_> {
         let binding = Communicator::binding_for(&mut calls, stream)?;
         stream.not_capturing()?;
         let Some(mut job) = self.prepare(&mut calls)? else { return Ok(Work::done(&comm.runner)) };
+        if let Job::Transfers(t) = job {
+            if comm.stages(&binding, t.space()?) {
+                return comm.submit_staged_transfers(&mut calls, &binding, t, stream);
+            }
+            job = Job::Transfers(t);
+        }
         let sync = binding.attach(stream)?;
         if let Job::Transfers(t) = &mut job {
             t.sync = Some(sync);

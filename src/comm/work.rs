@@ -351,6 +351,7 @@ impl Runner {
             b.begin(match &task.job {
                 Job::Collective(c) => Some(&c.header),
                 Job::Resident(r) => Some(&r.header),
+                Job::Staged(s) => Some(&s.header),
                 Job::Transfers(_) => None,
             });
         }

@@ -72,6 +72,8 @@ pub struct Binding {
     /// Device-resident calls' scratch and staging, made here because nothing may be allocated
     /// once a call can be waited for ([`RESIDENT_WORKSPACE`] bytes each).
     pub(super) workspace: DeviceMemory,
+    /// Staged calls' pinned slots and words (`super::staging`), made here for the same reason.
+    pub(super) staging: super::staging::Staging,
     /// The words (freed by `drop` only once no stream can still read them).
     flag: ManuallyDrop<Pinned>,
     /// The last ticket handed out (the front of the queue); tickets go out in call order.
@@ -94,10 +96,12 @@ impl Binding {
         let spare = (0..EVENTS).map(|_| Event::new(&ctx)).collect::<Result<Vec<_>>>()?;
         let flag = ManuallyDrop::new(Pinned::new(&ctx, SLOTS as usize * 4)?);
         let workspace = DeviceMemory::new(&ctx, 2 * RESIDENT_WORKSPACE)?;
+        let staging = super::staging::Staging::new(&ctx)?;
         Ok(Arc::new(Binding {
             ctx,
             kernels,
             workspace,
+            staging,
             flag,
             issued: AtomicU32::new(0),
             passed: Mutex::new(Vec::new()),

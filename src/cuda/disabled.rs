@@ -171,6 +171,26 @@ impl Binding {
         match *self {}
     }
 
+    pub fn next_piece(&self) -> u32 {
+        match *self {}
+    }
+
+    pub fn staged_slot(&self, _piece: u32) -> StagedSlot {
+        match *self {}
+    }
+
+    pub fn staged_input_landed(&self, _piece: u32) -> bool {
+        match *self {}
+    }
+
+    pub fn staged_output_ready(&self, _piece: u32) -> bool {
+        match *self {}
+    }
+
+    pub fn staged_output_done(&self, _piece: u32) {
+        match *self {}
+    }
+
     pub fn caller_stream(&self, _stream: StreamRef, _dtype: Dtype, _op: ReduceOp) -> CallerStream<'_> {
         match *self {}
     }
@@ -180,6 +200,17 @@ impl Binding {
     pub unsafe fn complete_on(&self, _stream: StreamRef, _ticket: u32) -> Result<()> {
         match *self {}
     }
+}
+
+/// Bytes of each half of a staged slot (as with the driver).
+pub const STAGED_BYTES: usize = 2 << 20;
+pub const STAGED_SLOTS: u32 = 2;
+
+#[derive(Debug, Clone, Copy)]
+pub struct StagedSlot {
+    pub input: Region,
+    pub output: Region,
+    pub scalar: Region,
 }
 
 #[derive(Debug)]
@@ -264,6 +295,14 @@ impl CallerStream<'_> {
     }
 
     pub fn after(&mut self, _ticket: u32) -> Result<()> {
+        match *self.0 {}
+    }
+
+    pub fn staged_input_done(&mut self, _piece: u32) -> Result<()> {
+        match *self.0 {}
+    }
+
+    pub fn staged_output_wait(&mut self, _piece: u32) -> Result<()> {
         match *self.0 {}
     }
 

@@ -27,6 +27,8 @@ mod ops;
 #[cfg(feature = "cuda")]
 mod resident;
 #[cfg(feature = "cuda")]
+mod staging;
+#[cfg(feature = "cuda")]
 mod stream;
 
 #[cfg(feature = "cuda")]
@@ -47,6 +49,8 @@ pub use memory::{space_of, DeviceMemory, Pinned};
 pub use ops::CudaOps;
 #[cfg(feature = "cuda")]
 pub use resident::CallerStream;
+#[cfg(feature = "cuda")]
+pub use staging::{StagedSlot, STAGED_BYTES, STAGED_SLOTS};
 #[cfg(feature = "cuda")]
 pub use stream::{Event, Stream, StreamRef};
 

@@ -39,6 +39,14 @@ impl Binding {
 }
 
 impl CallerStream<'_> {
+    pub(super) fn binding(&self) -> &Binding {
+        self.binding
+    }
+
+    pub(super) fn stream_ref(&self) -> StreamRef {
+        self.stream
+    }
+
     /// `data /= n` (the average's division), elementwise.
     ///
     /// # Safety

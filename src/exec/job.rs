@@ -58,6 +58,8 @@ pub(crate) enum Job {
     Collective(CollectiveJob),
     Transfers(TransferJob),
     Resident(ResidentJob),
+    /// A device call staged through pinned host memory (`super::staged`).
+    Staged(super::staged::StagedJob),
 }
 
 impl Job {
@@ -66,7 +68,7 @@ impl Job {
         match self {
             Job::Collective(c) => c.sync.as_ref(),
             Job::Transfers(t) => t.sync.as_ref(),
-            Job::Resident(_) => None,
+            Job::Resident(_) | Job::Staged(_) => None,
         }
     }
 
@@ -76,6 +78,10 @@ impl Job {
             r.outstanding.end();
             r.release.release();
             r.binding.complete_from_host(r.ticket);
+        }
+        if let Job::Staged(s) = self {
+            s.outstanding.end();
+            s.release();
         }
         if let Some(s) = self.sync() {
             s.binding.complete_from_host(s.ticket);
@@ -113,8 +119,11 @@ impl Executor {
     /// The job's regions must be valid memory of the space they name, used by nothing else
     /// until the job is done (for a job tied to a stream: until the stream has passed it).
     pub(crate) unsafe fn run(&mut self, job: &Job) -> Result<()> {
-        if let Job::Resident(r) = job {
-            return self.watch(r);
+        match job {
+            Job::Resident(r) => return self.watch(r),
+            // SAFETY: this fn's contract.
+            Job::Staged(s) => return unsafe { self.run_staged(s) },
+            _ => {}
         }
         let sync = job.sync();
         // SAFETY: this fn's contract.
@@ -138,7 +147,9 @@ impl Executor {
         let space = match job {
             Job::Collective(c) => c.checked.space,
             Job::Transfers(t) => t.space()?,
-            Job::Resident(_) => return Err(Error::Internal("a device-resident call on the host path".into())),
+            Job::Resident(_) | Job::Staged(_) => {
+                return Err(Error::Internal("a device-resident or staged call on the host path".into()))
+            }
         };
         // Host calls wait on the host for the caller's stream. So do device calls over a
         // connection that reads device memory itself (CUDA IPC): its copies run on its own
@@ -242,7 +253,9 @@ impl Parts<'_> {
             match job {
                 Job::Collective(c) => self.run_collective(c, space),
                 Job::Transfers(t) => self.run_transfers(t, space),
-                Job::Resident(_) => Err(Error::Internal("a device-resident call on the host path".into())),
+                Job::Resident(_) | Job::Staged(_) => {
+                    Err(Error::Internal("a device-resident or staged call on the host path".into()))
+                }
             }
         }
     }
@@ -506,7 +519,7 @@ fn one_space(regions: impl Iterator<Item = Region>) -> Result<MemSpace> {
 }
 
 impl TransferJob {
-    fn space(&self) -> Result<MemSpace> {
+    pub(crate) fn space(&self) -> Result<MemSpace> {
         one_space(self.transfers.iter().map(|t| t.region))
     }
 }

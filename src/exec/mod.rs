@@ -12,6 +12,7 @@ pub(crate) mod p2p;
 pub(crate) mod plan;
 pub(crate) mod program;
 pub(crate) mod resident;
+pub(crate) mod staged;
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;

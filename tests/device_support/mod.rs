@@ -51,17 +51,17 @@ pub fn read_back<T: cudarc::driver::DeviceRepr>(stream: &Arc<CudaStream>, slice:
 }
 
 /// `slice` read back once `stream` has passed everything queued on it: for communicators whose
-/// device calls are still host-driven (network peers: shared memory, TCP, RDMA), which make
-/// driver calls from the progress thread during a call and so hang under [`read_back`]'s copy
-/// (issue 58's remaining part; the lease's smoke step shows it on a GPU).
+/// device calls run host-driven (`TOPOCCL_DEVICE_STAGED=0`), which make driver calls from the
+/// progress thread during a call and so hang under [`read_back`]'s copy.
 pub fn read_back_synchronized<T: cudarc::driver::DeviceRepr>(stream: &Arc<CudaStream>, slice: &CudaSlice<T>) -> Vec<T> {
     stream.synchronize().expect("synchronize");
     stream.clone_dtoh(slice).expect("dtoh")
 }
 
-/// How `comm`'s results are read back: as users do where its device calls run device-resident.
+/// How `comm`'s results are read back: as users do, unless its device calls run host-driven
+/// (`TOPOCCL_DEVICE_RESIDENT=0 TOPOCCL_DEVICE_STAGED=0`, the old path kept for comparison).
 pub fn reader<T: cudarc::driver::DeviceRepr>(comm: &Communicator) -> fn(&Arc<CudaStream>, &CudaSlice<T>) -> Vec<T> {
-    if comm.device_resident_calls().is_some() {
+    if comm.device_resident_calls().is_some() || comm.config().device_staged {
         read_back
     } else {
         read_back_synchronized
