@@ -83,7 +83,7 @@ fn a_checked_all_reduce_runs_on_an_emulated_line_and_nothing_is_left() {
     }
     // What a run killed with SIGKILL would leave: reaped by the next run.
     let stale = format!("topoccl-{}-0", dead_pid());
-    netns::run("ip", &["netns", "add", &stale]).unwrap();
+    netns::add(&stale).unwrap();
     let (pid, stdout) = run_ok(&[
         "--emulate",
         "ring:3",

@@ -23,8 +23,8 @@
 //! | `TOPOCCL_MAX_BACKLOG` | bytes queued to a peer before sends wait (at least one slice) | 4 MiB |
 //! | `TOPOCCL_SHM_BYTES` | shared-memory ring per direction | 4 MiB |
 //! | `TOPOCCL_IPC_BYTES` | CUDA IPC receive window per peer and direction (device memory; at least one slice) | 8 MiB |
-//! | `TOPOCCL_DEVICE_RESIDENT` | `1`: a device collective whose every peer is a CUDA IPC peer is put whole on the caller's stream by the caller's thread (`exec::resident`); `0`: every device call runs host-driven, by the progress thread (the old path, which can deadlock under a real driver: `../shared/gpu-review.md`) | 1 |
-//! | `TOPOCCL_DEVICE_STAGED` | `1`: every other device call (network peers, calls larger than the device-resident workspaces, device-scalar PreMulSum, padded schedules) goes through pinned host slots: the caller's stream copies each piece in and out and the progress thread only moves host bytes (`comm::staged`); `0`: host-driven, as before | 1 |
+//! | `TOPOCCL_DEVICE_RESIDENT` | `1`: a device collective whose every peer is a CUDA IPC peer is put whole on the caller's stream by the caller's thread (`exec::resident`); `0`: such calls are staged too (below) | 1 |
+//! | `TOPOCCL_DEVICE_STAGED` | `1`: every other device call (network peers, calls larger than the device-resident workspaces, device-scalar PreMulSum, padded schedules) goes through pinned host slots: the caller's stream copies each piece in and out and the progress thread only moves host bytes (`comm::staged`); `0`: host-driven, by the progress thread (the old path, which can deadlock under a real driver: `../shared/gpu-review.md`) | 1 |
 //! | `TOPOCCL_SHM_DIRECT` | `1`: shared memory puts large payloads straight into offered receive buffers where the processes may write each other's memory; `0`: always through the ring (faster on all-reduce where measured: see the README) | 0 |
 //! | `TOPOCCL_SOCKET_IFNAME` / `NCCL_SOCKET_IFNAME` | interfaces to use (prefixes; `^` excludes, `=` exact) | first non-loopback |
 //! | `TOPOCCL_HOSTID` / `NCCL_HOSTID` | stands in for the host name in the host identity (ranks given different ones count as different hosts) | the host name |

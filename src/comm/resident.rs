@@ -5,9 +5,9 @@
 //! CUDA IPC (agreed at init, so that all ranks decide alike), its buffers are device memory,
 //! and it fits what the binding and the windows hold: its input within the binding's staging
 //! workspace, its scratch within the scratch workspace, each peer's messages within the pair's
-//! resident window. Everything else runs host-driven, as before: PreMulSum with a scalar in
-//! memory (`ncclScalarDevice`: read by the host when the call runs), schedules that need padded chunks, grouped send/recv,
-//! calls larger than the workspaces (until large calls go through them in pieces).
+//! resident window. Everything else is staged through pinned host slots (`super::staged`):
+//! PreMulSum with a scalar in device memory, schedules that need padded chunks, grouped
+//! send/recv, calls larger than the workspaces or windows.
 //!
 //! Every rank decides from what all of them share (the call, the schedule, the agreed links),
 //! never from what only it sees (its placement, its buffers' addresses), so the ranks of a call
@@ -66,7 +66,7 @@ impl Communicator {
     }
 
     /// Queues `task` (a collective just prepared) on `stream` device-resident, if it runs so:
-    /// the job that watches it, else `None` (the task runs host-driven).
+    /// the job that watches it, else `None` (the task is staged, or runs host-driven).
     pub(super) fn resident_job(
         &self,
         calls: &mut CallState,
@@ -80,8 +80,7 @@ impl Communicator {
         }
         let c = job.checked;
         let call = c.call;
-        // PreMulSum's scalar: by value only (one in memory is read when the call runs, which
-        // only the host-driven path does yet).
+        // PreMulSum's scalar: by value only (one in memory is read when the call runs: staged).
         let scalar = match call.reduction {
             Reduction::PreMulSum(Scalar::Value(v)) if call.collective.reduces() => Some(v),
             Reduction::PreMulSum(_) => return Ok(None),

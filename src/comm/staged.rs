@@ -158,7 +158,9 @@ impl Communicator {
                 (job.plan.clone(), job.header)
             } else {
                 let (plan, _) = calls.planner.plan(pc.collective, ds, e)?;
-                let header = if k == 0 { job.header } else { call_header(&pc, calls.seq, plan.hash) };
+                // The first piece keeps the call's number; the others are numbered as calls.
+                let seq = if k == 0 { job.header.seq } else { calls.seq };
+                let header = call_header(&pc, seq, plan.hash);
                 if k > 0 {
                     calls.seq = calls.seq.wrapping_add(1);
                 }
@@ -227,7 +229,7 @@ impl Communicator {
             if let Some(t) = prev {
                 s.after(t)?;
             }
-            let gate = OutputGate { binding, on_host, deadline: Instant::now() + self.config.timeout, comm: self };
+            let gate = OutputGate { binding, on_host, comm: self };
             for (i, p) in copies.iter().enumerate() {
                 put_in(&mut s, p)?;
                 if i > 0 {
@@ -288,7 +290,6 @@ struct OutputGate<'a> {
     binding: &'a Binding,
     /// On this thread (the context may be shared: module documentation), not on the stream.
     on_host: bool,
-    deadline: Instant,
     comm: &'a Communicator,
 }
 
@@ -306,6 +307,8 @@ fn put_in(s: &mut CallerStream<'_>, p: &PieceCopies) -> Result<()> {
 /// Waits for piece `p`'s output (as `gate` says) and queues its copies back.
 fn take_out(s: &mut CallerStream<'_>, p: &PieceCopies, gate: &OutputGate<'_>) -> Result<()> {
     if gate.on_host {
+        // Each piece has the whole timeout: a long call is many pieces, each of which moves.
+        let deadline = Instant::now() + gate.comm.config.timeout;
         let mut rounds = 0u32;
         while !gate.binding.staged_output_ready(p.number) {
             rounds = rounds.wrapping_add(1);
@@ -313,7 +316,7 @@ fn take_out(s: &mut CallerStream<'_>, p: &PieceCopies, gate: &OutputGate<'_>) ->
                 if gate.comm.runner.abort.load(Ordering::Relaxed) {
                     return Err(Error::Aborted);
                 }
-                if Instant::now() >= gate.deadline {
+                if Instant::now() >= deadline {
                     return Err(Error::Timeout {
                         rank: gate.comm.rank,
                         secs: gate.comm.config.timeout.as_secs_f64(),

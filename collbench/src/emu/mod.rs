@@ -71,7 +71,7 @@ impl Emulation {
         let namespaces: Vec<String> = (0..plan.nodes.len()).map(|i| format!("{PREFIX}{pid}-{i}")).collect();
         let mut emu = Emulation { plan, namespaces: Vec::new() };
         for ns in &namespaces {
-            netns::run("ip", &["netns", "add", ns])?;
+            netns::add(ns)?;
             emu.namespaces.push(ns.clone());
         }
         emu.wire()?;

@@ -23,6 +23,21 @@ pub fn run(tool: &str, args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// Adds the network namespace `name`. The first `ip netns add` on a machine makes `/run/netns`
+/// a mount of its own, and two at once race there (one's file ends up hidden under the other's
+/// mount: "Bind /proc/self/ns/net -> /run/netns/… failed"), so this process adds one at a time,
+/// and one that lost such a race to another process is removed and added again.
+pub fn add(name: &str) -> Result<()> {
+    static ADDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = ADDING.lock().unwrap_or_else(|p| p.into_inner());
+    if run("ip", &["netns", "add", name]).is_ok() {
+        return Ok(());
+    }
+    let _ = run("ip", &["netns", "delete", name]);
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    run("ip", &["netns", "add", name]).map(drop)
+}
+
 /// Runs `lines` as one `tool -n namespace -batch -` (or in the initial namespace for `None`).
 pub fn batch(tool: &str, namespace: Option<&str>, lines: &[String]) -> Result<()> {
     if lines.is_empty() {
