@@ -58,7 +58,7 @@ fn every_call_in_this_process(counts: &[usize]) -> IpcCounts {
 }
 
 #[test]
-fn every_collective_over_cuda_ipc_on_two_processes() {
+fn host_driven_every_collective_over_cuda_ipc_on_two_processes() {
     // A device without memory pools: cudarc allocates with `cuMemAlloc`, so buffers have IPC
     // handles and receives are offered (the other tests' pool memory never is). The host-driven
     // protocol's test: device-resident and staged calls (which `tests/device_resident.rs` and
@@ -69,7 +69,7 @@ fn every_collective_over_cuda_ipc_on_two_processes() {
         ("TOPOCCL_DEVICE_RESIDENT", "0"),
         ("TOPOCCL_DEVICE_STAGED", "0"),
     ];
-    if standin::ranks("every_collective_over_cuda_ipc_on_two_processes", 2, &env, 300) {
+    if standin::ranks("host_driven_every_collective_over_cuda_ipc_on_two_processes", 2, &env, 300) {
         let c = every_call_in_this_process(&COUNTS);
         // Some receives were offered in time, some not (the sender was first).
         assert!(c.window_messages > 0 && c.direct_messages > 0, "{c:?}");
@@ -151,8 +151,8 @@ fn a_rank_killed_mid_call_fails_the_others_naming_it() {
 /// revoked at the peer, which closes its mapping. This is the host-driven IPC protocol, which
 /// device-resident and staged calls (the defaults) do not use: it runs with them off.
 #[test]
-fn receives_land_straight_in_registered_buffers_and_a_freed_one_is_registered_again() {
-    let name = "receives_land_straight_in_registered_buffers_and_a_freed_one_is_registered_again";
+fn host_driven_receives_land_straight_in_registered_buffers_and_a_freed_one_is_registered_again() {
+    let name = "host_driven_receives_land_straight_in_registered_buffers_and_a_freed_one_is_registered_again";
     let env = [
         ("TOPOCCL_STANDIN_DELAY_US", "20"),
         ("TOPOCCL_TIMEOUT", "30"),

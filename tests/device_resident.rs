@@ -149,7 +149,7 @@ fn driver_calls_table(comm: &Communicator) -> Vec<String> {
             let send = s.alloc_zeros::<u8>(in_bytes.max(1)).expect("alloc");
             let recv = s.alloc_zeros::<u8>(out_bytes.max(1)).expect("alloc");
             let (a, b) = (device_support::at(&send, &s), device_support::at(&recv, &s));
-            let resident = comm.device_resident_calls();
+            let (resident, staged) = (comm.device_resident_calls(), comm.device_staged_calls());
             let (here, foreign) = (topoccl::cuda::driver_calls_on_this_thread(), topoccl::cuda::foreign_driver_calls());
             // SAFETY: both buffers live until the read-back below has passed the call.
             unsafe { comm.submit_on(&call, a, b, StreamRef(s.cu_stream())) }.expect("call");
@@ -157,11 +157,17 @@ fn driver_calls_table(comm: &Communicator) -> Vec<String> {
             let _ = read_back(&s, &recv);
             comm.flush().expect("flush");
             let went = comm.device_resident_calls().unwrap_or(0) - resident.unwrap_or(0);
+            let staged = comm.device_staged_calls() - staged;
+            let path = match (went, staged) {
+                (1, 0) => "resident",
+                (0, 1) => "staged",
+                _ => "host",
+            };
             rows.push(format!(
                 "| {:<14} | {:>8} | {:>9} | {:>20} | {:>24} |",
                 coll.name(),
                 bytes,
-                if went == 1 { "resident" } else { "host" },
+                path,
                 caller,
                 topoccl::cuda::foreign_driver_calls() - foreign
             ));
@@ -174,7 +180,15 @@ const TABLE_HEAD: &str =
     "| collective     |    bytes |      path | caller driver calls | executor calls meanwhile |\n|---|---|---|---|---|";
 
 fn all_resident_and_none_from_the_executor(rows: &[String]) -> bool {
-    rows.iter().all(|r| r.contains("resident") && r.trim_end_matches([' ', '|']).ends_with(" 0"))
+    all_on_and_none_from_the_executor(rows, "resident")
+}
+
+/// Every row ran on `path` and the executor made no driver call meanwhile.
+fn all_on_and_none_from_the_executor(rows: &[String], path: &str) -> bool {
+    rows.iter().all(|r| {
+        let cells: Vec<&str> = r.split('|').map(str::trim).collect();
+        cells.get(3).is_some_and(|c| c.starts_with(path)) && cells.get(5) == Some(&"0")
+    })
 }
 
 #[test]
@@ -201,5 +215,37 @@ fn driver_calls_per_call_on_two_threads() {
     println!("2 threads, rank 0:\n{TABLE_HEAD}\n{}", tables[0].join("\n"));
     for rows in &tables {
         assert!(all_resident_and_none_from_the_executor(rows), "{rows:?}");
+    }
+}
+
+/// The same table for staged calls (peers over TCP: every piece through the pinned host
+/// slots), on 2 processes.
+#[test]
+fn driver_calls_per_staged_call_on_two_processes_over_tcp() {
+    let env = [("TOPOCCL_TRANSPORT", "tcp")];
+    if standin::ranks("driver_calls_per_staged_call_on_two_processes_over_tcp", 2, &env, 120) {
+        let _s = stream();
+        let comm = Communicator::from_env().expect("join");
+        let rows = driver_calls_table(&comm);
+        if comm.rank() == 0 {
+            println!("2 processes over TCP, rank 0:\n{TABLE_HEAD}\n{}", rows.join("\n"));
+        }
+        assert!(all_on_and_none_from_the_executor(&rows, "staged"), "{rows:?}");
+        comm.destroy().expect("destroy");
+    }
+}
+
+/// ... and on 2 thread ranks sharing a context over TCP (each caller waits for its pieces'
+/// outputs itself).
+#[test]
+fn driver_calls_per_staged_call_on_two_threads_over_tcp() {
+    if !standin::child("driver_calls_per_staged_call_on_two_threads_over_tcp", &[]) {
+        return;
+    }
+    let cfg = device_config(TransportPolicy::Tcp, 30.0);
+    let tables = common::on_ranks(2, &cfg, |comm| driver_calls_table(comm));
+    println!("2 threads over TCP, rank 0:\n{TABLE_HEAD}\n{}", tables[0].join("\n"));
+    for rows in &tables {
+        assert!(all_on_and_none_from_the_executor(rows, "staged"), "{rows:?}");
     }
 }

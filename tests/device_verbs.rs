@@ -58,8 +58,8 @@ fn matrix_in_this_process() -> VerbsCounts {
 }
 
 #[test]
-fn receives_into_device_memory_are_written_there_through_dma_buf() {
-    let name = "receives_into_device_memory_are_written_there_through_dma_buf";
+fn host_driven_receives_into_device_memory_are_written_there_through_dma_buf() {
+    let name = "host_driven_receives_into_device_memory_are_written_there_through_dma_buf";
     // The host-driven device protocol's test (the NIC reads and writes device memory): staged
     // calls, the default, move only host bytes over verbs.
     let host_driven = [("TOPOCCL_DEVICE_STAGED", "0")];
@@ -92,8 +92,8 @@ fn without_dma_buf_device_receives_come_through_host_memory() {
 /// the call on the caller's stream (here an upload that the stand-in runs up to 20 ms late),
 /// or the NIC reads the buffer before it is written.
 #[test]
-fn a_send_read_in_place_from_device_memory_waits_for_the_work_before_the_call() {
-    let name = "a_send_read_in_place_from_device_memory_waits_for_the_work_before_the_call";
+fn host_driven_a_send_read_in_place_from_device_memory_waits_for_the_work_before_the_call() {
+    let name = "host_driven_a_send_read_in_place_from_device_memory_waits_for_the_work_before_the_call";
     // The host-driven device protocol's (see above).
     let env = |r: u32| on_own_host(r, &[("TOPOCCL_STANDIN_DELAY_US", "20000"), ("TOPOCCL_DEVICE_STAGED", "0")]);
     if let Some(out) = standin::ranks_each(name, 2, u32::MAX, &env, 300) {

@@ -87,9 +87,10 @@ pub struct Args {
     /// `all`.
     #[arg(long, default_value = "auto")]
     pub algo: String,
-    /// Transport(s), comma-separated: auto, tcp, shm.
-    #[arg(long, default_value = "auto")]
-    pub transport: String,
+    /// Transport(s), comma-separated: auto, tcp, shm, ib. Without it, the library's own
+    /// setting: `TOPOCCL_TRANSPORT` (default auto).
+    #[arg(long)]
+    pub transport: Option<String>,
     /// Collective(s), comma-separated: all_reduce, reduce_scatter, all_gather, broadcast,
     /// reduce, all_to_all, sendrecv, or all.
     #[arg(long, default_value = "all_reduce")]

@@ -121,7 +121,11 @@ impl SweepSpec {
                 )));
             }
         }
-        let transports = list(&args.transport).map(str::parse).collect::<topoccl::Result<Vec<TransportPolicy>>>()?;
+        // Only a `--transport` given overrides `TOPOCCL_TRANSPORT`, as the library documents it.
+        let transports = match &args.transport {
+            Some(t) => list(t).map(str::parse).collect::<topoccl::Result<Vec<TransportPolicy>>>()?,
+            None => vec![topoccl::Config::from_env()?.transport],
+        };
         if benches.is_empty() || dtypes.is_empty() || ops.is_empty() || algos.is_empty() || transports.is_empty() {
             return Err(Error::InvalidArgument(
                 "empty list of collectives, types, ops, algorithms or transports".into(),

@@ -72,3 +72,30 @@ fn bad_input_gives_one_line_and_a_failure() {
         assert!(!err.contains("panicked"), "{err}");
     }
 }
+
+/// Without `--transport` the library's own `TOPOCCL_TRANSPORT` holds (collbench's default once
+/// overrode it: `TOPOCCL_TRANSPORT=ib collbench` ran shared memory); the flag, when given, wins.
+#[test]
+fn the_transport_variable_holds_unless_the_flag_is_given() {
+    let run = |args: &[&str], transport: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_collbench"))
+            .args(args)
+            .env("TOPOCCL_TRANSPORT", transport)
+            .env_remove("TOPOCCL_IBVERBS_LIB")
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (ok, out, err) = run(&["-b", "1K", "-e", "1K", "--collective", "all_reduce"], "ib");
+    assert!(!ok, "ran without an RDMA port: {out}");
+    assert!(err.contains("no RDMA port"), "{err}");
+    let (ok, _, err) = run(&["-b", "1K", "-e", "1K"], "carrier-pigeon");
+    assert!(!ok && err.contains("TOPOCCL_TRANSPORT") && err.trim().lines().count() == 1, "{err}");
+    let (ok, out, err) = run(&["-b", "1K", "-e", "1K", "--collective", "all_reduce", "--transport", "tcp"], "ib");
+    assert!(ok, "{err}");
+    assert!(out.contains("transport tcp"), "{out}");
+}

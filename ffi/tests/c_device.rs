@@ -4,8 +4,10 @@
 //! threads of one process after one `cuInit`, each making its context current and its own
 //! stream and `ncclCommInitRank` communicator — and runs every collective × datatype × operator
 //! on device buffers queued on the stream, checking every element read back on that stream;
-//! also groups, `ncclCommInitAll` on one device, `ncclCommCuDevice`, `ncclMemAlloc` and a
-//! stream of another context. The program links the stand-in's `libcuda.so.1` and runs with
+//! also groups, DistributedDataParallel's steps as PyTorch's NCCL process group queues them (a
+//! second, non-blocking stream, events both ways, a watchdog thread querying events, a pageable
+//! read of the parameters after every step), `ncclCommInitAll` on one device,
+//! `ncclCommCuDevice`, `ncclMemAlloc` and a stream of another context. The program links the stand-in's `libcuda.so.1` and runs with
 //! `LD_LIBRARY_PATH=<stand-in>:<libnccl>`.
 #![cfg(feature = "cuda")]
 

@@ -10,7 +10,8 @@
  * cuMemcpyDtoHAsync_v2 on the rank's own stream into malloc'd memory (which returns once the
  * copy is done; the legacy stream would also wait for the other ranks' streams). The call must
  * start after the stream's earlier work and finish before its later work. Every element is checked. Also: a group of calls on one stream, chains of queued
- * calls read back once, ncclCommInitAll with every rank on device 0 (one thread, one stream
+ * calls read back once, DistributedDataParallel's steps as PyTorch's NCCL process group queues
+ * them (ddp_steps), ncclCommInitAll with every rank on device 0 (one thread, one stream
  * each, in a group), ncclCommCuDevice, ncclMemAlloc's device memory, and a stream of another
  * context refused.
  *
@@ -68,6 +69,17 @@ CUresult cuStreamCreate(CUstream* phStream, unsigned int Flags);
 CUresult cuStreamSynchronize(CUstream hStream);
 CUresult cuStreamDestroy_v2(CUstream hStream);
 CUresult cuGetErrorName(CUresult error, const char** pStr);
+typedef struct CUevent_st* CUevent;
+CUresult cuStreamCreateWithPriority(CUstream* phStream, unsigned int flags, int priority);
+CUresult cuEventCreate(CUevent* phEvent, unsigned int Flags);
+CUresult cuEventRecord(CUevent hEvent, CUstream hStream);
+CUresult cuEventQuery(CUevent hEvent);
+CUresult cuEventDestroy_v2(CUevent hEvent);
+CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags);
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream);
+#define CU_STREAM_NON_BLOCKING 0x1
+#define CU_EVENT_DISABLE_TIMING 0x2
+#define CUDA_ERROR_NOT_READY 600
 
 #define CU(call)                                                                    \
   do {                                                                              \
@@ -122,6 +134,7 @@ struct rank_env {
   CUdevice dev;
   CUcontext ctx;
   CUstream s; /* NULL: the legacy default stream */
+  CUstream ddp_stream; /* ddp_steps' process-group stream: non-blocking, low priority */
   CUdeviceptr send, recv, scalar;
   size_t cap;        /* bytes of send, recv and the host buffers */
   char *host, *got, *poison;
@@ -143,6 +156,12 @@ static void fits(struct rank_env* e, size_t bytes) {
 static void copy_in(struct rank_env* e, CUdeviceptr dst, const void* src, size_t bytes) {
   if (shared_ctx) CU(cuMemcpyHtoDAsync_v2(dst, src, bytes, e->s));
   else CU(cuMemcpyHtoD_v2(dst, src, bytes));
+}
+
+/* Copies `bytes` from src (pageable host memory) to dst on the rank's stream (the source is read
+ * at once: pageable memory is staged). */
+static void copy_in_async(struct rank_env* e, CUdeviceptr dst, const void* src, size_t bytes) {
+  CU(cuMemcpyHtoDAsync_v2(dst, src, bytes, e->s));
 }
 
 static void put(struct rank_env* e, CUdeviceptr dst, size_t bytes) {
@@ -536,6 +555,84 @@ static void group(struct rank_env* e) {
   }
 }
 
+/* PyTorch's DistributedDataParallel as its NCCL process group drives the GPU, step by step:
+ * the backward pass writes the gradient buckets on the compute stream (here e->s); an event
+ * recorded there is waited for by the process group's own stream (a non-blocking stream of
+ * c10's pool, made once, at low priority), which all-reduces each bucket (views of one flat
+ * gradient buffer: a small, a middle and a large one, by Sum or Avg); an event recorded after
+ * the last call is waited for by the compute stream, whose optimiser step copies the reduced
+ * gradients into the parameters; then `float(loss)`: a pageable read of the parameters,
+ * straight away, with no synchronisation. Meanwhile a watchdog thread (ProcessGroupNCCL's)
+ * queries the step's end event over and over, as PyTorch's does. */
+#define DDP_STEPS 6
+struct watchdog {
+  CUevent end;
+  volatile int stop;
+  long queries;
+};
+
+static void* watchdog_main(void* arg) {
+  struct watchdog* w = arg;
+  while (!w->stop) {
+    CUresult r = cuEventQuery(w->end);
+    if (r != 0 && r != CUDA_ERROR_NOT_READY) FAIL("watchdog: cuEventQuery -> %d", (int)r);
+    w->queries++;
+    usleep(200);
+  }
+  return NULL;
+}
+
+static void ddp_steps(struct rank_env* e) {
+  static const size_t bucket[3] = {COUNT, 65539, LARGE - COUNT - 65539};
+  static const ncclRedOp_t bucket_op[3] = {ncclSum, ncclAvg, ncclSum};
+  size_t total = bucket[0] + bucket[1] + bucket[2], es = 4, n = (size_t)e->n;
+  ncclDataType_t t = ncclFloat32;
+  fits(e, total * es);
+  CUevent grads_ready, reduced;
+  struct watchdog w = {.stop = 0, .queries = 0};
+  CU(cuEventCreate(&grads_ready, CU_EVENT_DISABLE_TIMING));
+  CU(cuEventCreate(&reduced, CU_EVENT_DISABLE_TIMING));
+  CU(cuEventCreate(&w.end, CU_EVENT_DISABLE_TIMING));
+  pthread_t dog;
+  if (pthread_create(&dog, NULL, watchdog_main, &w) != 0) FAIL("pthread_create (watchdog)");
+  CUdeviceptr grads = e->send, params = e->recv;
+  for (int step = 0; step < DDP_STEPS; step++) {
+    for (size_t i = 0; i < total; i++) store(t, e->host, i, (double)(e->rank + 1) + (double)((i + (size_t)step) % 4));
+    copy_in_async(e, grads, e->host, total * es); /* the backward pass */
+    poison_async(e, params, total * es);
+    CU(cuEventRecord(grads_ready, e->s));
+    CU(cuStreamWaitEvent(e->ddp_stream, grads_ready, 0));
+    size_t at = 0;
+    for (int b = 0; b < 3; b++) {
+      CHECK(ncclAllReduce((const void*)(grads + at * es), (void*)(grads + at * es), bucket[b], t, bucket_op[b],
+                          e->comm, ST(e->ddp_stream)));
+      call_done("DDP bucket all-reduce");
+      at += bucket[b];
+    }
+    CU(cuEventRecord(reduced, e->ddp_stream));
+    CU(cuEventRecord(w.end, e->ddp_stream));
+    CU(cuStreamWaitEvent(e->s, reduced, 0));
+    CU(cuMemcpyDtoDAsync_v2(params, grads, total * es, e->s)); /* the optimiser step */
+    at = 0;
+    for (int b = 0; b < 3; b++) {
+      for (size_t i = 0; i < bucket[b]; i++) {
+        double k = (double)((at + i + (size_t)step) % 4);
+        double sum = (double)n * (double)(n + 1) / 2 + (double)n * k;
+        e->want[at + i] = bucket_op[b] == ncclAvg ? sum / (double)n : sum;
+      }
+      at += bucket[b];
+    }
+    fetch(e, params, total * es); /* float(loss) */
+    expect("DDP step", t, e->got, e->want, total);
+  }
+  w.stop = 1;
+  if (pthread_join(dog, NULL) != 0) FAIL("pthread_join (watchdog)");
+  if (w.queries == 0) FAIL("the watchdog never ran");
+  CU(cuEventDestroy_v2(grads_ready));
+  CU(cuEventDestroy_v2(reduced));
+  CU(cuEventDestroy_v2(w.end));
+}
+
 /* ncclMemAlloc hands out device memory (allocated with the rank's buffers, freed with them by
  * free_buffers, once): not host memory (a child that reads it dies), a copy target of the
  * driver, a collective's buffer. */
@@ -671,6 +768,7 @@ static void rank_body(int rank, int n, ncclUniqueId id) {
   CU(cuCtxSetCurrent(e->ctx));
   e->s = NULL;
   if (!use_legacy) CU(cuStreamCreate(&e->s, 0));
+  CU(cuStreamCreateWithPriority(&e->ddp_stream, CU_STREAM_NON_BLOCKING, 0));
   alloc_buffers(e);
 
   CHECK(ncclCommInitRank(&e->comm, n, id, rank));
@@ -685,6 +783,7 @@ static void rank_body(int rank, int n, ncclUniqueId id) {
     chain(e, ncclInt32);
     chain(e, ncclFloat64);
     group(e);
+    ddp_steps(e);
     mem_alloc(e);
     other_context(e);
   }
@@ -696,6 +795,7 @@ static void rank_body(int rank, int n, ncclUniqueId id) {
   CHECK(ncclCommDestroy(e->comm));
   free_buffers(e);
   if (e->s) CU(cuStreamDestroy_v2(e->s));
+  CU(cuStreamDestroy_v2(e->ddp_stream));
   if (use_created_ctx) CU(cuCtxDestroy_v2(e->ctx));
 }
 
