@@ -1,7 +1,8 @@
 //! The library's own cost per blocking call, where no bytes travel: one rank all-reduces 128
 //! bytes in place `CALLS` times (default 2 000 000) and prints the time per call. Every such
 //! call takes the executor's turn, runs, and lets it go (the hot path of `src/comm/work.rs`);
-//! `ASYNC=1` queues the calls instead (`submit` + `wait`), for the progress thread's path.
+//! `ASYNC=1` queues the calls instead (`submit` + `wait`), for the progress thread's path;
+//! `COUNT` sets the float32 elements (default 32).
 
 use std::time::Instant;
 
@@ -11,7 +12,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let calls: usize = std::env::var("CALLS").ok().and_then(|v| v.parse().ok()).unwrap_or(2_000_000);
     let queued = std::env::var("ASYNC").is_ok_and(|v| v == "1");
     let comm = Communicator::init_with(&UniqueId::new()?, 0, 1, Config::from_env()?)?;
-    let mut buf = vec![1.0f32; 32];
+    let count: usize = std::env::var("COUNT").ok().and_then(|v| v.parse().ok()).unwrap_or(32);
+    let mut buf = vec![1.0f32; count];
     for _ in 0..calls / 20 {
         comm.all_reduce_in_place(&mut buf, ReduceOp::Sum)?;
     }

@@ -56,6 +56,7 @@ fn matrix_on(comm: &Communicator) -> Vec<String> {
         matrix(comm.nranks(), &COUNTS).len(),
         topoccl::cuda::foreign_driver_calls()
     );
+    device_support::assert_no_foreign_driver_calls(comm);
     wrong
 }
 
@@ -150,6 +151,7 @@ fn sends_and_receives_of_device_buffers_in_a_group() {
         let (left, own) = (read(&s, &from_left), read(&s, &own));
         let want_left = i64::from((r + n - 1) % n);
         let bad = left.iter().enumerate().filter(|(i, v)| **v != *i as i64 * 10 + want_left).count();
+        device_support::assert_no_foreign_driver_calls(comm);
         bad + own.iter().zip(&mine).filter(|(a, b)| a != b).count()
     });
     assert_eq!(results, vec![0, 0, 0]);

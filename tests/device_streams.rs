@@ -38,6 +38,7 @@ fn a_call_waits_for_the_work_before_it_on_its_stream() {
         // SAFETY: a live, aligned word of pinned memory.
         unsafe { std::ptr::write_volatile(gate.addr() as *mut u32, 1) };
         let got = device_support::read_back(&s, &recv);
+        device_support::assert_no_foreign_driver_calls(comm);
         got.iter().filter(|v| **v != 3.0).count()
     });
     assert_eq!(results, vec![0, 0], "elements of the all-reduce that missed the input written before it");
@@ -75,6 +76,7 @@ fn the_stream_waits_for_the_call_before_its_later_work() {
         s.synchronize().expect("sync");
         // SAFETY: pinned memory of `n` floats, written by the finished copy.
         let got = unsafe { std::slice::from_raw_parts(out.addr() as *const f32, n) };
+        device_support::assert_no_foreign_driver_calls(comm);
         got.iter().filter(|v| **v != 3.0).count()
     });
     assert_eq!(results, vec![0, 0], "elements copied out before the all-reduce wrote them");

@@ -122,10 +122,11 @@ fn run(prog: &(PathBuf, PathBuf, PathBuf), args: &[&str], delay_us: Option<u32>)
         .env("LD_LIBRARY_PATH", format!("{}:{}", standin.display(), nccl.display()))
         .env("TOPOCCL_TIMEOUT", "30")
         .env("DEVICE_TEST_TIMEOUT", "100")
-        .env("TOPOCCL_CACHE_DIR", std::env::temp_dir().join("topoccl-nccl-cache"));
+        .env("TOPOCCL_CACHE_DIR", std::env::temp_dir().join("topoccl-nccl-cache"))
+        // Each ncclCommDestroy logs the debug counter of NCCL's invariant (checked below).
+        .env("NCCL_DEBUG", "INFO")
+        .env("NCCL_DEBUG_SUBSYS", "INIT");
     for var in [
-        "NCCL_DEBUG",
-        "NCCL_DEBUG_SUBSYS",
         "NCCL_ALGO",
         "NCCL_PROTO",
         "TOPOCCL_ALGO",
@@ -154,6 +155,13 @@ fn run(prog: &(PathBuf, PathBuf, PathBuf), args: &[&str], delay_us: Option<u32>)
         let (calls, checked, wrong) = counts(line).unwrap_or_else(|| panic!("unreadable summary: {line}"));
         assert!(calls > 0 && checked > 0 && wrong == 0, "{line}\n{stderr}");
     }
+    // No driver call by any library thread but the caller's while a device call was outstanding,
+    // on any rank (every communicator's destroy says so, in NCCL's log: standard output).
+    const COUNTER: &str = "driver calls by the executor while device calls were outstanding: ";
+    let foreign: Vec<&str> = stdout.lines().filter_map(|l| l.split(COUNTER).nth(1)).collect();
+    let ranks: usize = args[0].parse().expect("NRANKS");
+    assert!(foreign.len() >= ranks, "{} of {ranks} ranks logged the counter:\n{stdout}{stderr}", foreign.len());
+    assert!(foreign.iter().all(|n| n.trim() == "0"), "the executor made driver calls during device calls: {foreign:?}");
     summaries
 }
 

@@ -170,7 +170,12 @@ impl Binding {
         };
         passed[i].1.record(stream)?;
         drop(passed);
-        Ok(StreamSync { binding: self.clone(), start: ManuallyDrop::new(start), ticket })
+        Ok(StreamSync {
+            binding: self.clone(),
+            start: ManuallyDrop::new(start),
+            ticket,
+            outstanding: super::Outstanding::begin(),
+        })
     }
 
     /// A ticket for a device-resident call: its caller's stream writes it at the call's end
@@ -252,6 +257,9 @@ pub struct StreamSync {
     pub start: ManuallyDrop<Event>,
     /// Written into the binding's word when the call has ended.
     pub ticket: u32,
+    /// A host-driven call is outstanding too: the executor's driver calls during it are what
+    /// [`super::foreign_driver_calls`] counts (and what can deadlock a real driver).
+    pub outstanding: super::Outstanding,
 }
 
 impl Drop for StreamSync {

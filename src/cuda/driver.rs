@@ -141,9 +141,9 @@ fn name(r: CUresult) -> String {
     }
 }
 
-/// Device-resident calls whose end the host has not seen yet, in this process.
+/// Device calls whose end the host has not seen yet, in this process.
 static OUTSTANDING: AtomicUsize = AtomicUsize::new(0);
-/// Driver calls the executor made while a device-resident call was outstanding.
+/// Driver calls the executor made while a device call was outstanding.
 static FOREIGN: AtomicU64 = AtomicU64::new(0);
 
 thread_local! {
@@ -162,10 +162,11 @@ pub fn driver_calls_on_this_thread() -> u64 {
 
 /// The debug counter of NCCL's invariant: the driver calls this library's executor made
 /// (through [`check`]) — on the progress thread, or on a waiting caller running queued work —
-/// while some device-resident call was between its enqueue and the host seeing its end. Such
-/// a call's work is all on the GPU's queues when it returns, and the executor only watches it
-/// with plain loads of pinned memory, so this stays 0 unless host-driven device work runs
-/// beside it (which a copy into pageable memory can deadlock: `../shared/gpu-review.md` §2).
+/// while some device call was between its enqueue and the host seeing its end. A
+/// device-resident or staged call's work is all on the GPU's queues when it returns, and the
+/// executor only watches it (or moves host bytes) with plain loads and stores of pinned memory,
+/// so this stays 0 unless a host-driven device call (`TOPOCCL_DEVICE_STAGED=0`) runs, whose
+/// driver calls a copy into pageable memory can deadlock (`../shared/gpu-review.md` §2).
 pub fn foreign_driver_calls() -> u64 {
     FOREIGN.load(Ordering::Relaxed)
 }
@@ -186,7 +187,7 @@ impl Drop for OnExecutor {
     }
 }
 
-/// One device-resident call outstanding until it [ends](Outstanding::end) or is dropped (see
+/// One device call outstanding until it [ends](Outstanding::end) or is dropped (see
 /// [`foreign_driver_calls`]).
 #[derive(Debug)]
 pub struct Outstanding(std::sync::atomic::AtomicBool);

@@ -215,5 +215,21 @@ pub fn matrix_on(comm: &Communicator, s: &Arc<CudaStream>, counts: &[usize]) -> 
             wrong.push(format!("{call} ({placement:?}): first difference at byte {first}"));
         }
     }
+    assert_no_foreign_driver_calls(comm);
     wrong
+}
+
+/// NCCL's invariant, checked: the executor made no driver call while a device call of this
+/// process was outstanding (`topoccl::cuda::foreign_driver_calls`), unless `comm` runs the old
+/// host-driven path (`TOPOCCL_DEVICE_STAGED=0`), which breaks it by design.
+pub fn assert_no_foreign_driver_calls(comm: &Communicator) {
+    if comm.device_resident_calls().is_some() || comm.config().device_staged {
+        let n = topoccl::cuda::foreign_driver_calls();
+        assert_eq!(
+            n,
+            0,
+            "rank {}: the executor made {n} driver calls while device calls were outstanding",
+            comm.rank()
+        );
+    }
 }

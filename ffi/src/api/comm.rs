@@ -214,8 +214,19 @@ fn finalize(comm: ncclComm_t) -> ncclResult_t {
 fn destroy(comm: ncclComm_t) -> ncclResult_t {
     guard("ncclCommDestroy", || {
         let h = handle::release(comm)?;
-        log::info(Subsys::Init, Some(h.rank_hint()), format_args!("comm {comm:p} - Destroy COMPLETE"));
         h.close(false)?;
+        log::info(Subsys::Init, Some(h.rank_hint()), format_args!("comm {comm:p} - Destroy COMPLETE"));
+        // NCCL's invariant, as a debug counter for tests and users: a device call's completion
+        // never waits on a driver call from another host thread (0 unless the old host-driven
+        // path, TOPOCCL_DEVICE_STAGED=0, ran).
+        log::info(
+            Subsys::Init,
+            Some(h.rank_hint()),
+            format_args!(
+                "driver calls by the executor while device calls were outstanding: {}",
+                topoccl::cuda::foreign_driver_calls()
+            ),
+        );
         Ok(NCCL_SUCCESS)
     })
 }
