@@ -179,10 +179,6 @@ fn driver_calls_table(comm: &Communicator) -> Vec<String> {
 const TABLE_HEAD: &str =
     "| collective     |    bytes |      path | caller driver calls | executor calls meanwhile |\n|---|---|---|---|---|";
 
-fn all_resident_and_none_from_the_executor(rows: &[String]) -> bool {
-    all_on_and_none_from_the_executor(rows, "resident")
-}
-
 /// Every row ran on `path` and the executor made no driver call meanwhile.
 fn all_on_and_none_from_the_executor(rows: &[String], path: &str) -> bool {
     rows.iter().all(|r| {
@@ -191,61 +187,55 @@ fn all_on_and_none_from_the_executor(rows: &[String], path: &str) -> bool {
     })
 }
 
-#[test]
-fn driver_calls_per_call_on_two_processes() {
-    if standin::ranks("driver_calls_per_call_on_two_processes", 2, &[], 120) {
+/// The table on rank 0 of 2 processes (the parent launches them with `env`): every row on
+/// `path`, none with an executor call.
+fn table_on_two_processes(name: &str, env: &[(&str, &str)], path: &str) {
+    if standin::ranks(name, 2, env, 120) {
         let _s = stream();
         let comm = Communicator::from_env().expect("join");
         let rows = driver_calls_table(&comm);
         if comm.rank() == 0 {
-            println!("2 processes, rank 0:\n{TABLE_HEAD}\n{}", rows.join("\n"));
+            println!("2 processes {env:?}, rank 0:\n{TABLE_HEAD}\n{}", rows.join("\n"));
         }
-        assert!(all_resident_and_none_from_the_executor(&rows), "{rows:?}");
+        assert!(all_on_and_none_from_the_executor(&rows, path), "{rows:?}");
         comm.destroy().expect("destroy");
     }
+}
+
+/// The table on 2 thread ranks sharing a context over `transport`, checked on both.
+fn table_on_two_threads(name: &str, transport: TransportPolicy, path: &str) {
+    if !standin::child(name, &[]) {
+        return;
+    }
+    let cfg = device_config(transport, 30.0);
+    let tables = common::on_ranks(2, &cfg, |comm| driver_calls_table(comm));
+    println!("2 threads over {transport:?}, rank 0:\n{TABLE_HEAD}\n{}", tables[0].join("\n"));
+    for rows in &tables {
+        assert!(all_on_and_none_from_the_executor(rows, path), "{rows:?}");
+    }
+}
+
+#[test]
+fn driver_calls_per_call_on_two_processes() {
+    table_on_two_processes("driver_calls_per_call_on_two_processes", &[], "resident");
 }
 
 #[test]
 fn driver_calls_per_call_on_two_threads() {
-    if !standin::child("driver_calls_per_call_on_two_threads", &[]) {
-        return;
-    }
-    let cfg = device_config(TransportPolicy::Auto, 30.0);
-    let tables = common::on_ranks(2, &cfg, |comm| driver_calls_table(comm));
-    println!("2 threads, rank 0:\n{TABLE_HEAD}\n{}", tables[0].join("\n"));
-    for rows in &tables {
-        assert!(all_resident_and_none_from_the_executor(rows), "{rows:?}");
-    }
+    table_on_two_threads("driver_calls_per_call_on_two_threads", TransportPolicy::Auto, "resident");
 }
 
 /// The same table for staged calls (peers over TCP: every piece through the pinned host
-/// slots), on 2 processes.
+/// slots), on 2 processes ...
 #[test]
 fn driver_calls_per_staged_call_on_two_processes_over_tcp() {
     let env = [("TOPOCCL_TRANSPORT", "tcp")];
-    if standin::ranks("driver_calls_per_staged_call_on_two_processes_over_tcp", 2, &env, 120) {
-        let _s = stream();
-        let comm = Communicator::from_env().expect("join");
-        let rows = driver_calls_table(&comm);
-        if comm.rank() == 0 {
-            println!("2 processes over TCP, rank 0:\n{TABLE_HEAD}\n{}", rows.join("\n"));
-        }
-        assert!(all_on_and_none_from_the_executor(&rows, "staged"), "{rows:?}");
-        comm.destroy().expect("destroy");
-    }
+    table_on_two_processes("driver_calls_per_staged_call_on_two_processes_over_tcp", &env, "staged");
 }
 
-/// ... and on 2 thread ranks sharing a context over TCP (each caller waits for its pieces'
-/// outputs itself).
+/// ... and on 2 thread ranks sharing a context (each caller waits for its pieces' outputs
+/// itself).
 #[test]
 fn driver_calls_per_staged_call_on_two_threads_over_tcp() {
-    if !standin::child("driver_calls_per_staged_call_on_two_threads_over_tcp", &[]) {
-        return;
-    }
-    let cfg = device_config(TransportPolicy::Tcp, 30.0);
-    let tables = common::on_ranks(2, &cfg, |comm| driver_calls_table(comm));
-    println!("2 threads over TCP, rank 0:\n{TABLE_HEAD}\n{}", tables[0].join("\n"));
-    for rows in &tables {
-        assert!(all_on_and_none_from_the_executor(rows, "staged"), "{rows:?}");
-    }
+    table_on_two_threads("driver_calls_per_staged_call_on_two_threads_over_tcp", TransportPolicy::Tcp, "staged");
 }
