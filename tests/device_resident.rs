@@ -99,6 +99,90 @@ fn every_call_on_four_processes_runs_resident_and_reads_back_at_once() {
     }
 }
 
+/// Calls larger than the resident workspaces (4 MiB) and windows (8 MiB), and odd in length: every collective, every
+/// reduction of one type, in place and apart.
+fn large_calls(n: u32) -> Vec<(CollectiveCall, Placement)> {
+    let mut v = Vec::new();
+    for red in device_support::reductions(Dtype::Float32) {
+        v.push((
+            CollectiveCall::new(Collective::AllReduce, Dtype::Float32, 6_000_007).reduced_with(red),
+            Placement::Apart,
+        ));
+    }
+    let sum = Reduction::Op(ReduceOp::Sum);
+    let avg = Reduction::Op(ReduceOp::Avg);
+    for (coll, dtype, count, red, placement) in [
+        (Collective::AllReduce, Dtype::Bfloat16, 12_000_001, avg, Placement::InPlace),
+        (Collective::ReduceScatter, Dtype::Float32, 4_800_011, sum, Placement::Apart),
+        (Collective::ReduceScatter, Dtype::Int32, 4_400_003, sum, Placement::InPlace),
+        (Collective::AllGather, Dtype::Float32, 5_200_001, sum, Placement::Apart),
+        (Collective::AllGather, Dtype::Float8e4m3, 18_000_007, sum, Placement::InPlace),
+        (Collective::Reduce { root: n - 1 }, Dtype::Float32, 5_600_009, Reduction::Op(ReduceOp::Max), Placement::Apart),
+        (Collective::Broadcast { root: 1 }, Dtype::Int32, 5_000_003, sum, Placement::Apart),
+        (Collective::AllToAll, Dtype::Float32, 4_800_007, sum, Placement::Apart),
+    ] {
+        v.push((CollectiveCall::new(coll, dtype, count).reduced_with(red), placement));
+    }
+    v
+}
+
+/// Every large call on `comm`, checked against the host path: each must run device-resident,
+/// cut into several pieces, with no executor driver call meanwhile.
+fn run_large(comm: &Communicator) -> Vec<String> {
+    let s = stream();
+    let mut wrong = Vec::new();
+    for (i, (call, placement)) in large_calls(comm.nranks()).iter().enumerate() {
+        let (calls, pieces) = (comm.device_resident_calls(), comm.device_resident_pieces());
+        match device_and_host(comm, &s, call, *placement, i) {
+            Ok((dev, host)) if dev != host => {
+                let first = dev.iter().zip(&host).position(|(a, b)| a != b).unwrap_or(0);
+                wrong.push(format!("{call} ({placement:?}): differs from the host path at byte {first}"));
+            }
+            Ok(_) => {}
+            Err(e) => wrong.push(format!("{call} ({placement:?}) failed: {e}")),
+        }
+        let went = comm.device_resident_calls().unwrap_or(0) - calls.unwrap_or(0);
+        let cut = comm.device_resident_pieces().unwrap_or(0) - pieces.unwrap_or(0);
+        if comm.rank() == 0 {
+            println!("{call} ({placement:?}): {cut} pieces");
+        }
+        if went != 1 || cut < 2 {
+            wrong.push(format!("{call} ({placement:?}): {went} device-resident calls in {cut} pieces"));
+        }
+    }
+    if topoccl::cuda::foreign_driver_calls() != 0 {
+        wrong.push(format!("{} driver calls by the executor during calls", topoccl::cuda::foreign_driver_calls()));
+    }
+    wrong
+}
+
+/// Calls too large for the workspaces run device-resident in pieces (never through the host),
+/// on three thread ranks sharing a context (the gate between every piece) ...
+#[test]
+fn large_calls_run_resident_in_pieces_on_three_threads() {
+    if !standin::child("large_calls_run_resident_in_pieces_on_three_threads", &[]) {
+        return;
+    }
+    let cfg = device_config(TransportPolicy::Auto, 60.0);
+    let results = common::on_ranks(3, &cfg, |comm| run_large(comm));
+    for (r, w) in results.iter().enumerate() {
+        assert!(w.is_empty(), "rank {r}:\n{}", w.join("\n"));
+    }
+}
+
+/// ... and on two processes.
+#[test]
+fn large_calls_run_resident_in_pieces_on_two_processes() {
+    let env = [("TOPOCCL_STANDIN_DELAY_US", "20")];
+    if standin::ranks("large_calls_run_resident_in_pieces_on_two_processes", 2, &env, 300) {
+        let _s = stream();
+        let comm = Communicator::from_env().expect("join");
+        let wrong = run_large(&comm);
+        assert!(wrong.is_empty(), "rank {}:\n{}", comm.rank(), wrong.join("\n"));
+        comm.destroy().expect("destroy");
+    }
+}
+
 /// Rank 0 never makes the call its peers make: their streams must be let go (their read-back
 /// returns) within about the timeout, and the call fail naming rank 0.
 #[test]
@@ -140,7 +224,7 @@ fn driver_calls_table(comm: &Communicator) -> Vec<String> {
     for coll in
         [Collective::AllReduce, Collective::AllGather, Collective::ReduceScatter, Collective::Broadcast { root: 0 }]
     {
-        for bytes in [8usize, 64 << 10, 1 << 20, 4 << 20] {
+        for bytes in [8usize, 64 << 10, 1 << 20, 4 << 20, 32 << 20] {
             // nccl-tests' size: the larger buffer.
             let (i, o) = coll.blocks(comm.nranks());
             let count = bytes / 4 / i.max(o);
@@ -150,6 +234,7 @@ fn driver_calls_table(comm: &Communicator) -> Vec<String> {
             let recv = s.alloc_zeros::<u8>(out_bytes.max(1)).expect("alloc");
             let (a, b) = (device_support::at(&send, &s), device_support::at(&recv, &s));
             let (resident, staged) = (comm.device_resident_calls(), comm.device_staged_calls());
+            let pieces = comm.device_resident_pieces();
             let (here, foreign) = (topoccl::cuda::driver_calls_on_this_thread(), topoccl::cuda::foreign_driver_calls());
             // SAFETY: both buffers live until the read-back below has passed the call.
             unsafe { comm.submit_on(&call, a, b, StreamRef(s.cu_stream())) }.expect("call");
@@ -157,14 +242,15 @@ fn driver_calls_table(comm: &Communicator) -> Vec<String> {
             let _ = read_back(&s, &recv);
             comm.flush().expect("flush");
             let went = comm.device_resident_calls().unwrap_or(0) - resident.unwrap_or(0);
+            let cut = comm.device_resident_pieces().unwrap_or(0) - pieces.unwrap_or(0);
             let staged = comm.device_staged_calls() - staged;
             let path = match (went, staged) {
-                (1, 0) => "resident",
-                (0, 1) => "staged",
-                _ => "host",
+                (1, 0) => format!("resident ×{cut}"),
+                (0, 1) => "staged".into(),
+                _ => "host".into(),
             };
             rows.push(format!(
-                "| {:<14} | {:>8} | {:>9} | {:>20} | {:>24} |",
+                "| {:<14} | {:>8} | {:>11} | {:>20} | {:>24} |",
                 coll.name(),
                 bytes,
                 path,
@@ -177,7 +263,7 @@ fn driver_calls_table(comm: &Communicator) -> Vec<String> {
 }
 
 const TABLE_HEAD: &str =
-    "| collective     |    bytes |      path | caller driver calls | executor calls meanwhile |\n|---|---|---|---|---|";
+    "| collective     |    bytes | path (pieces) | caller driver calls | executor calls meanwhile |\n|---|---|---|---|---|";
 
 /// Every row ran on `path` and the executor made no driver call meanwhile.
 fn all_on_and_none_from_the_executor(rows: &[String], path: &str) -> bool {

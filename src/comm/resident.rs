@@ -2,12 +2,15 @@
 //! run so, and queueing them on the caller's stream from the caller's thread.
 //!
 //! A call runs device-resident when every rank of the communicator reaches every other by
-//! CUDA IPC (agreed at init, so that all ranks decide alike), its buffers are device memory,
-//! and it fits what the binding and the windows hold: its input within the binding's staging
-//! workspace, its scratch within the scratch workspace, each peer's messages within the pair's
-//! resident window. Everything else is staged through pinned host slots (`super::staged`):
-//! PreMulSum with a scalar in device memory, schedules that need padded chunks, grouped
-//! send/recv, calls larger than the workspaces or windows.
+//! CUDA IPC (agreed at init, so that all ranks decide alike) and its buffers are device
+//! memory. A call that does not fit what the binding and the windows hold (its input, where it
+//! is staged, within the binding's staging workspace; its scratch within the scratch
+//! workspace; every pair's messages within the pair's resident window) is cut into pieces that
+//! do, as staged calls are cut (the same element range of every block, each piece planned as
+//! a call of its own size), and the pieces are queued one after another on the stream: a large
+//! call never leaves the device. Everything else is staged through pinned host slots
+//! (`super::staged`): PreMulSum with a scalar in device memory, schedules that need padded
+//! chunks, grouped send/recv, a call in overlapping buffers too large to run whole.
 //!
 //! Every rank decides from what all of them share (the call, the schedule, the agreed links),
 //! never from what only it sees (its placement, its buffers' addresses), so the ranks of a call
@@ -21,16 +24,18 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use topoccl_transports::ipc::{DevicePeer, ResidentLink};
-use topoccl_transports::MemSpace;
+use topoccl_transports::{MemSpace, Region};
 
 use super::work::Task;
 use super::{CallState, Communicator};
+use crate::call::Checked;
 use crate::call::Placement;
 use crate::cuda::{Binding, Outstanding, StreamRef};
 use crate::error::Result;
-use crate::exec::job::{Job, ResidentJob};
-use crate::exec::memory::{Memory, INPUT, OUTPUT, SCRATCH};
-use crate::exec::resident::{emit, release_of, Counts, DeviceStream, Gate};
+use crate::exec::job::{CollectiveJob, Job, ResidentJob};
+use crate::exec::memory::{Blocks, Memory, INPUT, OUTPUT, SCRATCH};
+use crate::exec::plan::Plan;
+use crate::exec::resident::{emit, release_of, Counts, DeviceStream, Gate, Release};
 use crate::types::{ReduceOp, Reduction, Scalar};
 
 /// The device-resident side of a communicator: a link per rank, and the counts its words
@@ -38,8 +43,9 @@ use crate::types::{ReduceOp, Reduction, Scalar};
 pub(crate) struct ResidentSide {
     links: Vec<Option<ResidentLink>>,
     counts: Vec<Counts>,
-    /// Calls queued device-resident so far.
+    /// Calls queued device-resident so far, and the pieces they were cut into.
     queued: u64,
+    pieces: u64,
     /// Keep the windows and pages the links name alive.
     _peers: Vec<Arc<DevicePeer>>,
 }
@@ -53,8 +59,52 @@ impl ResidentSide {
         }
         let links = peers.iter().map(|p| p.as_ref().map(|p| p.link)).collect();
         let counts = vec![Counts::default(); peers.len()];
-        Some(ResidentSide { links, counts, queued: 0, _peers: peers.into_iter().flatten().collect() })
+        Some(ResidentSide { links, counts, queued: 0, pieces: 0, _peers: peers.into_iter().flatten().collect() })
     }
+}
+
+/// The smallest piece a large call is cut into: below it the call is staged instead (a schedule
+/// whose messages at this size still overflow the windows is not one to run in pieces).
+const MIN_PIECE_BYTES: usize = 64 << 10;
+
+/// One piece of a device-resident call: elements `first..first + count` of every block, run
+/// with `plan` (the call's own when the call is one piece).
+struct Piece {
+    first: usize,
+    count: usize,
+    plan: Arc<Plan>,
+}
+
+/// Whether `plan` runs device-resident over `links` with `scratch_len` bytes of scratch (the
+/// same answer on every rank: nothing in it is this rank's alone).
+fn runs_resident(plan: &Plan, links: &[Option<ResidentLink>], scratch_len: usize) -> bool {
+    !plan.padded && plan.scratch_bytes <= scratch_len && plan.resident().is_ok_and(|p| p.fits(links))
+}
+
+/// Whether a piece of `count` elements run with `plan` copies its input into the staging
+/// workspace first: a scalar to apply, buffers that overlap, or an in-place call on a schedule
+/// that is not safe in place.
+fn stages_input(c: &Checked, plan: &Plan, scaled: bool) -> bool {
+    !c.input.is_empty()
+        && (scaled
+            || c.placement == Placement::Overlapping
+            || (c.placement == Placement::InPlace && !plan.schedule.in_place))
+}
+
+/// `region` as elements `first..first + count` (of `ds` bytes) of each of its `blocks` blocks
+/// of `block_bytes`, registered under `id`; the whole region where that is all of it.
+fn piece_of(mem: &mut Memory, id: u16, region: Region, c: &Checked, blocks: usize, piece: &Piece, write: bool) {
+    let ds = c.call.dtype.size();
+    if region.is_empty() || piece.count == c.call.count {
+        if write {
+            mem.writable(id, region);
+        } else {
+            mem.readable(id, region);
+        }
+        return;
+    }
+    let b = Blocks { first: piece.first * ds, len: piece.count * ds, stride: c.block_bytes, count: blocks };
+    mem.blocks(id, region, b, write);
 }
 
 impl Communicator {
@@ -63,6 +113,66 @@ impl Communicator {
     /// `TOPOCCL_DEVICE_RESIDENT=0`).
     pub fn device_resident_calls(&self) -> Option<u64> {
         self.calls().resident.as_ref().map(|s| s.queued)
+    }
+
+    /// How many pieces the device-resident calls so far were cut into (a call that fits whole
+    /// is one); `None` as for [`Communicator::device_resident_calls`].
+    pub fn device_resident_pieces(&self) -> Option<u64> {
+        self.calls().resident.as_ref().map(|s| s.pieces)
+    }
+
+    /// The pieces `job` runs device-resident in, or `None` where it cannot (it is staged).
+    fn resident_pieces(
+        &self,
+        calls: &mut CallState,
+        job: &CollectiveJob,
+        scaled: bool,
+        stage: Region,
+        scratch: Region,
+    ) -> Result<Option<Vec<Piece>>> {
+        let c = job.checked;
+        let call = c.call;
+        let ds = call.dtype.size();
+        let (in_blocks, out_blocks) = call.collective.blocks(self.nranks);
+        let fits = |calls: &CallState, plan: &Plan, count: usize| {
+            let links = calls.resident.as_ref().map_or(&[][..], |s| &s.links[..]);
+            runs_resident(plan, links, scratch.len)
+                && (!stages_input(&c, plan, scaled) || in_blocks * count * ds <= stage.len)
+        };
+        if fits(calls, &job.plan, call.count) {
+            return Ok(Some(vec![Piece { first: 0, count: call.count, plan: job.plan.clone() }]));
+        }
+        if c.placement == Placement::Overlapping {
+            // Each piece would read input that an earlier one overwrote: run whole, staged.
+            return Ok(None);
+        }
+        // Elements per piece: the staging workspace's worth of input, on a 64-byte boundary,
+        // halved until a piece's plan fits.
+        let align = 64 / ds;
+        let mut per = (stage.len / (in_blocks.max(out_blocks) * ds)).min(call.count.div_ceil(2));
+        per -= per % align;
+        loop {
+            if per == 0 || per * ds * in_blocks.max(out_blocks) < MIN_PIECE_BYTES {
+                return Ok(None);
+            }
+            let (plan, _) = calls.planner.plan(call.collective, ds, per)?;
+            if fits(calls, &plan, per) {
+                break;
+            }
+            per = (per / 2) - (per / 2) % align;
+        }
+        let mut pieces = Vec::with_capacity(call.count.div_ceil(per));
+        let mut first = 0;
+        while first < call.count {
+            let count = per.min(call.count - first);
+            let (plan, _) = calls.planner.plan(call.collective, ds, count)?;
+            if !fits(calls, &plan, count) {
+                return Ok(None);
+            }
+            pieces.push(Piece { first, count, plan });
+            first += count;
+        }
+        Ok(Some(pieces))
     }
 
     /// Queues `task` (a collective just prepared) on `stream` device-resident, if it runs so:
@@ -90,47 +200,59 @@ impl Communicator {
             return Ok(None);
         }
         let (scratch, stage) = binding.resident_workspaces();
-        let (in_blocks, _) = call.collective.blocks(self.nranks);
-        if in_blocks * c.block_bytes > stage.len {
+        let Some(pieces) = self.resident_pieces(calls, job, scalar.is_some(), stage, scratch)? else {
             return Ok(None);
-        }
-        let plan = job.plan.clone();
+        };
+        let ds = call.dtype.size();
+        let (in_blocks, out_blocks) = call.collective.blocks(self.nranks);
         let last = calls.device_last;
         let Some(side) = calls.resident.as_mut() else { return Ok(None) };
-        let Ok(prog) = plan.resident() else { return Ok(None) };
-        if plan.padded || plan.scratch_bytes > scratch.len || !prog.fits(&side.links) {
-            return Ok(None);
-        }
-        let stage_in = !c.input.is_empty()
-            && (scalar.is_some()
-                || c.placement == Placement::Overlapping
-                || (c.placement == Placement::InPlace && !plan.schedule.in_place));
-        let input = if stage_in { stage.sub(0, c.input.len).unwrap_or(stage) } else { c.input };
-        let mut mem = Memory::new();
-        mem.readable(INPUT, input);
-        mem.writable(OUTPUT, c.output);
-        mem.writable(SCRATCH, scratch.sub(0, plan.scratch_bytes).unwrap_or(scratch));
 
         let _current = binding.context().enter()?;
-        let release = release_of(prog, &side.links, &side.counts)?;
         let ticket = binding.next_ticket();
         let outstanding = Outstanding::begin();
-        let gate = Gate { deadline: Instant::now() + self.config.timeout, abort: &self.runner.abort, rank: self.rank };
+        let mut release = Release::default();
         let mut s = binding.caller_stream(stream, call.dtype, call.reduction.op());
         // SAFETY: the caller's buffers are valid device memory until the stream has passed the
         // call (`submit_on`'s contract); the workspaces and windows live with the binding and
-        // the links, longer than any stream's use of them.
+        // the links, longer than any stream's use of them. The pieces run one after another on
+        // the one stream, so each may reuse the workspaces.
         let queued = unsafe {
             (|| -> Result<()> {
                 if let Some((_, prev)) = last.filter(|(last, _)| *last != stream) {
                     s.after(prev)?;
                 }
-                match scalar {
-                    Some(v) => s.scale(input, c.input, &v[..call.dtype.size()])?,
-                    None if stage_in => s.copy(input.addr as u64, c.input.addr as u64, c.input.len)?,
-                    None => {}
+                for piece in &pieces {
+                    let prog = piece.plan.resident().map_err(|e| crate::error::Error::Internal(e.to_string()))?;
+                    let bytes = piece.count * ds;
+                    let mut mem = Memory::new();
+                    if stages_input(&c, &piece.plan, scalar.is_some()) {
+                        let staged = stage.sub(0, in_blocks * bytes).unwrap_or(stage);
+                        for b in 0..in_blocks {
+                            let from = b * c.block_bytes + piece.first * ds;
+                            let (Some(dst), Some(src)) = (staged.sub(b * bytes, bytes), c.input.sub(from, bytes))
+                            else {
+                                return Err(crate::error::Error::Internal("a piece outside its call's input".into()));
+                            };
+                            match scalar {
+                                Some(v) => s.scale(dst, src, &v[..ds])?,
+                                None => s.copy(dst.addr as u64, src.addr as u64, bytes)?,
+                            }
+                        }
+                        mem.readable(INPUT, staged);
+                    } else {
+                        piece_of(&mut mem, INPUT, c.input, &c, in_blocks, piece, false);
+                    }
+                    piece_of(&mut mem, OUTPUT, c.output, &c, out_blocks, piece, true);
+                    mem.writable(SCRATCH, scratch.sub(0, piece.plan.scratch_bytes).unwrap_or(scratch));
+                    release.0.extend(release_of(prog, &side.links, &side.counts)?.0);
+                    let gate = Gate {
+                        deadline: Instant::now() + self.config.timeout,
+                        abort: &self.runner.abort,
+                        rank: self.rank,
+                    };
+                    emit(prog, &mem, &side.links, &mut side.counts, &mut s, &gate)?;
                 }
-                emit(prog, &mem, &side.links, &mut side.counts, &mut s, &gate)?;
                 if call.reduction == Reduction::Op(ReduceOp::Avg) && !c.output.is_empty() {
                     s.divide(c.output, self.nranks)?;
                 }
@@ -139,6 +261,7 @@ impl Communicator {
         };
         let failed = queued.err();
         side.queued += 1;
+        side.pieces += pieces.len() as u64;
         calls.device_last = Some((stream, ticket));
         if failed.is_some() {
             // Whatever was queued may wait on words no peer will write now: let it through.

@@ -38,12 +38,25 @@ impl Span {
 struct Entry {
     region: Region,
     writable: bool,
+    /// Where the buffer's blocks lie in `region`, when not end to end.
+    blocks: Option<Blocks>,
+}
+
+/// A buffer seen as `count` blocks of `len` bytes, the first at byte `first` of its region
+/// and each next one `stride` bytes further: one element range of every block of a call's
+/// buffer (a piece of a call too large to run whole, `crate::comm::resident`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Blocks {
+    pub first: usize,
+    pub len: usize,
+    pub stride: usize,
+    pub count: usize,
 }
 
 /// Buffers held inline (input, output, scratch); extra buffers of grouped calls go to the heap.
 const INLINE_BUFFERS: usize = 3;
 
-const NONE: Entry = Entry { region: Region::EMPTY, writable: false };
+const NONE: Entry = Entry { region: Region::EMPTY, writable: false, blocks: None };
 
 /// The buffers of one run.
 ///
@@ -85,25 +98,57 @@ impl Memory {
 
     /// Registers a buffer that steps only read.
     pub(crate) fn readable(&mut self, id: MemId, region: Region) {
-        self.set(id, Entry { region, writable: false });
+        self.set(id, Entry { region, writable: false, blocks: None });
     }
 
     /// Registers a buffer that steps may write. The same bytes may be registered under several
     /// ids (an in-place call registers one buffer as input and output).
     pub(crate) fn writable(&mut self, id: MemId, region: Region) {
-        self.set(id, Entry { region, writable: true });
+        self.set(id, Entry { region, writable: true, blocks: None });
+    }
+
+    /// Registers `blocks` of `region` as one buffer, the blocks end to end (read-only unless
+    /// `writable`). Its spans are read with [`Memory::segment`].
+    pub(crate) fn blocks(&mut self, id: MemId, region: Region, blocks: Blocks, writable: bool) {
+        self.set(id, Entry { region, writable, blocks: Some(blocks) });
     }
 
     /// The region of `s`, checked against its buffer's bounds (and writability, to write).
+    /// A span of a buffer registered as blocks must lie in one block.
     #[inline]
     pub(crate) fn span(&self, s: Span, write: bool) -> Result<Region> {
-        match self.get(s.mem) {
-            Some(e) if !write || e.writable => match e.region.sub(s.off, s.len) {
-                Some(r) => Ok(r),
-                None => Err(bad(s, &format!("out of bounds of a {}-byte buffer", e.region.len))),
-            },
-            Some(_) => Err(bad(s, "the buffer is read-only")),
-            None => Err(bad(s, "no such buffer")),
+        let r = self.segment(s, 0, write)?;
+        if r.len == s.len {
+            Ok(r)
+        } else {
+            Err(bad(s, "it crosses a block of a piece"))
+        }
+    }
+
+    /// The longest run of bytes of `s`, from its byte `at` on, that lies end to end in memory
+    /// (all the rest of `s` unless its buffer is registered as blocks), checked as `span`.
+    #[inline]
+    pub(crate) fn segment(&self, s: Span, at: usize, write: bool) -> Result<Region> {
+        let e = match self.get(s.mem) {
+            Some(e) if !write || e.writable => e,
+            Some(_) => return Err(bad(s, "the buffer is read-only")),
+            None => return Err(bad(s, "no such buffer")),
+        };
+        let rest = s.len.saturating_sub(at);
+        let (off, len) = match e.blocks {
+            None => (s.off + at, rest),
+            Some(b) => {
+                let o = s.off + at;
+                let (block, within) = (o / b.len.max(1), o % b.len.max(1));
+                if s.off + s.len > b.len * b.count {
+                    return Err(bad(s, &format!("out of bounds of {} blocks of {} bytes", b.count, b.len)));
+                }
+                (b.first + block * b.stride + within, rest.min(b.len - within))
+            }
+        };
+        match e.region.sub(off, len) {
+            Some(r) => Ok(r),
+            None => Err(bad(s, &format!("out of bounds of a {}-byte buffer", e.region.len))),
         }
     }
 }
@@ -130,5 +175,25 @@ mod tests {
         assert!(m.span(Span::new(SCRATCH, 0, 1), false).is_err());
         assert_eq!(m.span(Span::new(7, 0, 4), true).unwrap(), Region::host(5000, 4));
         assert!(m.span(Span::new(6, 0, 1), false).is_err());
+    }
+
+    #[test]
+    fn a_buffer_of_blocks_is_read_block_by_block() {
+        let mut m = Memory::new();
+        // Bytes 4..8 of each of three 10-byte blocks of a 30-byte buffer.
+        let b = Blocks { first: 4, len: 4, stride: 10, count: 3 };
+        m.blocks(OUTPUT, Region::host(1000, 30), b, true);
+        assert_eq!(m.span(Span::new(OUTPUT, 5, 3), true).unwrap(), Region::host(1015, 3));
+        assert!(m.span(Span::new(OUTPUT, 2, 4), true).is_err(), "crosses blocks 0 and 1");
+        let s = Span::new(OUTPUT, 2, 8);
+        assert_eq!(m.segment(s, 0, true).unwrap(), Region::host(1006, 2));
+        assert_eq!(m.segment(s, 2, true).unwrap(), Region::host(1014, 4));
+        assert_eq!(m.segment(s, 6, true).unwrap(), Region::host(1024, 2));
+        assert!(m.segment(Span::new(OUTPUT, 10, 3), 0, false).is_err(), "past the third block");
+        m.blocks(INPUT, Region::host(1000, 30), b, false);
+        assert!(m.segment(Span::new(INPUT, 0, 1), 0, true).is_err(), "read-only");
+        // Blocks past the region's end are refused too.
+        m.blocks(SCRATCH, Region::host(1000, 20), b, true);
+        assert!(m.segment(Span::new(SCRATCH, 8, 4), 0, false).is_err());
     }
 }

@@ -43,6 +43,16 @@ pub(crate) enum Loc {
     Tx { peer: u32, off: usize, len: usize },
 }
 
+impl Loc {
+    /// Its length in bytes.
+    pub(crate) fn len(self) -> usize {
+        match self {
+            Loc::Buf(s) => s.len,
+            Loc::Rx { len, .. } | Loc::Tx { len, .. } => len,
+        }
+    }
+}
+
 /// One piece of work on the stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Item {
@@ -80,6 +90,9 @@ pub(crate) struct ResidentProgram {
     /// Per peer sent to / received from: messages and window bytes.
     pub to: Vec<(u32, u32, usize)>,
     pub from: Vec<(u32, u32, usize)>,
+    /// The most window bytes any rank of the call sends any one peer
+    /// ([`order::Messages::peak`]).
+    pub peak: usize,
 }
 
 impl ResidentProgram {
@@ -156,15 +169,17 @@ impl ResidentProgram {
             v.sort_unstable();
             v
         };
-        Ok(ResidentProgram { items, to: sorted(&msgs.to), from: sorted(&msgs.from) })
+        Ok(ResidentProgram { items, to: sorted(&msgs.to), from: sorted(&msgs.from), peak: msgs.peak })
     }
 
-    /// Whether every peer's messages of one call fit the windows of `links`, and every peer
-    /// is one.
+    /// Whether every rank's messages of one call to any one peer fit the windows of `links`,
+    /// and every peer of this rank is one. Judged on the call's largest pair, not on this
+    /// rank's own messages, so that every rank judges alike (a rank whose own messages fit
+    /// while a peer's do not would run the call device-resident alone, and hang).
     pub(crate) fn fits(&self, links: &[Option<ResidentLink>]) -> bool {
-        self.to.iter().chain(&self.from).all(|&(p, _, bytes)| {
-            links.get(p as usize).and_then(Option::as_ref).is_some_and(|l| bytes <= l.window_bytes)
-        })
+        let peers =
+            self.to.iter().chain(&self.from).all(|&(p, _, _)| links.get(p as usize).is_some_and(Option::is_some));
+        peers && links.iter().flatten().all(|l| self.peak <= l.window_bytes)
     }
 }
 
@@ -319,31 +334,53 @@ pub(crate) unsafe fn emit(
     stream: &mut dyn DeviceStream,
     gate: &Gate<'_>,
 ) -> Result<()> {
-    let addr = |loc: Loc, write: bool| -> Result<(u64, usize)> {
+    // From byte `at` of `loc` on: its address and how many bytes lie end to end there (a
+    // piece's buffers are blocks apart, `Memory::segment`; windows are one run).
+    let seg = |loc: Loc, at: usize, write: bool| -> Result<(u64, usize)> {
         match loc {
-            Loc::Buf(s) => mem.span(s, write).map(|r| (r.addr as u64, r.len)),
-            Loc::Rx { peer, off, len } => Ok((link_of(links, counts, peer)?.0.rx_window + off as u64, len)),
-            Loc::Tx { peer, off, len } => Ok((link_of(links, counts, peer)?.0.tx_window + off as u64, len)),
+            Loc::Buf(s) => mem.segment(s, at, write).map(|r| (r.addr as u64, r.len)),
+            Loc::Rx { peer, off, len } => {
+                Ok((link_of(links, counts, peer)?.0.rx_window + (off + at) as u64, len.saturating_sub(at)))
+            }
+            Loc::Tx { peer, off, len } => {
+                Ok((link_of(links, counts, peer)?.0.tx_window + (off + at) as u64, len.saturating_sub(at)))
+            }
         }
     };
     for item in &prog.items {
         match *item {
             Item::Copy { dst, src } => {
-                let ((d, n), (s, m)) = (addr(dst, true)?, addr(src, false)?);
-                if n != m {
-                    return Err(Error::Internal(format!("a device copy of {m} bytes into {n}")));
+                let n = dst.len();
+                if n != src.len() {
+                    return Err(Error::Internal(format!("a device copy of {} bytes into {n}", src.len())));
                 }
-                if n > 0 && d != s {
-                    // SAFETY: spans of the call's buffers (this fn's contract, bounds-checked by
-                    // `Memory::span`) or message ranges inside the windows (`fits`).
-                    unsafe { stream.copy(d, s, n)? };
+                let mut at = 0;
+                while at < n {
+                    let ((d, dn), (s, sn)) = (seg(dst, at, true)?, seg(src, at, false)?);
+                    let run = dn.min(sn);
+                    if run == 0 {
+                        return Err(Error::Internal(format!("a device copy with nothing at byte {at} of {n}")));
+                    }
+                    if d != s {
+                        // SAFETY: runs of the call's buffers (this fn's contract, bounds-checked
+                        // by `Memory::segment`) or message ranges inside the windows (`fits`).
+                        unsafe { stream.copy(d, s, run)? };
+                    }
+                    at += run;
                 }
             }
             Item::Reduce { dst, a, b } => {
-                let ((d, n), (x, _), (y, _)) = (addr(dst, true)?, addr(a, false)?, addr(b, false)?);
-                if n > 0 {
+                let n = dst.len();
+                let mut at = 0;
+                while at < n {
+                    let ((d, dn), (x, xn), (y, yn)) = (seg(dst, at, true)?, seg(a, at, false)?, seg(b, at, false)?);
+                    let run = dn.min(xn).min(yn);
+                    if run == 0 {
+                        return Err(Error::Internal(format!("a device reduction with nothing at byte {at} of {n}")));
+                    }
                     // SAFETY: as for the copy.
-                    unsafe { stream.reduce(d, x, y, n)? };
+                    unsafe { stream.reduce(d, x, y, run)? };
+                    at += run;
                 }
             }
             Item::Arrival { peer, index } => {

@@ -85,6 +85,9 @@ pub(crate) struct Messages {
     /// Per peer: messages and window bytes this rank sends it, and receives from it.
     pub to: FxHashMap<u32, (u32, usize)>,
     pub from: FxHashMap<u32, (u32, usize)>,
+    /// The most window bytes any rank sends any one peer in the call: what every rank's
+    /// windows must hold for the call to run device-resident, the same on every rank.
+    pub peak: usize,
 }
 
 /// Numbers and places the messages `me` sends and receives, given every rank's stream order.
@@ -97,14 +100,18 @@ pub(crate) fn messages(schedule: &Schedule, layout: &ChunkLayout, order: &[Vec<S
         let mut next: FxHashMap<u32, (u32, usize)> = FxHashMap::default();
         let mut nth: FxHashMap<(u32, u32), u32> = FxHashMap::default();
         let mut by_nth: FxHashMap<(u32, u32, u32), Message> = FxHashMap::default();
+        let mut bytes_to: FxHashMap<u32, usize> = FxHashMap::default();
         for s in steps {
             let st = schedule.ranks[r as usize].channels[s.channel as usize].steps[s.step as usize];
             let Some(to) = st.op.send_to() else { continue };
+            let slot = st.op.src().or(st.op.dst());
+            let len = slot.map_or(0, |sl| layout.range(sl.index as usize, st.count as usize).1);
+            let sent = bytes_to.entry(to).or_default();
+            *sent += len.next_multiple_of(WINDOW_ALIGN);
+            out.peak = out.peak.max(*sent);
             if r != me && to != me {
                 continue;
             }
-            let slot = st.op.src().or(st.op.dst());
-            let len = slot.map_or(0, |sl| layout.range(sl.index as usize, st.count as usize).1);
             let (index, offset) = next.entry(to).or_default();
             let m = Message { index: *index, offset: *offset, len };
             *index += 1;
