@@ -77,6 +77,21 @@ pub fn plan(topo: &Topology, collective: Collective) -> Result<TreePlan> {
         }
         return Ok(TreePlan { shape, trees, rate, upper: f64::NAN, method: "spread" });
     }
+    // Rooted shapes on whole-link capacities: Edmonds' packing, when it reaches the ceiling no
+    // packing can pass, is the answer, and the MWU (tens of seconds at 64 ranks) is not run.
+    let integral = match shape {
+        PackingShape::Rooted { root, reversed } => exact::unit_capacities(&graph).and_then(|(unit, units)| {
+            let trees = exact::pack_arborescences(&graph, &units, unit, root, reversed);
+            let rate = unit * trees.len() as f64;
+            (!trees.is_empty()).then_some((trees, rate, exact::rooted_ceiling(&graph, root, reversed)))
+        }),
+        PackingShape::Bidirectional => None,
+    };
+    if let Some((trees, rate, ceiling)) = &integral {
+        if *rate >= ceiling * (1.0 - 1e-9) {
+            return Ok(TreePlan { shape, trees: trees.clone(), rate: *rate, upper: *ceiling, method: "edmonds" });
+        }
+    }
     let packing = pack_trees(&graph, shape, TOLERANCE);
     if packing.trees.is_empty() {
         return Err(unsupported(
@@ -88,13 +103,9 @@ pub fn plan(topo: &Topology, collective: Collective) -> Result<TreePlan> {
     let trees = select::select_trees(&graph, shape, packing.trees, SLACK);
     let rate = trees.iter().map(|t| t.rate).sum::<f64>();
     let mut best = TreePlan { shape, trees, rate, upper: packing.upper.max(rate), method: "mwu+ilp" };
-    if let PackingShape::Rooted { root, reversed } = shape {
-        if let Some((unit, units)) = exact::unit_capacities(&graph) {
-            let trees = exact::pack_arborescences(&graph, &units, unit, root, reversed);
-            let rate = unit * trees.len() as f64;
-            if !trees.is_empty() && rate >= best.rate * (1.0 - 1e-9) {
-                best = TreePlan { shape, trees, rate, upper: best.upper.max(rate), method: "edmonds" };
-            }
+    if let Some((trees, rate, _)) = integral {
+        if rate >= best.rate * (1.0 - 1e-9) {
+            best = TreePlan { shape, trees, rate, upper: best.upper.max(rate), method: "edmonds" };
         }
     }
     Ok(best)
@@ -249,6 +260,7 @@ impl ScheduleGenerator for Blink {
 mod tests {
     use super::*;
     use crate::topology::resolve;
+    use crate::schedule::Rank;
     use crate::verify::verify;
 
     #[test]
@@ -266,6 +278,30 @@ mod tests {
                 let s = Blink.generate(&Request::new(&t, coll)).unwrap();
                 verify(&s).unwrap_or_else(|e| panic!("{spec} {coll}: {e}"));
             }
+        }
+    }
+
+    #[test]
+    fn rooted_plans_at_the_ceiling_are_edmonds_alone() {
+        // A full mesh of 64: 63 disjoint arborescences reach the root's min cut, so the plan is
+        // Edmonds' with the exact ceiling (no MWU certificate above it), and its trees fit.
+        let t = resolve("full:64").unwrap();
+        let g = RankGraph::of(&t);
+        for coll in [Collective::Broadcast { root: 5 }, Collective::Reduce { root: 63 }] {
+            let p = plan(&t, coll).unwrap();
+            assert_eq!((p.method, p.trees.len()), ("edmonds", 63), "{coll}");
+            assert!((p.upper - p.rate).abs() <= 1e-9 * p.rate, "{coll}: {} vs {}", p.upper, p.rate);
+            let mut used = vec![0u32; g.arcs().len()];
+            for tree in &p.trees {
+                for (v, parent) in tree.parent.iter().enumerate() {
+                    if let Some(u) = parent {
+                        let (from, to) =
+                            if matches!(coll, Collective::Reduce { .. }) { (v as Rank, *u) } else { (*u, v as Rank) };
+                        used[g.find(from, to).unwrap()] += 1;
+                    }
+                }
+            }
+            assert!(used.iter().all(|&u| u <= 1), "{coll}: an arc carries two trees");
         }
     }
 

@@ -52,29 +52,73 @@ pub fn pack_arborescences(graph: &RankGraph, units: &[u32], unit: f64, root: Ran
     let mut left: Vec<u32> = units.to_vec();
     let root = root as usize;
     let mut k = min_cut(n, &arcs, &left, &[root]);
+    // One network for every test, kept in step with `left`: node n is the source, joined to
+    // the sources of a test by arcs of infinite capacity (0 otherwise).
+    let mut net = FlowNetwork::new(n + 1);
+    let ids: Vec<usize> = arcs.iter().zip(&left).map(|(&(a, b), &c)| net.add_arc(a, b, f64::from(c))).collect();
+    let from_source: Vec<usize> = (0..n).map(|v| net.add_arc(n, v, 0.0)).collect();
+    net.set_capacity(from_source[root], f64::INFINITY);
+    // What is left into and out of each rank: a test whose flow these already bound below k−1
+    // fails without running it.
+    let mut into = vec![0u64; n];
+    let mut out = vec![0u64; n];
+    for (&(a, b), &c) in arcs.iter().zip(&left) {
+        out[a] += u64::from(c);
+        into[b] += u64::from(c);
+    }
+    let take = |a: usize, left: &mut [u32], net: &mut FlowNetwork, into: &mut [u64], out: &mut [u64]| {
+        left[a] -= 1;
+        net.set_capacity(ids[a], f64::from(left[a]));
+        into[arcs[a].1] -= 1;
+        out[arcs[a].0] -= 1;
+    };
+    let give_back = |a: usize, left: &mut [u32], net: &mut FlowNetwork, into: &mut [u64], out: &mut [u64]| {
+        left[a] += 1;
+        net.set_capacity(ids[a], f64::from(left[a]));
+        into[arcs[a].1] += 1;
+        out[arcs[a].0] += 1;
+    };
     let mut trees = Vec::new();
     while k > 0 {
+        let need = u64::from(k - 1);
         let mut in_tree = vec![false; n];
         in_tree[root] = true;
         let mut parent = vec![None; n];
         let mut grown = 1;
         while grown < n {
-            let pick = (0..arcs.len()).find(|&a| {
+            let mut pick = None;
+            for a in 0..arcs.len() {
                 let (u, v) = arcs[a];
                 if !in_tree[u] || in_tree[v] || left[a] == 0 {
-                    return false;
+                    continue;
                 }
-                left[a] -= 1;
-                let ok = flow_to(n, &arcs, &left, &[root, u], v) >= f64::from(k - 1) - 0.5;
-                left[a] += 1;
-                ok
-            });
+                // Taking the arc leaves into[v] − 1 into v and at most out[root] + out[u] − 1
+                // out of the sources.
+                let sources_out = out[root] + if u == root { 0 } else { out[u] };
+                if into[v] <= need || sources_out <= need {
+                    continue;
+                }
+                take(a, &mut left, &mut net, &mut into, &mut out);
+                if u != root {
+                    net.set_capacity(from_source[u], f64::INFINITY);
+                }
+                net.reset();
+                let flow = net.max_flow(n, v, f64::from(k - 1));
+                if u != root {
+                    net.set_capacity(from_source[u], 0.0);
+                }
+                give_back(a, &mut left, &mut net, &mut into, &mut out);
+                if flow >= f64::from(k - 1) - 0.5 {
+                    pick = Some(a);
+                    break;
+                }
+            }
             let Some(a) = pick else {
                 // Cannot happen by Lovász's theorem; stop with what is proven so far.
                 return trees;
             };
             let (u, v) = arcs[a];
-            left[a] -= 1;
+            take(a, &mut left, &mut net, &mut into, &mut out);
             in_tree[v] = true;
             parent[v] = Some(u as Rank);
             grown += 1;
@@ -83,6 +127,25 @@ pub fn pack_arborescences(graph: &RankGraph, units: &[u32], unit: f64, root: Ran
         k -= 1;
     }
     trees
+}
+
+/// The most any packing of arborescences out of `root` (into it when `reversed`) can carry
+/// over `graph`'s arcs at their bandwidths, GB/s: the least max flow from the root to a rank
+/// (Edmonds' theorem, fractional form).
+pub fn rooted_ceiling(graph: &RankGraph, root: Rank, reversed: bool) -> f64 {
+    let n = graph.nranks();
+    let mut net = FlowNetwork::new(n);
+    for a in graph.arcs() {
+        let (from, to) = if reversed { (a.to, a.from) } else { (a.from, a.to) };
+        net.add_arc(from as usize, to as usize, a.bandwidth);
+    }
+    (0..n)
+        .filter(|&v| v != root as usize)
+        .map(|v| {
+            net.reset();
+            net.max_flow(root as usize, v, f64::INFINITY)
+        })
+        .fold(f64::INFINITY, f64::min)
 }
 
 /// min over vertices v ∉ sources of the max flow from `sources` to v.

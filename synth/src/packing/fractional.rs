@@ -7,6 +7,8 @@
 //! under ℓ), so the result carries both a feasible rate (`lower`) and a proven ceiling
 //! (`upper`); the loop stops when they are within the tolerance.
 
+use std::collections::HashMap;
+
 use super::arborescence::{min_arborescence, min_spanning_tree, orient, WeightedArc};
 use crate::schedule::Rank;
 use crate::topology::logical::RankGraph;
@@ -130,6 +132,8 @@ pub(crate) fn garg_konemann<K: PartialEq>(
     let mut total = 0.0f64;
     let mut upper = f64::INFINITY;
     let mut uses = vec![0u32; cap.len()];
+    // Each tree's index in `trees`, by the (sorted) resources it uses.
+    let mut seen: HashMap<Vec<usize>, Vec<usize>> = HashMap::new();
     let mut rounds = 0;
     let max_rounds = (WORK_BUDGET / round_work.max(1)).max(MIN_ROUNDS);
     while rounds < max_rounds {
@@ -171,9 +175,17 @@ pub(crate) fn garg_konemann<K: PartialEq>(
             length[g] *= 1.0 + eps * flow / cap[g];
         }
         total += rate;
-        match pick.or_else(|| trees.iter().position(|t| t.0 == tree.key)) {
+        // Thousands of distinct trees on a large graph: found by what they use, not by a scan.
+        let mut sorted = tree.usage.clone();
+        sorted.sort_unstable();
+        let found =
+            pick.or_else(|| seen.get(&sorted).and_then(|same| same.iter().copied().find(|&i| trees[i].0 == tree.key)));
+        match found {
             Some(i) => trees[i].2 += rate,
-            None => trees.push((tree.key, tree.usage, rate)),
+            None => {
+                seen.entry(sorted).or_default().push(trees.len());
+                trees.push((tree.key, tree.usage, rate));
+            }
         }
         let over = load.iter().zip(cap).map(|(l, c)| l / c).fold(0.0, f64::max);
         if total / over >= (1.0 - tolerance) * upper {
