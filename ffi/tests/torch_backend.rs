@@ -77,13 +77,18 @@ fn torch_distributed_backend_suite() {
     // torch's own distributed suite, on gloo and on topoccl (2 and 4 ranks): every test gloo
     // passes must pass on topoccl, or be listed, with its reason, in torch_suite_known.txt;
     // profiler events are checked as gloo's are. Run after the suite above, not beside it: both
-    // fork ranks that time out on purpose.
+    // fork ranks that time out on purpose. Gloo's results come from torch_suite_gloo.json where
+    // it was written by the torch installed here (`torch_suite.py --backends gloo
+    // --profiler-events --write-gloo-cache python/tests/torch_suite_gloo.json`; about 100 s of
+    // CI's time); another torch runs gloo beside topoccl.
     if Command::new(&python).args(["-c", "import expecttest"]).status().map(|s| !s.success()).unwrap_or(true) {
         unavailable("torch's test harness needs expecttest (python3 -m pip install expecttest)");
     } else {
         let suite = Command::new(&python)
             .arg(repo().join("python/tests/torch_suite.py"))
             .arg("--profiler-events")
+            .arg("--gloo-cache")
+            .arg(repo().join("python/tests/torch_suite_gloo.json"))
             .env("TOPOCCL_NCCL_LIB", &copy)
             .env("TOPOCCL_CACHE_DIR", std::env::temp_dir().join("topoccl-nccl-cache"))
             .env_remove("TOPOCCL_TIMEOUT")

@@ -259,8 +259,8 @@ impl ScheduleGenerator for Blink {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::topology::resolve;
     use crate::schedule::Rank;
+    use crate::topology::resolve;
     use crate::verify::verify;
 
     #[test]
