@@ -75,28 +75,40 @@ fn run_all(comm: &Communicator) -> Vec<String> {
     wrong
 }
 
-#[test]
-fn every_call_on_three_threads_runs_resident_and_reads_back_at_once() {
-    if !standin::child("every_call_on_three_threads_runs_resident_and_reads_back_at_once", &[]) {
+/// Runs `check` on three thread ranks of test `name` (one context: the queue gate) and asserts
+/// that nothing went wrong on any.
+fn on_three_threads(name: &str, timeout_s: f64, check: fn(&Communicator) -> Vec<String>) {
+    if !standin::child(name, &[]) {
         return;
     }
-    let cfg = device_config(TransportPolicy::Auto, 30.0);
-    let results = common::on_ranks(3, &cfg, |comm| run_all(comm));
+    let cfg = device_config(TransportPolicy::Auto, timeout_s);
+    let results = common::on_ranks(3, &cfg, |comm| check(comm));
     for (r, w) in results.iter().enumerate() {
         assert!(w.is_empty(), "rank {r}:\n{}", w.join("\n"));
     }
 }
 
-#[test]
-fn every_call_on_four_processes_runs_resident_and_reads_back_at_once() {
+/// Runs `check` on `n` processes of test `name` (the stand-in's copies slowed a little) and
+/// asserts that nothing went wrong on any.
+fn on_processes(name: &str, n: u32, check: fn(&Communicator) -> Vec<String>) {
     let env = [("TOPOCCL_STANDIN_DELAY_US", "20")];
-    if standin::ranks("every_call_on_four_processes_runs_resident_and_reads_back_at_once", 4, &env, 300) {
+    if standin::ranks(name, n, &env, 300) {
         let _s = stream();
         let comm = Communicator::from_env().expect("join");
-        let wrong = run_all(&comm);
+        let wrong = check(&comm);
         assert!(wrong.is_empty(), "rank {}:\n{}", comm.rank(), wrong.join("\n"));
         comm.destroy().expect("destroy");
     }
+}
+
+#[test]
+fn every_call_on_three_threads_runs_resident_and_reads_back_at_once() {
+    on_three_threads("every_call_on_three_threads_runs_resident_and_reads_back_at_once", 30.0, run_all);
+}
+
+#[test]
+fn every_call_on_four_processes_runs_resident_and_reads_back_at_once() {
+    on_processes("every_call_on_four_processes_runs_resident_and_reads_back_at_once", 4, run_all);
 }
 
 /// Calls larger than the resident workspaces (4 MiB) and windows (8 MiB), and odd in length: every collective, every
@@ -160,27 +172,13 @@ fn run_large(comm: &Communicator) -> Vec<String> {
 /// on three thread ranks sharing a context (the gate between every piece) ...
 #[test]
 fn large_calls_run_resident_in_pieces_on_three_threads() {
-    if !standin::child("large_calls_run_resident_in_pieces_on_three_threads", &[]) {
-        return;
-    }
-    let cfg = device_config(TransportPolicy::Auto, 60.0);
-    let results = common::on_ranks(3, &cfg, |comm| run_large(comm));
-    for (r, w) in results.iter().enumerate() {
-        assert!(w.is_empty(), "rank {r}:\n{}", w.join("\n"));
-    }
+    on_three_threads("large_calls_run_resident_in_pieces_on_three_threads", 60.0, run_large);
 }
 
 /// ... and on two processes.
 #[test]
 fn large_calls_run_resident_in_pieces_on_two_processes() {
-    let env = [("TOPOCCL_STANDIN_DELAY_US", "20")];
-    if standin::ranks("large_calls_run_resident_in_pieces_on_two_processes", 2, &env, 300) {
-        let _s = stream();
-        let comm = Communicator::from_env().expect("join");
-        let wrong = run_large(&comm);
-        assert!(wrong.is_empty(), "rank {}:\n{}", comm.rank(), wrong.join("\n"));
-        comm.destroy().expect("destroy");
-    }
+    on_processes("large_calls_run_resident_in_pieces_on_two_processes", 2, run_large);
 }
 
 /// Rank 0 never makes the call its peers make: their streams must be let go (their read-back

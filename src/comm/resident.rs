@@ -151,26 +151,28 @@ impl Communicator {
         let align = 64 / ds;
         let mut per = (stage.len / (in_blocks.max(out_blocks) * ds)).min(call.count.div_ceil(2));
         per -= per % align;
-        loop {
+        let plan = loop {
             if per == 0 || per * ds * in_blocks.max(out_blocks) < MIN_PIECE_BYTES {
                 return Ok(None);
             }
             let (plan, _) = calls.planner.plan(call.collective, ds, per)?;
             if fits(calls, &plan, per) {
-                break;
+                break plan;
             }
             per = (per / 2) - (per / 2) % align;
-        }
-        let mut pieces = Vec::with_capacity(call.count.div_ceil(per));
-        let mut first = 0;
-        while first < call.count {
-            let count = per.min(call.count - first);
+        };
+        // Every piece but the last is `per` elements and runs `plan`; the last is planned (and
+        // checked) at its own size.
+        let mut pieces: Vec<Piece> =
+            (0..call.count / per).map(|i| Piece { first: i * per, count: per, plan: plan.clone() }).collect();
+        let first = pieces.len() * per;
+        if first < call.count {
+            let count = call.count - first;
             let (plan, _) = calls.planner.plan(call.collective, ds, count)?;
             if !fits(calls, &plan, count) {
                 return Ok(None);
             }
             pieces.push(Piece { first, count, plan });
-            first += count;
         }
         Ok(Some(pieces))
     }

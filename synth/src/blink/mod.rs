@@ -87,11 +87,12 @@ pub fn plan(topo: &Topology, collective: Collective) -> Result<TreePlan> {
         }),
         PackingShape::Bidirectional => None,
     };
-    if let Some((trees, rate, ceiling)) = &integral {
-        if *rate >= ceiling * (1.0 - 1e-9) {
-            return Ok(TreePlan { shape, trees: trees.clone(), rate: *rate, upper: *ceiling, method: "edmonds" });
+    let integral = match integral {
+        Some((trees, rate, ceiling)) if rate >= ceiling * (1.0 - 1e-9) => {
+            return Ok(TreePlan { shape, trees, rate, upper: ceiling, method: "edmonds" });
         }
-    }
+        other => other,
+    };
     let packing = pack_trees(&graph, shape, TOLERANCE);
     if packing.trees.is_empty() {
         return Err(unsupported(

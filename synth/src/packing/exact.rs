@@ -66,17 +66,12 @@ pub fn pack_arborescences(graph: &RankGraph, units: &[u32], unit: f64, root: Ran
         out[a] += u64::from(c);
         into[b] += u64::from(c);
     }
-    let take = |a: usize, left: &mut [u32], net: &mut FlowNetwork, into: &mut [u64], out: &mut [u64]| {
-        left[a] -= 1;
+    // One copy of arc a taken from (`delta` −1) or given back to (+1) what is left.
+    let adjust = |a: usize, delta: i32, left: &mut [u32], net: &mut FlowNetwork, into: &mut [u64], out: &mut [u64]| {
+        left[a] = left[a].saturating_add_signed(delta);
         net.set_capacity(ids[a], f64::from(left[a]));
-        into[arcs[a].1] -= 1;
-        out[arcs[a].0] -= 1;
-    };
-    let give_back = |a: usize, left: &mut [u32], net: &mut FlowNetwork, into: &mut [u64], out: &mut [u64]| {
-        left[a] += 1;
-        net.set_capacity(ids[a], f64::from(left[a]));
-        into[arcs[a].1] += 1;
-        out[arcs[a].0] += 1;
+        into[arcs[a].1] = into[arcs[a].1].saturating_add_signed(i64::from(delta));
+        out[arcs[a].0] = out[arcs[a].0].saturating_add_signed(i64::from(delta));
     };
     let mut trees = Vec::new();
     while k > 0 {
@@ -98,7 +93,7 @@ pub fn pack_arborescences(graph: &RankGraph, units: &[u32], unit: f64, root: Ran
                 if into[v] <= need || sources_out <= need {
                     continue;
                 }
-                take(a, &mut left, &mut net, &mut into, &mut out);
+                adjust(a, -1, &mut left, &mut net, &mut into, &mut out);
                 if u != root {
                     net.set_capacity(from_source[u], f64::INFINITY);
                 }
@@ -107,7 +102,7 @@ pub fn pack_arborescences(graph: &RankGraph, units: &[u32], unit: f64, root: Ran
                 if u != root {
                     net.set_capacity(from_source[u], 0.0);
                 }
-                give_back(a, &mut left, &mut net, &mut into, &mut out);
+                adjust(a, 1, &mut left, &mut net, &mut into, &mut out);
                 if flow >= f64::from(k - 1) - 0.5 {
                     pick = Some(a);
                     break;
@@ -118,7 +113,7 @@ pub fn pack_arborescences(graph: &RankGraph, units: &[u32], unit: f64, root: Ran
                 return trees;
             };
             let (u, v) = arcs[a];
-            take(a, &mut left, &mut net, &mut into, &mut out);
+            adjust(a, -1, &mut left, &mut net, &mut into, &mut out);
             in_tree[v] = true;
             parent[v] = Some(u as Rank);
             grown += 1;
@@ -131,7 +126,9 @@ pub fn pack_arborescences(graph: &RankGraph, units: &[u32], unit: f64, root: Ran
 
 /// The most any packing of arborescences out of `root` (into it when `reversed`) can carry
 /// over `graph`'s arcs at their bandwidths, GB/s: the least max flow from the root to a rank
-/// (Edmonds' theorem, fractional form).
+/// (Edmonds' theorem, fractional form). Over the rank graph, whose arcs the packings use, not
+/// over the machine's links (`crate::bound::root_rate`, which a rank graph's routed arcs can
+/// exceed).
 pub fn rooted_ceiling(graph: &RankGraph, root: Rank, reversed: bool) -> f64 {
     let n = graph.nranks();
     let mut net = FlowNetwork::new(n);
