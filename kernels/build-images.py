@@ -30,7 +30,7 @@ NVCC_WHEEL = ("nvidia-cuda-nvcc-cu12", "12.9.86")
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ROOT / "kernels"
 SOURCE = KERNELS / "topoccl.cu"
-HEADERS = ["numerics.cuh", "ops.cuh"]
+HEADERS = ["numerics.cuh", "ops.cuh", "ll.cuh"]
 
 # Every option that can change the code is named, so a new NVRTC default cannot slip in.
 COMMON_OPTIONS = ["-std=c++17", "--fmad=false", "--ftz=false", "--prec-div=true", "--prec-sqrt=true"]
@@ -44,7 +44,7 @@ IMAGES = {
 
 TYPES = ["i8", "u8", "i32", "u32", "i64", "u64", "f16", "f32", "f64", "bf16", "f8e4m3", "f8e5m2"]
 OPS = ["reduce_sum", "reduce_prod", "reduce_min", "reduce_max", "scale", "divide"]
-EXPECTED = ["topoccl_copy"] + [f"topoccl_{op}_{t}" for t in TYPES for op in OPS]
+EXPECTED = ["topoccl_copy"] + [f"topoccl_{op}_{t}" for t in TYPES for op in OPS] + [f"topoccl_ll_{t}" for t in TYPES]
 
 EXIT_FAILED = 1
 EXIT_UNAVAILABLE = 3

@@ -178,6 +178,9 @@ TOPOCCL_FN void elementwise(const topoccl_args& args) {
 TOPOCCL_KERNELS(TOPOCCL_DEFINE)
 #undef TOPOCCL_DEFINE
 
+// The one-launch kernels of small calls: `topoccl_ll_<t>(topoccl_ll_args)`, one per datatype.
+#include "ll.cuh"
+
 #ifdef TOPOCCL_HOST_BUILD
 // The host build's table of kernels, from the same list, for standins/kernels-host.
 struct topoccl_host_kernel {
@@ -195,5 +198,22 @@ extern "C" const topoccl_host_kernel* topoccl_host_kernel_table() { return topoc
 // Runs kernel `index` over the grid (see host_shim.h); an index out of range does nothing.
 extern "C" void topoccl_host_launch(u64 index, const u32* grid, const u32* block, const topoccl_args* args) {
   if (index < topoccl_host_kernel_count()) topoccl_host_run_grid(topoccl_table[index].entry, grid, block, *args);
+}
+
+// The one-launch kernels, a table of their own (they take `topoccl_ll_args`).
+struct topoccl_host_ll_kernel {
+  const char* name;
+  u64 elem_bytes;
+  void (*entry)(topoccl_ll_args);
+};
+#define TOPOCCL_LL_ENTRY(t, S) {"topoccl_ll_" #t, sizeof(S), &topoccl_ll_##t},
+static const topoccl_host_ll_kernel topoccl_ll_table[] = {TOPOCCL_LL_KERNELS(TOPOCCL_LL_ENTRY)};
+#undef TOPOCCL_LL_ENTRY
+
+extern "C" u64 topoccl_host_ll_kernel_count() { return sizeof(topoccl_ll_table) / sizeof(topoccl_ll_table[0]); }
+extern "C" const topoccl_host_ll_kernel* topoccl_host_ll_kernel_table() { return topoccl_ll_table; }
+extern "C" u64 topoccl_host_ll_args_bytes() { return sizeof(topoccl_ll_args); }
+extern "C" void topoccl_host_ll_launch(u64 index, const u32* grid, const u32* block, const topoccl_ll_args* args) {
+  if (index < topoccl_host_ll_kernel_count()) topoccl_host_run_coop(topoccl_ll_table[index].entry, grid, block, *args);
 }
 #endif

@@ -48,12 +48,27 @@ fn calls(n: u32) -> Vec<(CollectiveCall, Placement)> {
 /// workspaces, so each must wait for the one before on the other stream); what went wrong, in
 /// words.
 fn run_all(comm: &Communicator) -> Vec<String> {
+    run_calls(comm, calls(comm.nranks()), false)
+}
+
+/// The calls of [`calls`] of at most 64 KiB, each of which must run as one kernel.
+fn run_small(comm: &Communicator) -> Vec<String> {
+    let small = calls(comm.nranks()).into_iter().filter(|(c, _)| c.count <= 1000).collect();
+    run_calls(comm, small, true)
+}
+
+fn run_calls(comm: &Communicator, all: Vec<(CollectiveCall, Placement)>, one_kernel: bool) -> Vec<String> {
     let streams = [stream(), stream()];
     let mut wrong = Vec::new();
-    let all = calls(comm.nranks());
     let before = comm.device_resident_calls();
+    let one_before = comm.device_one_launch_calls();
     for (i, (call, placement)) in all.iter().enumerate() {
-        match device_and_host(comm, &streams[i % 2], call, *placement, i) {
+        let one = comm.device_one_launch_calls();
+        let result = device_and_host(comm, &streams[i % 2], call, *placement, i);
+        if one_kernel && comm.device_one_launch_calls() == one {
+            wrong.push(format!("{call} ({placement:?}) did not run as one kernel"));
+        }
+        match result {
             Ok((dev, host)) if dev != host => wrong.push(format!("{call} ({placement:?}) differs from the host path")),
             Ok(_) => {}
             Err(e) => wrong.push(format!("{call} ({placement:?}) failed: {e}")),
@@ -68,6 +83,10 @@ fn run_all(comm: &Communicator) -> Vec<String> {
     );
     if resident != all.len() as u64 {
         wrong.push(format!("{resident} of {} calls ran device-resident", all.len()));
+    }
+    let one = comm.device_one_launch_calls().unwrap_or(0) - one_before.unwrap_or(0);
+    if one_kernel && one != all.len() as u64 {
+        wrong.push(format!("{one} of {} calls ran as one kernel", all.len()));
     }
     if topoccl::cuda::foreign_driver_calls() != 0 {
         wrong.push(format!("{} driver calls by the executor during calls", topoccl::cuda::foreign_driver_calls()));
@@ -91,7 +110,13 @@ fn on_three_threads(name: &str, timeout_s: f64, check: fn(&Communicator) -> Vec<
 /// Runs `check` on `n` processes of test `name` (the stand-in's copies slowed a little) and
 /// asserts that nothing went wrong on any.
 fn on_processes(name: &str, n: u32, check: fn(&Communicator) -> Vec<String>) {
-    let env = [("TOPOCCL_STANDIN_DELAY_US", "20")];
+    on_processes_with(name, n, &[], check)
+}
+
+/// As [`on_processes`], with `extra` in the ranks' environment.
+fn on_processes_with(name: &str, n: u32, extra: &[(&str, &str)], check: fn(&Communicator) -> Vec<String>) {
+    let mut env = vec![("TOPOCCL_STANDIN_DELAY_US", "20")];
+    env.extend_from_slice(extra);
     if standin::ranks(name, n, &env, 300) {
         let _s = stream();
         let comm = Communicator::from_env().expect("join");
@@ -104,6 +129,20 @@ fn on_processes(name: &str, n: u32, check: fn(&Communicator) -> Vec<String>) {
 #[test]
 fn every_call_on_three_threads_runs_resident_and_reads_back_at_once() {
     on_three_threads("every_call_on_three_threads_runs_resident_and_reads_back_at_once", 30.0, run_all);
+}
+
+/// Small calls as one kernel each (`TOPOCCL_DEVICE_LL`: thread ranks take it by default), on
+/// thread ranks sharing a context and on processes (asked to: they share the stand-in's one
+/// device), with every result equal to the host path's.
+#[test]
+fn small_calls_on_three_threads_run_as_one_kernel() {
+    on_three_threads("small_calls_on_three_threads_run_as_one_kernel", 30.0, run_small);
+}
+
+#[test]
+fn small_calls_on_three_processes_run_as_one_kernel() {
+    let env = [("TOPOCCL_DEVICE_LL", "2")];
+    on_processes_with("small_calls_on_three_processes_run_as_one_kernel", 3, &env, run_small);
 }
 
 #[test]
@@ -185,8 +224,19 @@ fn large_calls_run_resident_in_pieces_on_two_processes() {
 /// returns) within about the timeout, and the call fail naming rank 0.
 #[test]
 fn a_rank_that_never_calls_leaves_its_peers_streams_released() {
-    let env = [("TOPOCCL_TIMEOUT", "3")];
-    if !standin::ranks("a_rank_that_never_calls_leaves_its_peers_streams_released", 2, &env, 120) {
+    never_calls("a_rank_that_never_calls_leaves_its_peers_streams_released", &[("TOPOCCL_TIMEOUT", "3")]);
+}
+
+/// The same with the call as one kernel, which waits for rank 0's lines inside the kernel:
+/// the host's abort word makes it return.
+#[test]
+fn a_rank_that_never_calls_leaves_a_one_kernel_call_released() {
+    let env = [("TOPOCCL_TIMEOUT", "3"), ("TOPOCCL_DEVICE_LL", "2")];
+    never_calls("a_rank_that_never_calls_leaves_a_one_kernel_call_released", &env);
+}
+
+fn never_calls(name: &str, env: &[(&str, &str)]) {
+    if !standin::ranks(name, 2, env, 120) {
         return;
     }
     let s = stream();
@@ -200,8 +250,12 @@ fn a_rank_that_never_calls_leaves_its_peers_streams_released() {
     let send = s.clone_htod(&vec![1.0f32; n]).expect("htod");
     let mut recv = s.alloc_zeros::<f32>(n).expect("alloc");
     let t = Instant::now();
+    let one = comm.device_one_launch_calls();
     let work = comm.all_reduce_device(&send, &mut recv, ReduceOp::Sum, &s).expect("queued");
     let _ = read_back(&s, &recv);
+    if env.contains(&("TOPOCCL_DEVICE_LL", "2")) {
+        assert_eq!(comm.device_one_launch_calls(), one.map(|n| n + 1), "the call ran as one kernel");
+    }
     let waited = t.elapsed();
     let err = work.wait().expect_err("a call rank 0 never made succeeded");
     println!("rank 1: stream released after {:.1} s: {err}", waited.as_secs_f64());
@@ -232,7 +286,8 @@ fn driver_calls_table(comm: &Communicator) -> Vec<String> {
             let recv = s.alloc_zeros::<u8>(out_bytes.max(1)).expect("alloc");
             let (a, b) = (device_support::at(&send, &s), device_support::at(&recv, &s));
             let (resident, staged) = (comm.device_resident_calls(), comm.device_staged_calls());
-            let pieces = comm.device_resident_pieces();
+            let (pieces, one, ops) =
+                (comm.device_resident_pieces(), comm.device_one_launch_calls(), comm.device_resident_ops());
             let (here, foreign) = (topoccl::cuda::driver_calls_on_this_thread(), topoccl::cuda::foreign_driver_calls());
             // SAFETY: both buffers live until the read-back below has passed the call.
             unsafe { comm.submit_on(&call, a, b, StreamRef(s.cu_stream())) }.expect("call");
@@ -242,16 +297,20 @@ fn driver_calls_table(comm: &Communicator) -> Vec<String> {
             let went = comm.device_resident_calls().unwrap_or(0) - resident.unwrap_or(0);
             let cut = comm.device_resident_pieces().unwrap_or(0) - pieces.unwrap_or(0);
             let staged = comm.device_staged_calls() - staged;
-            let path = match (went, staged) {
-                (1, 0) => format!("resident ×{cut}"),
-                (0, 1) => "staged".into(),
+            let one = comm.device_one_launch_calls().unwrap_or(0) - one.unwrap_or(0);
+            let ops = comm.device_resident_ops().unwrap_or(0) - ops.unwrap_or(0);
+            let path = match (went, staged, one) {
+                (1, 0, 1) => "resident, one kernel".into(),
+                (1, 0, _) => format!("resident ×{cut}"),
+                (0, 1, _) => "staged".into(),
                 _ => "host".into(),
             };
             rows.push(format!(
-                "| {:<14} | {:>8} | {:>11} | {:>20} | {:>24} |",
+                "| {:<14} | {:>8} | {:>20} | {:>10} | {:>19} | {:>24} |",
                 coll.name(),
                 bytes,
                 path,
+                if went == 1 { ops.to_string() } else { "-".into() },
                 caller,
                 topoccl::cuda::foreign_driver_calls() - foreign
             ));
@@ -260,14 +319,23 @@ fn driver_calls_table(comm: &Communicator) -> Vec<String> {
     rows
 }
 
-const TABLE_HEAD: &str =
-    "| collective     |    bytes | path (pieces) | caller driver calls | executor calls meanwhile |\n|---|---|---|---|---|";
+const TABLE_HEAD: &str = "| collective     |    bytes | path (pieces)        | stream ops | caller driver calls | executor calls meanwhile |\n|---|---|---|---|---|---|";
 
 /// Every row ran on `path` and the executor made no driver call meanwhile.
 fn all_on_and_none_from_the_executor(rows: &[String], path: &str) -> bool {
     rows.iter().all(|r| {
         let cells: Vec<&str> = r.split('|').map(str::trim).collect();
-        cells.get(3).is_some_and(|c| c.starts_with(path)) && cells.get(5) == Some(&"0")
+        cells.get(3).is_some_and(|c| c.starts_with(path)) && cells.get(6) == Some(&"0")
+    })
+}
+
+/// Every row of at most 64 KiB ran as one kernel and queued nothing else (the calls of the
+/// table share one stream, so none waits for a call on another).
+fn small_rows_are_one_kernel(rows: &[String]) -> bool {
+    rows.iter().all(|r| {
+        let cells: Vec<&str> = r.split('|').map(str::trim).collect();
+        let small = cells.get(2).and_then(|b| b.parse::<usize>().ok()).is_some_and(|b| b <= 64 << 10);
+        !small || (cells.get(3) == Some(&"resident, one kernel") && cells.get(4) == Some(&"1"))
     })
 }
 
@@ -282,6 +350,9 @@ fn table_on_two_processes(name: &str, env: &[(&str, &str)], path: &str) {
             println!("2 processes {env:?}, rank 0:\n{TABLE_HEAD}\n{}", rows.join("\n"));
         }
         assert!(all_on_and_none_from_the_executor(&rows, path), "{rows:?}");
+        if env.contains(&("TOPOCCL_DEVICE_LL", "2")) {
+            assert!(small_rows_are_one_kernel(&rows), "{rows:?}");
+        }
         comm.destroy().expect("destroy");
     }
 }
@@ -296,12 +367,26 @@ fn table_on_two_threads(name: &str, transport: TransportPolicy, path: &str) {
     println!("2 threads over {transport:?}, rank 0:\n{TABLE_HEAD}\n{}", tables[0].join("\n"));
     for rows in &tables {
         assert!(all_on_and_none_from_the_executor(rows, path), "{rows:?}");
+        if path == "resident" {
+            assert!(small_rows_are_one_kernel(rows), "{rows:?}");
+        }
     }
 }
 
 #[test]
 fn driver_calls_per_call_on_two_processes() {
     table_on_two_processes("driver_calls_per_call_on_two_processes", &[], "resident");
+}
+
+/// Processes sharing one device take the one-launch path only when asked (each kernel spins
+/// in its own context's time slice on a real GPU); asked, their small calls are one kernel.
+#[test]
+fn driver_calls_per_call_on_two_processes_one_launch() {
+    table_on_two_processes(
+        "driver_calls_per_call_on_two_processes_one_launch",
+        &[("TOPOCCL_DEVICE_LL", "2")],
+        "resident",
+    );
 }
 
 #[test]

@@ -346,7 +346,11 @@ impl Communicator {
             // needing this rank (`crate::cuda::Binding` says why). The same all-reduce agrees
             // on whether calls may run device-resident: only if every rank reaches every other
             // by CUDA IPC, so that all ranks of a call take the same path.
-            let side = if comm.config.device_resident { resident::ResidentSide::new(rank, device_peers) } else { None };
+            let side = if comm.config.device_resident {
+                resident::ResidentSide::new(rank, device_peers, comm.config.device_ll)
+            } else {
+                None
+            };
             let mut all = [u8::from(side.is_some())];
             comm.all_reduce_in_place(&mut all, crate::ReduceOp::Min)?;
             if all[0] == 1 {

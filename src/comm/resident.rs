@@ -23,7 +23,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use topoccl_transports::ipc::{DevicePeer, ResidentLink};
+use topoccl_transports::ipc::{DevicePeer, ResidentLink, Word};
 use topoccl_transports::{MemSpace, Region};
 
 use super::work::Task;
@@ -35,8 +35,11 @@ use crate::error::Result;
 use crate::exec::job::{CollectiveJob, Job, ResidentJob};
 use crate::exec::memory::{Blocks, Memory, INPUT, OUTPUT, SCRATCH};
 use crate::exec::plan::Plan;
+use crate::exec::resident::ll::{ll_threads, LlArgs, LlProgram, LlRegion, LL_ABORT, LL_PEER0, LL_TICKET};
 use crate::exec::resident::{emit, release_of, Counts, DeviceStream, Gate, Release};
 use crate::types::{ReduceOp, Reduction, Scalar};
+use std::sync::atomic::Ordering;
+use topoccl_transports::ipc::LL_AREA_BYTES;
 
 /// The device-resident side of a communicator: a link per rank, and the counts its words
 /// carry so far.
@@ -46,20 +49,43 @@ pub(crate) struct ResidentSide {
     /// Calls queued device-resident so far, and the pieces they were cut into.
     queued: u64,
     pieces: u64,
+    /// Whether small calls may run as one kernel (agreed at init), how many did, and the
+    /// stream operations all device-resident calls queued.
+    pub(super) ll: bool,
+    ll_queued: u64,
+    ops: u64,
     /// Keep the windows and pages the links name alive.
     _peers: Vec<Arc<DevicePeer>>,
 }
 
 impl ResidentSide {
     /// The side over `peers` (one per rank, `None` for this rank), if every other rank is one.
-    pub(crate) fn new(rank: u32, peers: Vec<Option<Arc<DevicePeer>>>) -> Option<ResidentSide> {
+    /// `ll_mode` is `TOPOCCL_DEVICE_LL`'s (0 never, 1 unless two processes share a device, 2
+    /// also then): this rank's vote, which init agrees on.
+    pub(crate) fn new(rank: u32, peers: Vec<Option<Arc<DevicePeer>>>, ll_mode: u8) -> Option<ResidentSide> {
         let all = peers.iter().enumerate().all(|(r, p)| r as u32 == rank || p.is_some());
         if !all || peers.len() < 2 {
             return None;
         }
-        let links = peers.iter().map(|p| p.as_ref().map(|p| p.link)).collect();
+        let links: Vec<Option<ResidentLink>> = peers.iter().map(|p| p.as_ref().map(|p| p.link)).collect();
         let counts = vec![Counts::default(); peers.len()];
-        Some(ResidentSide { links, counts, queued: 0, pieces: 0, _peers: peers.into_iter().flatten().collect() })
+        // Processes sharing one device run in turns (time slices): a kernel spinning for a
+        // peer of another context holds the device until its slice ends.
+        let ll = ll_mode > 0
+            && links
+                .iter()
+                .flatten()
+                .all(|l| l.ll_tx != 0 && l.ll_rx != 0 && (ll_mode == 2 || l.same_context || !l.same_device));
+        Some(ResidentSide {
+            links,
+            counts,
+            queued: 0,
+            pieces: 0,
+            ll,
+            ll_queued: 0,
+            ops: 0,
+            _peers: peers.into_iter().flatten().collect(),
+        })
     }
 }
 
@@ -113,6 +139,19 @@ impl Communicator {
     /// `TOPOCCL_DEVICE_RESIDENT=0`).
     pub fn device_resident_calls(&self) -> Option<u64> {
         self.calls().resident.as_ref().map(|s| s.queued)
+    }
+
+    /// How many device-resident calls ran as one kernel (the small-call path); `None` as for
+    /// [`Communicator::device_resident_calls`].
+    pub fn device_one_launch_calls(&self) -> Option<u64> {
+        self.calls().resident.as_ref().map(|s| s.ll_queued)
+    }
+
+    /// How many operations (copies, kernels, stream memory operations) the device-resident
+    /// calls so far queued on their callers' streams; `None` as for
+    /// [`Communicator::device_resident_calls`].
+    pub fn device_resident_ops(&self) -> Option<u64> {
+        self.calls().resident.as_ref().map(|s| s.ops)
     }
 
     /// How many pieces the device-resident calls so far were cut into (a call that fits whole
@@ -209,11 +248,20 @@ impl Communicator {
         let (in_blocks, out_blocks) = call.collective.blocks(self.nranks);
         let last = calls.device_last;
         let Some(side) = calls.resident.as_mut() else { return Ok(None) };
+        // A small call whose every rank's part fits one kernel runs so (the same choice on
+        // every rank: the call's size, the agreed side, the schedule).
+        let call_bytes = call.count * ds * in_blocks.max(out_blocks);
+        let avg = call.reduction == Reduction::Op(ReduceOp::Avg);
+        let ll = match pieces.as_slice() {
+            [whole] if side.ll && call_bytes <= LL_CALL_BYTES => whole.plan.ll(avg).map(|p| (whole.plan.clone(), p)),
+            _ => None,
+        };
 
         let _current = binding.context().enter()?;
         let ticket = binding.next_ticket();
         let outstanding = Outstanding::begin();
         let mut release = Release::default();
+        let mut launched = Vec::new();
         let mut s = binding.caller_stream(stream, call.dtype, call.reduction.op());
         // SAFETY: the caller's buffers are valid device memory until the stream has passed the
         // call (`submit_on`'s contract); the workspaces and windows live with the binding and
@@ -223,6 +271,15 @@ impl Communicator {
             (|| -> Result<()> {
                 if let Some((_, prev)) = last.filter(|(last, _)| *last != stream) {
                     s.after(prev)?;
+                }
+                if let Some((plan, llp)) = &ll {
+                    let gate = Gate {
+                        deadline: Instant::now() + self.config.timeout,
+                        abort: &self.runner.abort,
+                        rank: self.rank,
+                    };
+                    let work = OneLaunch { c: &c, plan, prog: llp, scalar, stage, scratch, ticket, call_bytes };
+                    return self.one_launch(binding, side, &mut s, &work, &gate, &mut launched);
                 }
                 for piece in &pieces {
                     let prog = piece.plan.resident().map_err(|e| crate::error::Error::Internal(e.to_string()))?;
@@ -264,6 +321,9 @@ impl Communicator {
         let failed = queued.err();
         side.queued += 1;
         side.pieces += pieces.len() as u64;
+        side.ops += s.ops();
+        let ll_peers: Vec<u32> =
+            ll.as_ref().map(|(_, p)| p.slots.iter().map(|sl| sl.peer).collect()).unwrap_or_default();
         calls.device_last = Some((stream, ticket));
         if failed.is_some() {
             // Whatever was queued may wait on words no peer will write now: let it through.
@@ -277,6 +337,131 @@ impl Communicator {
             failed,
             header: job.header,
             outstanding,
+            ll_peers,
+            ll_launched: launched,
         })))
     }
+
+    /// Queues a small call as one kernel (`exec::resident::ll`) on `s`: fills the kernel's
+    /// regions and flags from the side's links and counts, launches it, advances the counts,
+    /// and waits until every rank sharing this rank's context has launched its own (each
+    /// kernel must be queued before anything a rank queues after its own, which may share a
+    /// hardware queue with it, and before any rank blocks the context in a copy).
+    ///
+    /// # Safety
+    /// As the caller's queued work (`resident_job`): the call's buffers are valid device
+    /// memory until the stream has run the kernel; the workspaces and the links' areas live
+    /// longer.
+    unsafe fn one_launch(
+        &self,
+        binding: &Binding,
+        side: &mut ResidentSide,
+        s: &mut crate::cuda::CallerStream<'_>,
+        w: &OneLaunch<'_>,
+        gate: &Gate<'_>,
+        launched: &mut Vec<(u32, Word, u32)>,
+    ) -> Result<()> {
+        let c = w.c;
+        let call = c.call;
+        let ds = call.dtype.size();
+        let internal = |what: &str| crate::error::Error::Internal(format!("a one-launch call: {what}"));
+        let mut input = c.input;
+        let mut prescale = w.scalar.is_some();
+        if stages_input(c, w.plan, false) {
+            // Its input apart from its output first, as the stream path stages it.
+            let staged = w.stage.sub(0, c.input.len).ok_or_else(|| internal("its input exceeds the workspace"))?;
+            match w.scalar {
+                // SAFETY: the caller's input and the workspace (this fn's contract).
+                Some(v) => unsafe { s.scale(staged, c.input, &v[..ds])? },
+                // SAFETY: as above.
+                None => unsafe { s.copy(staged.addr as u64, c.input.addr as u64, c.input.len)? },
+            }
+            input = staged;
+            prescale = false;
+        }
+        let region = |r: Region| LlRegion { ptr: if r.is_empty() { 0 } else { r.addr as u64 }, len: r.len as u64 };
+        let threads = ll_threads(w.call_bytes);
+        let mut args = LlArgs::default();
+        args.regions[usize::from(INPUT)] = region(input);
+        args.regions[usize::from(OUTPUT)] = region(c.output);
+        args.regions[usize::from(SCRATCH)] = region(w.scratch.sub(0, w.plan.scratch_bytes).unwrap_or(Region::EMPTY));
+        let abort = binding.ll_abort_word();
+        args.regions[LL_TICKET as usize] = LlRegion { ptr: binding.word_device_addr(w.ticket), len: 4 };
+        args.regions[LL_ABORT as usize] = LlRegion { ptr: abort, len: 4 };
+        for (i, slot) in w.prog.slots.iter().enumerate() {
+            let l = side
+                .links
+                .get(slot.peer as usize)
+                .and_then(Option::as_ref)
+                .ok_or_else(|| internal("a peer without a link"))?;
+            let cnt = side.counts.get(slot.peer as usize).ok_or_else(|| internal("a peer without counts"))?;
+            args.regions[LL_PEER0 as usize + 2 * i] = LlRegion { ptr: l.ll_tx, len: LL_AREA_BYTES as u64 };
+            args.regions[LL_PEER0 as usize + 2 * i + 1] = LlRegion { ptr: l.ll_rx, len: LL_AREA_BYTES as u64 };
+            args.flag_out[i] = cnt.ll_sent.wrapping_add(1);
+            args.flag_in[i] = cnt.ll_received.wrapping_add(1);
+            args.active |= u32::from(slot.sends) << i | u32::from(slot.receives) << (8 + i);
+        }
+        args.steps = w.prog.steps.len() as u32;
+        args.step[..w.prog.steps.len()].copy_from_slice(&w.prog.steps);
+        args.op = match call.reduction.op() {
+            ReduceOp::Sum | ReduceOp::Avg => 0,
+            ReduceOp::Prod => 1,
+            ReduceOp::Min => 2,
+            ReduceOp::Max => 3,
+        };
+        args.divisor = self.nranks;
+        args.prescale = u32::from(prescale);
+        if let (true, Some(v)) = (prescale, w.scalar) {
+            let mut bits = [0u8; 8];
+            bits[..ds].copy_from_slice(&v[..ds]);
+            args.scalar = u64::from_le_bytes(bits);
+        }
+        args.ticket = w.ticket;
+        // SAFETY: every region is the call's buffers, the binding's workspaces and words, or
+        // the links' areas (this fn's contract); the steps lie inside them (the kernel checks).
+        unsafe { s.launch_ll(&args, threads)? };
+        side.ll_queued += 1;
+        for slot in &w.prog.slots {
+            if let Some(cnt) = side.counts.get_mut(slot.peer as usize) {
+                cnt.ll_sent = cnt.ll_sent.wrapping_add(u32::from(slot.sends));
+                cnt.ll_received = cnt.ll_received.wrapping_add(u32::from(slot.receives));
+            }
+        }
+        // Every rank says it launched (its host watch names a rank that never did). Ranks
+        // sharing this context are waited for, all of them, not only this call's peers: a
+        // peer's kernel may wait for a rank this one never talks to, and a thread that
+        // returned may sit in a copy into pageable memory, holding the context lock that rank
+        // may still need.
+        let mut shared: Vec<(ResidentLink, u32, u32)> = Vec::new();
+        for (peer, (l, cnt)) in side.links.iter().zip(side.counts.iter_mut()).enumerate() {
+            if let Some(l) = l {
+                cnt.ll_with = cnt.ll_with.wrapping_add(1);
+                l.ll_out_enq.host().store(cnt.ll_with, Ordering::Release);
+                launched.push((peer as u32, l.ll_in_enq, cnt.ll_with));
+                if l.same_context {
+                    shared.push((*l, peer as u32, cnt.ll_with));
+                }
+            }
+        }
+        for (l, peer, n) in &shared {
+            gate.until(&l.ll_in_enq, *n, *peer, "its one-launch kernel")?;
+        }
+        Ok(())
+    }
+}
+
+/// Calls of at most this many bytes (the largest of the call's input and output, on every
+/// rank alike) may run as one kernel.
+pub(crate) const LL_CALL_BYTES: usize = 64 << 10;
+
+/// What one small call's kernel is made from.
+struct OneLaunch<'a> {
+    c: &'a Checked,
+    plan: &'a Plan,
+    prog: &'a LlProgram,
+    scalar: Option<[u8; 8]>,
+    stage: Region,
+    scratch: Region,
+    ticket: u32,
+    call_bytes: usize,
 }

@@ -62,6 +62,9 @@ pub const EVENTS: usize = 32;
 /// apart from an overlapping output): a call that needs more runs host-driven.
 pub const RESIDENT_WORKSPACE: usize = 4 << 20;
 
+/// Bytes after the completion words: the abort word of the one-launch kernels.
+const ABORT_BYTES: usize = 64;
+
 /// A communicator's device context and the words its calls' completions are written to.
 #[derive(Debug)]
 pub struct Binding {
@@ -94,7 +97,10 @@ impl Binding {
         let kernels = Kernels::of(&ctx)?;
         let ops = CudaOps::new(&ctx)?;
         let spare = (0..EVENTS).map(|_| Event::new(&ctx)).collect::<Result<Vec<_>>>()?;
-        let flag = ManuallyDrop::new(Pinned::new(&ctx, SLOTS as usize * 4)?);
+        let flag = ManuallyDrop::new(Pinned::new(&ctx, SLOTS as usize * 4 + ABORT_BYTES)?);
+        // SAFETY: the abort word lies inside the pinned allocation just made, which nothing
+        // else uses yet.
+        unsafe { ((flag.addr() + SLOTS as usize * 4) as *mut u32).write_volatile(0) };
         let workspace = DeviceMemory::new(&ctx, 2 * RESIDENT_WORKSPACE)?;
         let staging = super::staging::Staging::new(&ctx)?;
         Ok(Arc::new(Binding {
@@ -188,8 +194,22 @@ impl Binding {
     }
 
     /// The device address of ticket `ticket`'s word (a stream may wait on it).
-    pub(super) fn word_device_addr(&self, ticket: u32) -> u64 {
+    pub fn word_device_addr(&self, ticket: u32) -> u64 {
         self.word(ticket).1
+    }
+
+    /// The device address of the abort word the one-launch kernels poll (pinned memory).
+    pub fn ll_abort_word(&self) -> u64 {
+        self.flag.device_addr() + u64::from(SLOTS) * 4
+    }
+
+    /// Makes every one-launch kernel of this binding, running or to come, return at its next
+    /// wait: a call failed (a peer died, a timeout, an abort) and its kernel may wait for ever.
+    pub fn abort_device_calls(&self) {
+        // SAFETY: the abort word lies in the pinned allocation, alive with `self`; the devices
+        // only read it.
+        let word = unsafe { &*((self.flag.addr() + SLOTS as usize * 4) as *const AtomicU32) };
+        word.store(1, Ordering::Release);
     }
 
     /// Whether ticket `ticket`'s word has been written (by the device or the host).

@@ -167,6 +167,18 @@ impl Binding {
         match *self {}
     }
 
+    pub fn ll_abort_word(&self) -> u64 {
+        match *self {}
+    }
+
+    pub fn abort_device_calls(&self) {
+        match *self {}
+    }
+
+    pub fn word_device_addr(&self, _ticket: u32) -> u64 {
+        match *self {}
+    }
+
     pub fn resident_workspaces(&self) -> (Region, Region) {
         match *self {}
     }
@@ -284,6 +296,16 @@ pub fn ipc_access(_id: topoccl_transports::ipc::DeviceId) -> Result<Arc<dyn topo
 pub struct CallerStream<'b>(&'b Binding);
 
 impl CallerStream<'_> {
+    pub fn ops(&self) -> u64 {
+        match *self.0 {}
+    }
+
+    /// # Safety
+    /// Never callable.
+    pub(crate) unsafe fn launch_ll(&mut self, _args: &crate::exec::resident::ll::LlArgs, _threads: u32) -> Result<()> {
+        match *self.0 {}
+    }
+
     /// # Safety
     /// Never callable.
     pub unsafe fn divide(&mut self, _data: Region, _n: u32) -> Result<()> {

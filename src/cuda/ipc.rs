@@ -17,7 +17,7 @@ use topoccl_transports::Error as TransportError;
 
 use super::context::Context;
 use super::driver::{check, driver, loaded};
-use super::memory::{allocation_of, DeviceMemory};
+use super::memory::{allocation_of, zero_device, DeviceMemory};
 use super::stream::Stream;
 use crate::error::{Error, Result};
 
@@ -246,6 +246,9 @@ impl DeviceAccess for CudaIpc {
 
     fn alloc(&self, len: usize) -> TResult<Box<dyn ExportedMemory>> {
         let memory = DeviceMemory::new(&self.ctx, len).map_err(transport_error)?;
+        // Zeroed before a peer can learn of it: the one-launch areas in it must hold no flag
+        // (a reused allocation may hold an earlier communicator's lines).
+        zero_device(&self.ctx, memory.addr() as u64, len).map_err(transport_error)?;
         let _current = self.ctx.enter().map_err(transport_error)?;
         let mut handle = sys::CUipcMemHandle { reserved: [0; IPC_HANDLE_BYTES] };
         // SAFETY: the base of a live `cuMemAlloc` allocation; the out-pointer is a local.

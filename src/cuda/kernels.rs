@@ -58,6 +58,8 @@ pub enum Kernel {
     Reduce(Dtype, ReduceOp),
     Scale(Dtype),
     Divide(Dtype),
+    /// The one-launch kernel of small calls (`topoccl_ll_<t>`, `kernels/ll.cuh`).
+    Ll(Dtype),
 }
 
 /// The kernel source's short name of a datatype.
@@ -93,6 +95,7 @@ impl Kernel {
             }
             Kernel::Scale(d) => format!("topoccl_scale_{}", type_name(d)),
             Kernel::Divide(d) => format!("topoccl_divide_{}", type_name(d)),
+            Kernel::Ll(d) => format!("topoccl_ll_{}", type_name(d)),
         }
     }
 }
@@ -101,7 +104,11 @@ impl Kernel {
     /// Every kernel the executor launches (an average is a sum's kernel under another key).
     fn all() -> impl Iterator<Item = Kernel> {
         Dtype::ALL.into_iter().flat_map(|d| {
-            ReduceOp::ALL.into_iter().map(move |op| Kernel::Reduce(d, op)).chain([Kernel::Scale(d), Kernel::Divide(d)])
+            ReduceOp::ALL.into_iter().map(move |op| Kernel::Reduce(d, op)).chain([
+                Kernel::Scale(d),
+                Kernel::Divide(d),
+                Kernel::Ll(d),
+            ])
         })
     }
 }
@@ -238,6 +245,37 @@ impl Kernels {
     }
 }
 
+impl Kernels {
+    /// Launches the one-launch kernel of `dtype` with `args`, one block of `threads`.
+    ///
+    /// # Safety
+    /// The context must be current; every region of `args` must be memory the device reaches,
+    /// valid until the kernel has run, its pair areas shared with peers that follow the
+    /// protocol of `kernels/ll.cuh`.
+    pub(crate) unsafe fn launch_ll(
+        &self,
+        dtype: Dtype,
+        args: &crate::exec::resident::ll::LlArgs,
+        threads: u32,
+        stream: StreamRef,
+    ) -> Result<()> {
+        let k = Kernel::Ll(dtype);
+        let f = *self.functions.get(&k).ok_or_else(|| Error::Internal(format!("kernel {} not loaded", k.name())))?;
+        let mut block_args = *args;
+        let mut params = [(&mut block_args as *mut crate::exec::resident::ll::LlArgs).cast::<std::ffi::c_void>()];
+        // SAFETY: the kernel takes exactly one `topoccl_ll_args` (the same layout, asserted
+        // beside `LlArgs`), whose bytes the driver copies at the call; the rest is this fn's
+        // contract.
+        check(
+            unsafe {
+                sys::cuLaunchKernel(f, 1, 1, 1, threads, 1, 1, 0, stream.0, params.as_mut_ptr(), std::ptr::null_mut())
+            },
+            "cuLaunchKernel",
+        )
+        .map_err(|e| Error::Cuda(format!("kernel {}: {e}", k.name())))
+    }
+}
+
 impl Drop for Kernels {
     fn drop(&mut self) {
         let _current = self.ctx.enter();
@@ -258,7 +296,8 @@ mod tests {
         assert_eq!(Kernel::Scale(Dtype::Uint64).name(), "topoccl_scale_u64");
         assert_eq!(Kernel::Divide(Dtype::Int8).name(), "topoccl_divide_i8");
         assert_eq!(std::mem::size_of::<KernelArgs>(), 48);
-        assert_eq!(Kernel::all().count(), 12 * 7);
+        assert_eq!(Kernel::all().count(), 12 * 8);
+        assert_eq!(Kernel::Ll(Dtype::Float32).name(), "topoccl_ll_f32");
         assert!(image_for((7, 5)).is_err());
         assert_eq!(image_for((8, 9)).unwrap().1, "sm_80 cubin");
         assert_eq!(image_for((12, 0)).unwrap().1, "compute_90 PTX");

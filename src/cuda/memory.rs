@@ -108,6 +108,18 @@ impl DeviceMemory {
     }
 }
 
+/// Zeroes `len` bytes of `ctx`'s device memory at `addr`, and waits until every device and
+/// stream sees the zeros (on a stream of its own: the context's other work is not waited for).
+pub(super) fn zero_device(ctx: &Arc<Context>, addr: u64, len: usize) -> Result<()> {
+    let zeroing = super::stream::Stream::new(ctx)?;
+    let _current = ctx.enter()?;
+    // SAFETY: `len` bytes of a live allocation of this context (the caller's), on a stream of
+    // it; waited for below, before anything else may touch them.
+    check(unsafe { sys::cuMemsetD8Async(addr, 0, len, zeroing.handle().0) }, "cuMemsetD8Async")?;
+    // SAFETY: a live stream of the current context.
+    check(unsafe { sys::cuStreamSynchronize(zeroing.handle().0) }, "cuStreamSynchronize")
+}
+
 impl Drop for DeviceMemory {
     fn drop(&mut self) {
         let _current = self.ctx.enter();

@@ -19,12 +19,14 @@ pub struct CallerStream<'b> {
     stream: StreamRef,
     dtype: Dtype,
     op: ReduceOp,
+    /// Operations queued so far (copies, kernels, stream memory operations).
+    ops: u64,
 }
 
 impl Binding {
     /// The caller's `stream` for a device-resident call (the context must be current).
     pub fn caller_stream(&self, stream: StreamRef, dtype: Dtype, op: ReduceOp) -> CallerStream<'_> {
-        CallerStream { binding: self, stream, dtype, op }
+        CallerStream { binding: self, stream, dtype, op, ops: 0 }
     }
 
     /// The device-resident workspaces, made with the binding: scratch, then staging.
@@ -39,6 +41,21 @@ impl Binding {
 }
 
 impl CallerStream<'_> {
+    /// Operations queued on the stream through this so far.
+    pub fn ops(&self) -> u64 {
+        self.ops
+    }
+
+    /// Launches the one-launch kernel of the call's datatype with `args`, `threads` wide.
+    ///
+    /// # Safety
+    /// As [`super::kernels::Kernels::launch_ll`]'s (the context is current).
+    pub(crate) unsafe fn launch_ll(&mut self, args: &crate::exec::resident::ll::LlArgs, threads: u32) -> Result<()> {
+        self.ops += 1;
+        // SAFETY: this fn's contract.
+        unsafe { self.binding.kernels.launch_ll(self.dtype, args, threads, self.stream) }
+    }
+
     pub(super) fn binding(&self) -> &Binding {
         self.binding
     }
@@ -64,6 +81,7 @@ impl CallerStream<'_> {
         let count = (dst.len / self.dtype.size()) as u64;
         let args =
             KernelArgs { dst: dst.addr as u64, a: src.addr as u64, count, scalar: bits, ..KernelArgs::default() };
+        self.ops += 1;
         // SAFETY: this fn's contract; the context is current (the caller entered it).
         unsafe { self.binding.kernels.launch(k, args, self.stream) }
     }
@@ -71,6 +89,7 @@ impl CallerStream<'_> {
     /// The stream waits until the call of `ticket` (queued earlier, on another stream) has
     /// ended: calls of one communicator share its workspaces, so they run one after another.
     pub fn after(&mut self, ticket: u32) -> Result<()> {
+        self.ops += 1;
         // SAFETY: the binding's words live as long as it; the write this waits for was queued
         // before (an earlier call), so no queue holds this wait ahead of it.
         unsafe { self.stream.wait_value(self.binding.word_device_addr(ticket), ticket) }
@@ -91,6 +110,7 @@ impl CallerStream<'_> {
 
     /// Writes `ticket` into the binding's word once the stream has run the call.
     pub fn finish(&mut self, ticket: u32) -> Result<()> {
+        self.ops += 1;
         // SAFETY: the stream is the caller's, of the binding's context (checked at the call).
         unsafe { self.binding.complete_on(self.stream, ticket) }
     }
@@ -98,22 +118,26 @@ impl CallerStream<'_> {
 
 impl DeviceStream for CallerStream<'_> {
     unsafe fn copy(&mut self, dst: u64, src: u64, len: usize) -> Result<()> {
+        self.ops += 1;
         // SAFETY: device memory valid until the copy has run (this fn's contract).
         unsafe { copy_async(dst as usize, src as usize, len, self.stream) }
     }
 
     unsafe fn reduce(&mut self, dst: u64, a: u64, b: u64, len: usize) -> Result<()> {
         let args = KernelArgs { dst, a, b, count: (len / self.dtype.size()) as u64, ..KernelArgs::default() };
+        self.ops += 1;
         // SAFETY: as for `copy`; the context is current.
         unsafe { self.binding.kernels.launch(Kernel::Reduce(self.dtype, self.op), args, self.stream) }
     }
 
     unsafe fn wait(&mut self, word: u64, value: u32) -> Result<()> {
+        self.ops += 1;
         // SAFETY: a live device-mapped word (this fn's contract).
         unsafe { self.stream.wait_value(word, value) }
     }
 
     unsafe fn signal(&mut self, word: u64, value: u32) -> Result<()> {
+        self.ops += 1;
         // SAFETY: as for `wait`.
         unsafe { self.stream.write_value(word, value) }
     }

@@ -51,6 +51,12 @@ pub(crate) struct ResidentJob {
     pub failed: Option<Error>,
     pub header: CallHeader,
     pub outstanding: crate::cuda::Outstanding,
+    /// The peers of a call run as one kernel (`resident::ll`), which waits for them inside
+    /// the kernel; empty for a call of stream waits.
+    pub ll_peers: Vec<u32>,
+    /// For such a call, every other rank's count of one-kernel calls launched (a host word it
+    /// stores) and the count this call reaches: who has not launched yet, when it hangs.
+    pub ll_launched: Vec<(u32, topoccl_transports::ipc::Word, u32)>,
 }
 
 /// What the executor runs.
@@ -76,6 +82,9 @@ impl Job {
     pub(crate) fn release(&self) {
         if let Job::Resident(r) = self {
             r.outstanding.end();
+            if !r.ll_peers.is_empty() {
+                r.binding.abort_device_calls();
+            }
             r.release.release();
             r.binding.complete_from_host(r.ticket);
         }

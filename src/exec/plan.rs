@@ -8,6 +8,7 @@ use topoccl_synth::schedule::Schedule;
 
 use super::layout::ChunkLayout;
 use super::program::Program;
+use super::resident::ll::{ll_capable, LlProgram};
 use super::resident::ResidentProgram;
 
 /// Everything the executor needs to run one collective of one size on this rank.
@@ -28,6 +29,9 @@ pub(crate) struct Plan {
     rank: u32,
     /// The program as one stream's work, made the first time a call runs device-resident.
     resident: OnceLock<Result<ResidentProgram, String>>,
+    /// The program as one kernel's steps (without, with an average's division), where every
+    /// rank's runs so (`resident::ll::ll_capable`); made the first time a call asks.
+    ll: OnceLock<Option<(LlProgram, LlProgram)>>,
 }
 
 impl Plan {
@@ -40,7 +44,18 @@ impl Plan {
         let layout = if padded { ChunkLayout::padded(k, count.div_ceil(k), esize) } else { uneven };
         let program = Program::from_schedule(&schedule, rank, &layout);
         let scratch_bytes = layout.offset(schedule.scratch_chunks as usize);
-        Plan { hash, schedule, k, layout, padded, program, scratch_bytes, rank, resident: OnceLock::new() }
+        Plan {
+            hash,
+            schedule,
+            k,
+            layout,
+            padded,
+            program,
+            scratch_bytes,
+            rank,
+            resident: OnceLock::new(),
+            ll: OnceLock::new(),
+        }
     }
 
     /// This rank's program as one stream's work, or why it cannot be.
@@ -49,5 +64,18 @@ impl Plan {
             .get_or_init(|| ResidentProgram::lower(&self.schedule, &self.layout, &self.program, self.rank))
             .as_ref()
             .map_err(String::as_str)
+    }
+
+    /// This rank's program as one kernel's steps (`avg`: with the average's division), where
+    /// every rank's part of the schedule runs so.
+    pub(crate) fn ll(&self, avg: bool) -> Option<&LlProgram> {
+        let both = self.ll.get_or_init(|| {
+            let prog = self.resident().ok()?;
+            if !ll_capable(&self.schedule, prog.peak) {
+                return None;
+            }
+            Some((LlProgram::lower(prog, false)?, LlProgram::lower(prog, true)?))
+        });
+        both.as_ref().map(|(plain, with)| if avg { with } else { plain })
     }
 }

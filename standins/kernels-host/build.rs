@@ -6,7 +6,7 @@ use std::path::PathBuf;
 fn main() {
     let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default());
     let kernels = manifest.join("../../kernels");
-    for file in ["topoccl.cu", "numerics.cuh", "ops.cuh", "host_shim.h"] {
+    for file in ["topoccl.cu", "numerics.cuh", "ops.cuh", "ll.cuh", "host_shim.h"] {
         println!("cargo:rerun-if-changed={}", kernels.join(file).display());
     }
     cc::Build::new()

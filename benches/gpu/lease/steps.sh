@@ -123,8 +123,13 @@ step_kernels() {
 step_sweep() {
     step_begin 5 sweep || return 0
     local what
-    for what in 2threads 2procs 2procs-cumem; do
+    # Small calls both ways on the same ranks: one kernel per call (threads: the default;
+    # processes sharing the GPU: TOPOCCL_DEVICE_LL=2) against the stream path (=0).
+    local small=(8 64K 8)
+    for what in 2threads 2threads-stream 2procs 2procs-1kernel 2procs-cumem; do
         case $what in
+            2threads-stream) bounded "$T_SWEEP" sweep-2threads-stream env TOPOCCL_DEVICE_LL=0 "$B/device_sweep" "${small[@]}" --threads 2 ;;
+            2procs-1kernel) bounded "$T_SWEEP" sweep-2procs-1kernel env TOPOCCL_DEVICE_LL=2 $(ranks2 sweep-2procs-1kernel) "$B/device_sweep" "${small[@]}" ;;
             2threads) bounded "$T_SWEEP" sweep-2threads "$B/device_sweep" "${SWEEP_SIZES[@]}" --threads 2 ;;
             2procs) bounded "$T_SWEEP" sweep-2procs $(ranks2 sweep-2procs) "$B/device_sweep" "${SWEEP_SIZES[@]}" ;;
             2procs-cumem) bounded "$T_SWEEP" sweep-2procs-cumem env SWEEP_ALLOC=cumem $(ranks2 sweep-2procs-cumem) "$B/device_sweep" "${SWEEP_SIZES[@]}" ;;
@@ -137,7 +142,7 @@ step_sweep() {
     done
     highlight "" "-- step 5: all-reduce float32 sum on device buffers, 2 ranks on GPU 0 (us per call | busbw GB/s) --"
     highlight "$(awk -v d="$STEP_DIR" 'BEGIN {
-        n = split("2threads 2procs 2procs-cumem", w, " ")
+        n = split("2threads 2threads-stream 2procs 2procs-1kernel 2procs-cumem", w, " ")
         for (i = 1; i <= n; i++) while ((getline l < (d "/" w[i] ".table")) > 0) {
             split(l, v, " ")
             if (!(v[1] in seen)) { seen[v[1]] = 1; sizes[++m] = v[1] + 0 }

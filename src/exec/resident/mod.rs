@@ -10,8 +10,9 @@
 //! Why this shape rather than one kernel interpreting the program (MSCCL's): every dependency
 //! stays visible to CUDA's scheduler as stream order, copies run on the copy engines, and no
 //! kernel holds multiprocessors while it waits for a peer, which on one GPU shared by several
-//! ranks would starve the very kernels the call needs. A one-launch path for small calls is
-//! the next step (it fits the same lowering: one item list per call).
+//! ranks would starve the very kernels the call needs. Small calls, whose kernels are short,
+//! take the other shape ([`ll`]): the same item list, lowered once more into the steps of one
+//! kernel that waits inside itself.
 //!
 //! Peers whose stream shares this rank's CUDA context (ranks as threads on one device) also
 //! share its hardware queues: a wait queued ahead of the write that releases it would block
@@ -19,6 +20,7 @@
 //! is queued only once the peer's thread has queued the write ([`Gate`]): every queue then
 //! holds the writes before the waits they release.
 
+pub(crate) mod ll;
 pub(crate) mod order;
 mod watch;
 
@@ -190,6 +192,11 @@ pub(crate) struct Counts {
     pub received: u32,
     pub calls_sent: u32,
     pub calls_received: u32,
+    /// One-launch calls that sent the peer lines / received its lines, and (for a peer sharing
+    /// this rank's context) that the communicator ran.
+    pub ll_sent: u32,
+    pub ll_received: u32,
+    pub ll_with: u32,
 }
 
 /// What a stream does for [`emit`]: the CUDA driver on a caller's stream, or (in tests) the
@@ -228,7 +235,7 @@ pub(crate) struct Gate<'a> {
 }
 
 impl Gate<'_> {
-    fn until(&self, word: &Word, value: u32, peer: u32, what: &str) -> Result<()> {
+    pub(crate) fn until(&self, word: &Word, value: u32, peer: u32, what: &str) -> Result<()> {
         let begun = Instant::now();
         let mut rounds = 0u32;
         while !reached(word.host().load(Ordering::Acquire), value) {

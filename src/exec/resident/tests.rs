@@ -87,6 +87,11 @@ impl Pairs {
             arrived_in_enq: self.word(p, me, 2),
             consumed_out_enq: self.word(p, me, 3),
             consumed_in_enq: self.word(me, p, 3),
+            same_device: true,
+            ll_tx: 0,
+            ll_rx: 0,
+            ll_out_enq: self.word(me, p, 2),
+            ll_in_enq: self.word(p, me, 2),
         }
     }
 }

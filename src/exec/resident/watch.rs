@@ -23,6 +23,10 @@ impl Executor {
         let r = self.watch_until_done(job);
         job.outstanding.end();
         if r.is_err() {
+            if !job.ll_peers.is_empty() {
+                // Its kernel may be spinning for a peer that will never write: let it return.
+                job.binding.abort_device_calls();
+            }
             job.release.release();
             job.binding.complete_from_host(job.ticket);
         }
@@ -34,7 +38,7 @@ impl Executor {
             return Err(e.clone());
         }
         let mut seen: Vec<u32> = job.release.state().map(|(_, now, _)| now).collect();
-        let mut peers: Vec<u32> = job.release.0.iter().map(|w| w.peer).collect();
+        let mut peers: Vec<u32> = job.release.0.iter().map(|w| w.peer).chain(job.ll_peers.iter().copied()).collect();
         peers.sort_unstable();
         peers.dedup();
         let mut moved_at = Instant::now();
@@ -57,7 +61,8 @@ impl Executor {
                         l.progress().map_err(transport_error(peer))?;
                         // A peer that has done its part of the call (its messages landed, this
                         // rank's read) may close: only the local work is left.
-                        let done = job.release.state().all(|(w, _, done)| done || w.peer != peer);
+                        let done = !job.ll_peers.contains(&peer)
+                            && job.release.state().all(|(w, _, done)| done || w.peer != peer);
                         if let (Some(why), false) = (l.closed(), done) {
                             if !job.binding.completed(job.ticket) {
                                 return Err(Error::PeerFailed { peer, reason: why.to_string() });
@@ -95,6 +100,19 @@ impl Executor {
 
 /// What a stuck call's stream waits for, in words.
 fn waiting_for(job: &ResidentJob) -> String {
+    if !job.ll_peers.is_empty() {
+        let absent: Vec<String> = job
+            .ll_launched
+            .iter()
+            .filter(|(_, w, n)| !super::reached(w.host().load(std::sync::atomic::Ordering::Acquire), *n))
+            .map(|(p, _, _)| format!("rank {p}"))
+            .collect();
+        return if absent.is_empty() {
+            "the device to run the call's one kernel (every rank launched its own)".into()
+        } else {
+            format!("{} to launch its kernel of the call (the call runs as one kernel per rank)", absent.join(", "))
+        };
+    }
     let stuck: Vec<String> = job
         .release
         .state()

@@ -181,7 +181,7 @@ fn new_context(device: i32, primary: bool) -> Arc<Context> {
     let queues: Vec<Arc<HwQueue>> = (0..config::get().ok().and_then(|c| c.queues).unwrap_or(0))
         .map(|i| {
             let delay = Delay::new(seed ^ (core.handle as u64).rotate_left(17) ^ u64::from(i).rotate_left(40), max_us);
-            HwQueue::spawn(format!("cuda-standin-q{i}-{:x}", core.handle), delay)
+            HwQueue::spawn(format!("cuda-standin-q{i}-{:x}", core.handle), delay, true)
         })
         .collect();
     // The legacy stream takes the first shared queue.

@@ -10,7 +10,12 @@
 //! dependencies"). With `CUDA_DEVICE_MAX_CONNECTIONS=1` every stream of a context is on one
 //! queue. `TOPOCCL_STANDIN_QUEUES=stream` gives each stream a queue of its own instead.
 //!
-//! One worker thread per queue runs its items, each after the queue's random delay.
+//! One worker thread per queue runs its items, each after the queue's random delay. On a queue
+//! that several streams share, a kernel does not hold the queue while it runs: as on a GPU,
+//! where kernels of different streams run side by side (up to 128 at once on Hopper), the
+//! worker starts it on a thread of its own and goes on to the next item, which, if it is of the
+//! same stream, first waits for the kernel to end (stream order). Only an item that waits
+//! (a value, an event, its own stream's earlier work) holds the queue.
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -27,6 +32,8 @@ struct Entry {
     progress: Arc<Progress>,
     core: Arc<CtxCore>,
     item: Item,
+    /// Its number on its stream.
+    seq: u64,
 }
 
 #[derive(Default)]
@@ -38,12 +45,14 @@ struct Pending {
 pub struct HwQueue {
     pending: Mutex<Pending>,
     ready: Condvar,
+    /// Whether streams share it (kernels then run beside the queue: module documentation).
+    shared: bool,
 }
 
 impl HwQueue {
-    /// A queue with its worker running, named `name`.
-    pub fn spawn(name: String, delay: Delay) -> Arc<HwQueue> {
-        let q = Arc::new(HwQueue { pending: Mutex::new(Pending::default()), ready: Condvar::new() });
+    /// A queue with its worker running, named `name`, shared by several streams or not.
+    pub fn spawn(name: String, delay: Delay, shared: bool) -> Arc<HwQueue> {
+        let q = Arc::new(HwQueue { pending: Mutex::new(Pending::default()), ready: Condvar::new(), shared });
         let worker = q.clone();
         std::thread::Builder::new()
             .name(name)
@@ -58,9 +67,9 @@ impl HwQueue {
         if p.closed {
             return Err(CUresult::INVALID_HANDLE);
         }
-        p.items.push_back(Entry { progress: progress.clone(), core: core.clone(), item });
         // Numbered under the queue's lock, so a stream's numbers follow the queue's order.
         let seq = progress.count_submitted();
+        p.items.push_back(Entry { progress: progress.clone(), core: core.clone(), item, seq });
         self.ready.notify_one();
         Ok(seq)
     }
@@ -73,7 +82,7 @@ impl HwQueue {
 
     fn run(&self, mut delay: Delay) {
         loop {
-            let Entry { progress, core, item } = {
+            let Entry { progress, core, item, seq } = {
                 let mut p = lock(&self.pending);
                 loop {
                     if let Some(e) = p.items.pop_front() {
@@ -86,18 +95,35 @@ impl HwQueue {
                 }
             };
             delay.sleep();
+            // Stream order: a kernel started beside the queue may still run.
+            sync::wait_until(|| progress.reached(seq - 1));
             for dep in &item.deps {
                 sync::wait_until(|| dep.met());
             }
-            if item.always || core.sticky().is_ok() {
-                match catch_unwind(AssertUnwindSafe(item.work)) {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => core.fail(e),
-                    Err(_) => core.fail(CUresult::LAUNCH_FAILED),
+            if self.shared && item.concurrent {
+                let spawned = std::thread::Builder::new()
+                    .name("cuda-standin-kernel".into())
+                    .spawn(move || finish(&progress, &core, item));
+                if spawned.is_err() {
+                    // No thread to be had: the kernel fails, as a launch out of resources.
+                    eprintln!("cuda stand-in: no thread for a kernel; the context faults");
                 }
+                continue;
             }
-            progress.count_done();
-            sync::notify();
+            finish(&progress, &core, item);
         }
     }
+}
+
+/// Runs `item` (unless the context faulted and it is data work) and counts it done.
+fn finish(progress: &Progress, core: &CtxCore, item: Item) {
+    if item.always || core.sticky().is_ok() {
+        match catch_unwind(AssertUnwindSafe(item.work)) {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => core.fail(e),
+            Err(_) => core.fail(CUresult::LAUNCH_FAILED),
+        }
+    }
+    progress.count_done();
+    sync::notify();
 }

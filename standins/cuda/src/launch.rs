@@ -8,7 +8,7 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use topoccl_kernels_host::KernelArgs;
+use topoccl_kernels_host::{HostKernel, KernelArgs, LL_ARGS_BYTES, LL_REGIONS};
 
 use crate::context::{self, CtxCore};
 use crate::memory::{self, Region};
@@ -81,11 +81,17 @@ pub unsafe fn launch(
     if first.is_null() {
         return Err(CUresult::INVALID_VALUE);
     }
-    // SAFETY: the first parameter is the 48-byte argument struct; copied now, at call time.
-    let args = unsafe { first.cast::<KernelArgs>().read_unaligned() };
     let kernel = f.kernel;
     let core = s.core.clone();
-    s.submit(
+    if kernel.ll {
+        // SAFETY: the first parameter is the one-launch kernel's argument block; copied now.
+        let args = unsafe { first.cast::<[u8; LL_ARGS_BYTES]>().read_unaligned() };
+        s.submit_kernel(Vec::new(), Box::new(move || run_ll(kernel, dims, &core, args)))?;
+        return Ok(());
+    }
+    // SAFETY: the first parameter is the 48-byte argument struct; copied now, at call time.
+    let args = unsafe { first.cast::<KernelArgs>().read_unaligned() };
+    s.submit_kernel(
         Vec::new(),
         Box::new(move || {
             let Some(len) = args.count.checked_mul(kernel.elem_bytes as u64).and_then(|n| usize::try_from(n).ok())
@@ -118,6 +124,33 @@ pub unsafe fn launch(
             Ok(())
         }),
     )?;
+    Ok(())
+}
+
+/// Runs a one-launch kernel: each region of its block (address, bytes) must lie wholly in
+/// memory the context may touch (the first, the call's input, for reading; the rest for
+/// writing), and is translated to the stand-in's view; the kernel touches nothing else.
+fn run_ll(kernel: &'static HostKernel, dims: Dims, core: &CtxCore, mut args: [u8; LL_ARGS_BYTES]) -> CuResult<()> {
+    let mut held = Vec::with_capacity(LL_REGIONS);
+    for i in 0..LL_REGIONS {
+        let word = |at: usize| -> u64 {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&args[at..at + 8]);
+            u64::from_le_bytes(w)
+        };
+        let (ptr, len) = (word(16 * i), word(16 * i + 8));
+        if ptr == 0 {
+            continue;
+        }
+        let len = usize::try_from(len).map_err(|_| CUresult::ILLEGAL_ADDRESS)?;
+        let r = translate(ptr, len.max(1), core, i != 0)?;
+        args[16 * i..16 * i + 8].copy_from_slice(&(r.ptr() as u64).to_le_bytes());
+        held.push(r);
+    }
+    // SAFETY: every region the kernel may touch now names its bytes of the stand-in's
+    // read-write view of memory the context may touch, kept mapped by `held`.
+    unsafe { kernel.launch_ll(dims.grid, dims.block, &args) };
+    drop(held);
     Ok(())
 }
 

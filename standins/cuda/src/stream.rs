@@ -69,6 +69,8 @@ pub(crate) struct Item {
     /// Bookkeeping (event records, value writes) runs even after the context faulted, so that
     /// nothing waiting on it hangs; data work is skipped, as a dead GPU context runs nothing.
     pub always: bool,
+    /// A kernel: on a shared queue it runs beside the queue (`hwqueue`).
+    pub concurrent: bool,
 }
 
 pub struct Stream {
@@ -102,7 +104,7 @@ impl Stream {
         let hw = hw.unwrap_or_else(|| {
             let (seed, max_us) = config::get().map_or((1, 0), |c| (c.seed, c.delay_us));
             let delay = Delay::new(seed ^ (core.handle as u64).rotate_left(17) ^ handle as u64, max_us);
-            HwQueue::spawn(format!("cuda-standin-{:x}", handle.max(core.handle)), delay)
+            HwQueue::spawn(format!("cuda-standin-{:x}", handle.max(core.handle)), delay, false)
         });
         Arc::new(Stream {
             handle,
@@ -119,15 +121,20 @@ impl Stream {
 
     /// Enqueues data work (copies, memsets, kernels): the item number.
     pub fn submit(&self, deps: Vec<Dep>, work: Work) -> CuResult<u64> {
-        self.enqueue(deps, work, false)
+        self.enqueue(deps, work, false, false)
+    }
+
+    /// Enqueues a kernel (data work that may run beside a shared queue).
+    pub fn submit_kernel(&self, deps: Vec<Dep>, work: Work) -> CuResult<u64> {
+        self.enqueue(deps, work, false, true)
     }
 
     /// Enqueues bookkeeping that must run even on a faulted context.
     pub fn submit_always(&self, deps: Vec<Dep>, work: Work) -> CuResult<u64> {
-        self.enqueue(deps, work, true)
+        self.enqueue(deps, work, true, false)
     }
 
-    fn enqueue(&self, mut deps: Vec<Dep>, work: Work, always: bool) -> CuResult<u64> {
+    fn enqueue(&self, mut deps: Vec<Dep>, work: Work, always: bool, concurrent: bool) -> CuResult<u64> {
         // Implicit synchronisation with the legacy default stream.
         if let Some(ctx) = self.ctx.upgrade() {
             if self.legacy {
@@ -142,7 +149,7 @@ impl Stream {
         if self.closed.load(Ordering::Acquire) {
             return Err(CUresult::INVALID_HANDLE);
         }
-        self.hw.push(&self.progress, &self.core, Item { deps, work, always })
+        self.hw.push(&self.progress, &self.core, Item { deps, work, always, concurrent })
     }
 
     /// Blocks until item `seq` has run.

@@ -38,8 +38,24 @@ pub struct HostKernel {
     pub elem_bytes: usize,
     /// Whether it reads `b` (reduce kernels).
     pub reads_b: bool,
-    /// Its place in the C++ table: what `topoccl_host_launch` runs.
+    /// Whether it is a one-launch kernel (`topoccl_ll_<t>`, taking [`LL_ARGS_BYTES`] of
+    /// `topoccl_ll_args`, whose first [`LL_REGIONS`] pairs of words are its memory regions:
+    /// address, bytes).
+    pub ll: bool,
+    /// Its place in its C++ table: what `topoccl_host_launch` (or `_ll_launch`) runs.
     index: u64,
+}
+
+/// Bytes of a one-launch kernel's argument block (`topoccl_ll_args`).
+pub const LL_ARGS_BYTES: usize = 3984;
+/// Regions at the start of that block: `{ptr: u64, len: u64}` each, `ptr` 0 when unused.
+pub const LL_REGIONS: usize = 19;
+
+#[repr(C)]
+struct RawLlKernel {
+    name: *const c_char,
+    elem_bytes: u64,
+    entry: *const std::ffi::c_void,
 }
 
 /// An entry of the C++ table (`topoccl_host_kernel` in kernels/topoccl.cu).
@@ -55,6 +71,10 @@ extern "C" {
     fn topoccl_host_kernel_count() -> u64;
     fn topoccl_host_kernel_table() -> *const RawKernel;
     fn topoccl_host_launch(index: u64, grid: *const u32, block: *const u32, args: *const KernelArgs);
+    fn topoccl_host_ll_kernel_count() -> u64;
+    fn topoccl_host_ll_kernel_table() -> *const RawLlKernel;
+    fn topoccl_host_ll_args_bytes() -> u64;
+    fn topoccl_host_ll_launch(index: u64, grid: *const u32, block: *const u32, args: *const u8);
 }
 
 impl HostKernel {
@@ -69,6 +89,17 @@ impl HostKernel {
         // SAFETY: `index` came from the table; the grid and block arrays hold 3 values each;
         // the memory `args` names is valid (this fn's contract).
         unsafe { topoccl_host_launch(self.index, grid.as_ptr(), block.as_ptr(), args) }
+    }
+
+    /// Runs a one-launch kernel over the whole grid, with the argument block `args`.
+    ///
+    /// # Safety
+    /// Every region of `args` must be valid host memory of its length (the kernel touches
+    /// nothing else), the peers' regions written by their own kernels only as the protocol
+    /// allows; `args` must be [`LL_ARGS_BYTES`] long.
+    pub unsafe fn launch_ll(&self, grid: [u32; 3], block: [u32; 3], args: &[u8; LL_ARGS_BYTES]) {
+        // SAFETY: as for `launch`; the block has the C struct's size (checked by `ll_kernels`).
+        unsafe { topoccl_host_ll_launch(self.index, grid.as_ptr(), block.as_ptr(), args.as_ptr()) }
     }
 }
 
@@ -89,6 +120,7 @@ pub fn kernels() -> &'static [HostKernel] {
                     name: name.to_str().ok()?,
                     elem_bytes: usize::try_from(raw.elem_bytes).ok()?,
                     reads_b: raw.reads_b != 0,
+                    ll: false,
                     index,
                 })
             })
@@ -96,9 +128,39 @@ pub fn kernels() -> &'static [HostKernel] {
     })
 }
 
-/// The kernel called `name` (`topoccl_reduce_sum_f32`, …).
+/// The one-launch kernels (one per datatype), empty if the C++ block's size is not
+/// [`LL_ARGS_BYTES`].
+pub fn ll_kernels() -> &'static [HostKernel] {
+    static KERNELS: OnceLock<Vec<HostKernel>> = OnceLock::new();
+    KERNELS.get_or_init(|| {
+        // SAFETY: plain queries of the C++ side's static table.
+        let (table, count, bytes) =
+            unsafe { (topoccl_host_ll_kernel_table(), topoccl_host_ll_kernel_count(), topoccl_host_ll_args_bytes()) };
+        if bytes != LL_ARGS_BYTES as u64 {
+            return Vec::new();
+        }
+        (0..count)
+            .filter_map(|index| {
+                let i = usize::try_from(index).ok()?;
+                // SAFETY: `i` is below the table's length; the table is static.
+                let raw = unsafe { &*table.add(i) };
+                // SAFETY: a NUL-terminated string literal.
+                let name: &'static CStr = unsafe { CStr::from_ptr(raw.name) };
+                Some(HostKernel {
+                    name: name.to_str().ok()?,
+                    elem_bytes: usize::try_from(raw.elem_bytes).ok()?,
+                    reads_b: false,
+                    ll: true,
+                    index,
+                })
+            })
+            .collect()
+    })
+}
+
+/// The kernel called `name` (`topoccl_reduce_sum_f32`, `topoccl_ll_f32`, …).
 pub fn find(name: &str) -> Option<&'static HostKernel> {
-    kernels().iter().find(|k| k.name == name)
+    kernels().iter().chain(ll_kernels()).find(|k| k.name == name)
 }
 
 #[cfg(test)]
@@ -121,6 +183,11 @@ mod tests {
         let copy = find("topoccl_copy").unwrap();
         assert_eq!((copy.elem_bytes, copy.reads_b), (1, false));
         assert!(find("topoccl_reduce_avg_f32").is_none());
+        assert_eq!(ll_kernels().len(), 12);
+        for (t, size) in types.iter().zip(sizes) {
+            let k = find(&format!("topoccl_ll_{t}")).unwrap();
+            assert!(k.ll && k.elem_bytes == size, "{}", k.name);
+        }
     }
 
     #[test]

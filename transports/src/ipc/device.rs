@@ -74,7 +74,8 @@ pub trait DeviceAccess: Send + Sync {
     /// Lets this device reach memory of device `ordinal` of this process (peer access), for
     /// two ranks of one process on different devices; nothing to do for the same device.
     fn enable_peer(&self, ordinal: u32) -> Result<()>;
-    /// Allocates `len` bytes of exportable device memory.
+    /// Allocates `len` bytes of exportable device memory, zero-filled (as every device and
+    /// stream sees it) before this returns.
     fn alloc(&self, len: usize) -> Result<Box<dyn ExportedMemory>>;
     /// The allocation of this device's memory that `addr` lies in (base, length, the driver's
     /// buffer id); `None` for any other address.

@@ -32,7 +32,7 @@ pub use connection::IpcConnection;
 use connection::{PeerWindow, Receiving};
 use device::IPC_HANDLE_BYTES;
 pub use device::{DeviceAccess, DeviceId, DeviceQueue, ExportedMemory, ImportedMemory, RegisteredHost};
-pub use resident::{DevicePeer, ResidentLink, Word};
+pub use resident::{DevicePeer, ResidentLink, Word, LL_AREA_BYTES};
 use resident::{Kept, ResidentParts};
 pub use stats::{IpcCounts, IpcStats};
 use wire::{Signals, DIRECTION_BYTES, WINDOW_ALIGN};
@@ -45,9 +45,9 @@ pub const DEFAULT_WINDOW_BYTES: usize = 8 << 20;
 pub const MAX_WINDOW_BYTES: usize = 1 << 30;
 const MAGIC: &[u8; 4] = b"TIPC";
 /// v2: each side's IPC allocation holds two windows, the resident one above the other.
-const VERSION: u8 = 2;
+const VERSION: u8 = 3;
 /// magic, version, ok, pid, window bytes, window address, handle, page fd, device ordinal.
-const HELLO_BYTES: usize = 4 + 1 + 1 + 4 + 8 + 8 + IPC_HANDLE_BYTES + 4 + 4;
+const HELLO_BYTES: usize = 4 + 1 + 1 + 4 + 8 + 8 + IPC_HANDLE_BYTES + 4 + 4 + 16;
 pub(crate) const PAGE_BYTES: usize = 4096;
 /// Allocations whose registrations a rank keeps (the oldest go first).
 const CACHED_ALLOCATIONS: usize = 256;
@@ -111,6 +111,8 @@ struct Hello {
     page_fd: i32,
     /// The device's ordinal in its process (used when both ranks share one).
     ordinal: u32,
+    /// The device's UUID (whether the two ranks share one GPU, from any processes).
+    uuid: [u8; 16],
 }
 
 impl Hello {
@@ -124,7 +126,8 @@ impl Hello {
         b[18..26].copy_from_slice(&self.window_addr.to_le_bytes());
         b[26..26 + IPC_HANDLE_BYTES].copy_from_slice(&self.handle);
         b[26 + IPC_HANDLE_BYTES..30 + IPC_HANDLE_BYTES].copy_from_slice(&self.page_fd.to_le_bytes());
-        b[30 + IPC_HANDLE_BYTES..].copy_from_slice(&self.ordinal.to_le_bytes());
+        b[30 + IPC_HANDLE_BYTES..34 + IPC_HANDLE_BYTES].copy_from_slice(&self.ordinal.to_le_bytes());
+        b[34 + IPC_HANDLE_BYTES..].copy_from_slice(&self.uuid);
         b
     }
 
@@ -151,6 +154,11 @@ impl Hello {
             handle,
             page_fd: i32::from_le_bytes(word(26 + IPC_HANDLE_BYTES)),
             ordinal: u32::from_le_bytes(word(30 + IPC_HANDLE_BYTES)),
+            uuid: {
+                let mut u = [0u8; 16];
+                u.copy_from_slice(&b[34 + IPC_HANDLE_BYTES..]);
+                u
+            },
         };
         let w = h.window_bytes;
         if h.ok && (w < WINDOW_ALIGN as u64 || w > MAX_WINDOW_BYTES as u64 || w % WINDOW_ALIGN as u64 != 0) {
@@ -195,6 +203,7 @@ impl IpcTransport {
             handle: window.as_ref().map_or([0; IPC_HANDLE_BYTES], |w| w.handle()),
             page_fd: page.as_ref().and_then(|p| p.as_ref().ok()).and_then(Segment::raw_fd).unwrap_or(-1),
             ordinal: self.access.device().ordinal,
+            uuid: self.access.device().uuid,
         };
         control.write_all(&mine.encode()).map_err(|e| hs(&peer, e))?;
         let mut b = [0u8; HELLO_BYTES];
@@ -211,6 +220,7 @@ impl IpcTransport {
             None => Segment::open(theirs.pid, theirs.page_fd, PAGE_BYTES),
         };
         let same_process = theirs.pid == std::process::id();
+        let same_device = theirs.uuid == self.access.device().uuid;
         let mapping = if same_process {
             self.access.enable_peer(theirs.ordinal).map(|()| None)
         } else {
@@ -249,6 +259,7 @@ impl IpcTransport {
         }
         let resident = DevicePeer::new(ResidentParts {
             same_context: same_process && theirs.ordinal == self.access.device().ordinal,
+            same_device,
             page: page.clone(),
             page_device: device_base,
             tx: usize::from(!setup.creator),

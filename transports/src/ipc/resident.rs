@@ -31,6 +31,7 @@ use crate::shm::segment::Segment;
 pub(crate) const RESIDENT_AT: usize = 2048;
 const ARRIVED: usize = 0;
 const ARRIVED_ENQ: usize = 4;
+const LL_ENQ: usize = 8;
 const CONSUMED: usize = 64;
 const CONSUMED_ENQ: usize = 68;
 const RESIDENT_DIRECTION_BYTES: usize = 128;
@@ -65,6 +66,13 @@ pub struct ResidentLink {
     pub rx_window: u64,
     /// Bytes of each window.
     pub window_bytes: usize,
+    /// The peer drives the same device as this rank (from this process or another).
+    pub same_device: bool,
+    /// The one-launch path's areas (`LL_AREA_BYTES` each, zeroed at set-up, 0 where the
+    /// windows are too small to lend one): the peer's, as this device writes it, and this
+    /// rank's, which the peer writes. They lie before the resident windows.
+    pub ll_tx: u64,
+    pub ll_rx: u64,
     /// Messages this rank sent: the peer's stream waits on it, this stream writes it.
     pub arrived_out: Word,
     /// Messages the peer sent: this stream waits on it.
@@ -79,7 +87,15 @@ pub struct ResidentLink {
     pub arrived_in_enq: Word,
     pub consumed_out_enq: Word,
     pub consumed_in_enq: Word,
+    /// Host-only counts of the one-launch kernels queued so far that exchange with the peer:
+    /// this rank publishes `ll_out_enq`; a peer sharing its context polls it.
+    pub ll_out_enq: Word,
+    pub ll_in_enq: Word,
 }
+
+/// Bytes of a one-launch area: a 4 KiB header (acknowledgement, readers' count), then two
+/// parities of 256 KiB of lines (128 KiB of data each: 8 data bytes per 16-byte line).
+pub const LL_AREA_BYTES: usize = 4096 + 2 * (256 << 10);
 
 /// The device-resident side of one CUDA IPC pair, as this rank sees it: its addresses, and the
 /// memory they lie in, kept alive.
@@ -99,6 +115,7 @@ impl std::fmt::Debug for DevicePeer {
 /// Where the pieces of one pair's resident side lie.
 pub(crate) struct ResidentParts {
     pub(crate) same_context: bool,
+    pub(crate) same_device: bool,
     pub(crate) page: Arc<Segment>,
     /// The device address of the page's first byte, in this side's context.
     pub(crate) page_device: u64,
@@ -119,11 +136,17 @@ impl DevicePeer {
         let (tx, rx) = (p.tx, 1 - p.tx);
         let mut keep = p.keep;
         keep.push(p.page.clone());
+        // The one-launch areas come first, where the windows can spare them (half at most).
+        let ll = p.window_bytes >= 2 * LL_AREA_BYTES;
+        let skip = if ll { LL_AREA_BYTES } else { 0 };
         let link = ResidentLink {
             same_context: p.same_context,
-            tx_window: p.tx_window,
-            rx_window: p.rx_window,
-            window_bytes: p.window_bytes,
+            same_device: p.same_device,
+            ll_tx: if ll { p.tx_window } else { 0 },
+            ll_rx: if ll { p.rx_window } else { 0 },
+            tx_window: p.tx_window + skip as u64,
+            rx_window: p.rx_window + skip as u64,
+            window_bytes: p.window_bytes - skip,
             arrived_out: word(tx, ARRIVED),
             arrived_in: word(rx, ARRIVED),
             consumed_in: word(tx, CONSUMED),
@@ -132,6 +155,8 @@ impl DevicePeer {
             arrived_in_enq: word(rx, ARRIVED_ENQ),
             consumed_out_enq: word(rx, CONSUMED_ENQ),
             consumed_in_enq: word(tx, CONSUMED_ENQ),
+            ll_out_enq: word(tx, LL_ENQ),
+            ll_in_enq: word(rx, LL_ENQ),
         };
         DevicePeer { link, _keep: keep }
     }
