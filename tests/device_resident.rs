@@ -97,7 +97,12 @@ fn run_calls(comm: &Communicator, all: Vec<(CollectiveCall, Placement)>, one_ker
 /// Runs `check` on three thread ranks of test `name` (one context: the queue gate) and asserts
 /// that nothing went wrong on any.
 fn on_three_threads(name: &str, timeout_s: f64, check: fn(&Communicator) -> Vec<String>) {
-    if !standin::child(name, &[]) {
+    on_three_threads_with(name, &[], timeout_s, check)
+}
+
+/// As [`on_three_threads`], with `env` in the test process's environment.
+fn on_three_threads_with(name: &str, env: &[(&str, &str)], timeout_s: f64, check: fn(&Communicator) -> Vec<String>) {
+    if !standin::child(name, env) {
         return;
     }
     let cfg = device_config(TransportPolicy::Auto, timeout_s);
@@ -131,12 +136,13 @@ fn every_call_on_three_threads_runs_resident_and_reads_back_at_once() {
     on_three_threads("every_call_on_three_threads_runs_resident_and_reads_back_at_once", 30.0, run_all);
 }
 
-/// Small calls as one kernel each (`TOPOCCL_DEVICE_LL`: thread ranks take it by default), on
-/// thread ranks sharing a context and on processes (asked to: they share the stand-in's one
+/// Small calls as one kernel each, on thread ranks sharing a context (each on streams of its
+/// own) and on processes, asked to (`TOPOCCL_DEVICE_LL=2`: all share the stand-in's one
 /// device), with every result equal to the host path's.
 #[test]
 fn small_calls_on_three_threads_run_as_one_kernel() {
-    on_three_threads("small_calls_on_three_threads_run_as_one_kernel", 30.0, run_small);
+    let env = [("TOPOCCL_DEVICE_LL", "2")];
+    on_three_threads_with("small_calls_on_three_threads_run_as_one_kernel", &env, 30.0, run_small);
 }
 
 #[test]
@@ -359,7 +365,7 @@ fn table_on_two_processes(name: &str, env: &[(&str, &str)], path: &str) {
 
 /// The table on 2 thread ranks sharing a context over `transport`, checked on both.
 fn table_on_two_threads(name: &str, transport: TransportPolicy, path: &str) {
-    if !standin::child(name, &[]) {
+    if !standin::child(name, &[("TOPOCCL_DEVICE_LL", "2")]) {
         return;
     }
     let cfg = device_config(transport, 30.0);
@@ -378,8 +384,9 @@ fn driver_calls_per_call_on_two_processes() {
     table_on_two_processes("driver_calls_per_call_on_two_processes", &[], "resident");
 }
 
-/// Processes sharing one device take the one-launch path only when asked (each kernel spins
-/// in its own context's time slice on a real GPU); asked, their small calls are one kernel.
+/// Ranks sharing one device take the one-launch path only when asked (processes' kernels spin
+/// in their own context's time slice on a real GPU): by default the stream path (above);
+/// asked, their small calls are one kernel (the thread tables below are asked too).
 #[test]
 fn driver_calls_per_call_on_two_processes_one_launch() {
     table_on_two_processes(

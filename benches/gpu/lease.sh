@@ -10,13 +10,15 @@
 # deadline; after LEASE_MAX_TIMEOUTS timeouts the rest is skipped):
 #   0 machine     nvidia-smi -q, driver and CUDA versions, CUDA_* variables, ulimit -l, /dev/shm
 #   1 probes      the driver's semantics (lease/driver_probes.c): waits released by later work,
-#                 which calls block behind a pageable copy, lazy loading, latencies
+#                 which calls block behind a pageable copy, lazy loading, latencies, two
+#                 one-launch kernels waiting for each other on streams of one context
 #   2 smoke       one device all-reduce on 1 rank, 2 thread ranks and 2 processes, read back
 #                 with a pageable copy straight after the call
 #   3 tests       tests/device_{collectives,ipc,streams}.rs, one test per process
 #   4 kernels     the reduction kernels against a device-to-device copy, 16 MiB .. 1 GiB
 #   5 sweep       all-reduce 8 B .. 256 MiB on 2 ranks as threads, as processes, and as
-#                 processes on cuMemAlloc buffers; every result checked
+#                 processes on cuMemAlloc buffers; 8 B .. 64 KiB as one kernel per call and by
+#                 the stream path (TOPOCCL_DEVICE_LL=2 / 1) on both; every result checked
 #   6 nccl-tests  all_reduce_perf -c 1 on 2 processes on ours; ours and NVIDIA's NCCL at 1 rank
 #   7 ddp         PyTorch DDP on the nccl backend with ours preloaded, float(loss) every step
 #

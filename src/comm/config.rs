@@ -23,7 +23,7 @@
 //! | `TOPOCCL_MAX_BACKLOG` | bytes queued to a peer before sends wait (at least one slice) | 4 MiB |
 //! | `TOPOCCL_SHM_BYTES` | shared-memory ring per direction | 4 MiB |
 //! | `TOPOCCL_IPC_BYTES` | CUDA IPC receive window per peer and direction (device memory; at least one slice) | 8 MiB |
-//! | `TOPOCCL_DEVICE_LL` | small device-resident calls (up to 64 KiB) run as one kernel writing LL lines into the peers' areas (`exec::resident::ll`): `1` where every pair is two threads of one context or two devices; `2` also between processes sharing one device (each kernel then spins in its own context's time slice); `0`: never | 1 |
+//! | `TOPOCCL_DEVICE_LL` | small device-resident calls (up to 64 KiB) run as one kernel writing LL lines into the peers' areas (`exec::resident::ll`): `1` where no two ranks share a device; `2` also where they do (thread ranks must then each call on a stream of its own; processes sharing a device spin in turns); `0`: never | 1 |
 //! | `TOPOCCL_DEVICE_RESIDENT` | `1`: a device collective whose every peer is a CUDA IPC peer is put whole on the caller's stream by the caller's thread (`exec::resident`); `0`: such calls are staged too (below) | 1 |
 //! | `TOPOCCL_DEVICE_STAGED` | `1`: every other device call (network peers, calls larger than the device-resident workspaces, device-scalar PreMulSum, padded schedules) goes through pinned host slots: the caller's stream copies each piece in and out and the progress thread only moves host bytes (`comm::staged`); `0`: host-driven, by the progress thread (the old path, which can deadlock under a real driver: `../shared/gpu-review.md`) | 1 |
 //! | `TOPOCCL_SHM_DIRECT` | `1`: shared memory puts large payloads straight into offered receive buffers where the processes may write each other's memory; `0`: always through the ring (faster on all-reduce where measured: see the README) | 0 |
@@ -92,7 +92,7 @@ pub struct Config {
     /// Device collectives between CUDA IPC peers run device-resident (`TOPOCCL_DEVICE_RESIDENT`).
     pub device_resident: bool,
     /// Small device-resident calls run as one kernel (`TOPOCCL_DEVICE_LL`: 0 never, 1 where
-    /// no two processes share a device, 2 also there).
+    /// no two ranks share a device, 2 also there).
     pub device_ll: u8,
     /// Other device calls are staged through pinned host slots (`TOPOCCL_DEVICE_STAGED`).
     pub device_staged: bool,

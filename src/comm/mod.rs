@@ -351,10 +351,15 @@ impl Communicator {
             } else {
                 None
             };
-            let mut all = [u8::from(side.is_some())];
+            // And on whether small calls may run as one kernel: a rank's own links may allow it
+            // where another rank's do not (a pair sharing a device that this rank is not in).
+            let mut all = [u8::from(side.is_some()), u8::from(side.as_ref().is_some_and(|s| s.ll))];
             comm.all_reduce_in_place(&mut all, crate::ReduceOp::Min)?;
             if all[0] == 1 {
-                comm.calls().resident = side;
+                comm.calls().resident = side.map(|mut s| {
+                    s.ll = all[1] == 1;
+                    s
+                });
             }
         }
         Ok(comm)

@@ -60,8 +60,8 @@ pub(crate) struct ResidentSide {
 
 impl ResidentSide {
     /// The side over `peers` (one per rank, `None` for this rank), if every other rank is one.
-    /// `ll_mode` is `TOPOCCL_DEVICE_LL`'s (0 never, 1 unless two processes share a device, 2
-    /// also then): this rank's vote, which init agrees on.
+    /// `ll_mode` is `TOPOCCL_DEVICE_LL`'s (0 never, 1 where no two ranks share a device, 2
+    /// also there): what this rank's links allow, which init agrees on ([`ResidentSide::ll`]).
     pub(crate) fn new(rank: u32, peers: Vec<Option<Arc<DevicePeer>>>, ll_mode: u8) -> Option<ResidentSide> {
         let all = peers.iter().enumerate().all(|(r, p)| r as u32 == rank || p.is_some());
         if !all || peers.len() < 2 {
@@ -69,13 +69,12 @@ impl ResidentSide {
         }
         let links: Vec<Option<ResidentLink>> = peers.iter().map(|p| p.as_ref().map(|p| p.link)).collect();
         let counts = vec![Counts::default(); peers.len()];
-        // Processes sharing one device run in turns (time slices): a kernel spinning for a
-        // peer of another context holds the device until its slice ends.
+        // Ranks sharing one device only when asked: processes run in turns (time slices: a
+        // kernel spinning for a peer of another context holds the device until its slice
+        // ends), and threads of one context may call on one stream (the legacy stream, say),
+        // where the second rank's kernel would queue behind the first, which waits for it.
         let ll = ll_mode > 0
-            && links
-                .iter()
-                .flatten()
-                .all(|l| l.ll_tx != 0 && l.ll_rx != 0 && (ll_mode == 2 || l.same_context || !l.same_device));
+            && links.iter().flatten().all(|l| l.ll_tx != 0 && l.ll_rx != 0 && (ll_mode == 2 || !l.same_device));
         Some(ResidentSide {
             links,
             counts,

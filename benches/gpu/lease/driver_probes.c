@@ -4,7 +4,7 @@
  * dlopen (libcuda.so.1, or $LEASE_LIBCUDA), so this builds with any C compiler and no CUDA
  * headers, and runs the same on a GPU and on the stand-in driver (standins/cuda).
  *
- *   driver_probes --image kernels/images/sm_90.cubin [--only i,ii,iii,iv] [--watchdog-ms 2000]
+ *   driver_probes --image kernels/images/sm_90.cubin [--only i,ii,iii,iv,v] [--watchdog-ms 2000]
  *                 [--connections 1,8] [--max-between 40] [--window-ms 100]
  *
  * (i)   a stream waits on a pinned host word (cuStreamWaitValue32); a kernel plus a
@@ -826,6 +826,89 @@ static void probe_latency(void *arg) {
     report("cuMemcpyDtoH of 4 bytes into pageable memory (idle device)", v, REPS);
 }
 
+
+/* ---------------------------------------------------------------------------------------- */
+/* (v) Two one-launch kernels (kernels/ll.cuh) of one context, on two streams, each writing an
+ * LL line into the other's area and spinning for the other's: does the GPU run them side by
+ * side (what topoccl's thread ranks rely on, and what the stand-in's shared queues model)?
+ * Then the hazard: stream A gets more work between the two launches. A kernel that never
+ * sees its line is ended through the abort word after 2 s. */
+
+struct ll_region {
+    unsigned long long ptr, len;
+};
+struct ll_operand {
+    unsigned off, region;
+};
+struct ll_step {
+    unsigned kind, len;
+    struct ll_operand dst, a, b;
+};
+struct ll_args { /* topoccl_ll_args */
+    struct ll_region regions[19];
+    unsigned flag_out[7], flag_in[7];
+    unsigned steps, op, divisor, prescale, ticket, line_bytes, active;
+    unsigned long long scalar;
+    struct ll_step step[112];
+};
+_Static_assert(sizeof(struct ll_args) == 3984, "topoccl_ll_args");
+#define LL_AREA (4096 + 2 * (256 << 10))
+
+static void probe_ll(void *arg) {
+    int between = arg != NULL;
+    setup(1);
+    CUfunction ll;
+    MUST(CALL(cuModuleGetFunction, &ll, module, "topoccl_ll_u8"));
+    CUstream s[2];
+    CUdeviceptr area[2], buf[2];
+    struct word ticket[2], abort_word = host_word();
+    static unsigned char zeros[LL_AREA];
+    for (int r = 0; r < 2; r++) {
+        MUST(CALL(cuStreamCreate, &s[r], STREAM_NON_BLOCKING));
+        MUST(CALL(cuMemAlloc_v2, &area[r], LL_AREA));
+        MUST(CALL(cuMemcpyHtoD_v2, area[r], zeros, LL_AREA));
+        MUST(CALL(cuMemAlloc_v2, &buf[r], 64));
+        unsigned char in[8] = {(unsigned char)(r + 1), 2, 3, 4, 5, 6, 7, 8};
+        MUST(CALL(cuMemcpyHtoD_v2, buf[r], in, 8));
+        ticket[r] = host_word();
+    }
+    MUST(CALL(cuStreamSynchronize, NULL));
+    alive();
+    double t0 = now_us();
+    for (int r = 0; r < 2; r++) {
+        struct ll_args a;
+        memset(&a, 0, sizeof a);
+        a.regions[0] = (struct ll_region){buf[r], 8};          /* input */
+        a.regions[1] = (struct ll_region){buf[r] + 32, 8};     /* output */
+        a.regions[3] = (struct ll_region){ticket[r].dev, 4};   /* ticket */
+        a.regions[4] = (struct ll_region){abort_word.dev, 4};  /* abort */
+        a.regions[5] = (struct ll_region){area[1 - r], LL_AREA}; /* the peer's area */
+        a.regions[6] = (struct ll_region){area[r], LL_AREA};   /* this one's */
+        a.flag_out[0] = a.flag_in[0] = 1;
+        a.active = 1 | 1 << 8;
+        a.line_bytes = 256 << 10;
+        a.ticket = 1;
+        a.steps = 2;
+        a.step[0] = (struct ll_step){0, 8, {0, 5}, {0, 0}, {0, 0}}; /* input -> peer's lines */
+        a.step[1] = (struct ll_step){0, 8, {0, 1}, {0, 6}, {0, 6}}; /* own lines -> output */
+        void *params[] = {&a};
+        MUST(CALL(cuLaunchKernel, ll, 1, 1, 1, 32, 1, 1, 0, s[r], params, NULL));
+        if (r == 0 && between) MUST(CALL(cuMemcpyAsync, buf[0] + 48, buf[0], 8, s[0]));
+    }
+    while ((*ticket[0].host != 1 || *ticket[1].host != 1) && now_us() - t0 < 2e6) {
+    }
+    double took = now_us() - t0;
+    int done = *ticket[0].host == 1 && *ticket[1].host == 1;
+    store(abort_word, 1);
+    CUresult r0 = wait_stream(s[0], 5e6), r1 = wait_stream(s[1], 5e6);
+    unsigned char got[8] = {0};
+    if (done) MUST(CALL(cuMemcpyDtoH_v2, got, buf[0] + 32, 8));
+    out("   %-58s | %s%s", between ? "A's stream has a copy queued between the two launches" : "launched one after the other",
+        done ? "both ended" : "held up: neither ended (the abort word ended them)", done && got[0] == 2 ? "" : done ? " (WRONG DATA)" : "");
+    if (done) out("   %-58s | %.1f us", "   both launched to both tickets seen by the host", took);
+    out("   %-58s | %s", "   streams after the abort", r0 == CUDA_SUCCESS && r1 == CUDA_SUCCESS ? "idle" : "still busy");
+}
+
 /* ---------------------------------------------------------------------------------------- */
 
 static int wanted(const char *only, const char *name) {
@@ -853,7 +936,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--window-ms") && i + 1 < argc)
             release_window_us = atof(argv[++i]) * 1e3;
         else {
-            fprintf(stderr, "usage: %s --image FILE [--only i,ii,iii,iv] [--watchdog-ms MS] [--connections 1,8] [--max-between K] [--window-ms MS]\n", argv[0]);
+            fprintf(stderr, "usage: %s --image FILE [--only i,ii,iii,iv,v] [--watchdog-ms MS] [--connections 1,8] [--max-between K] [--window-ms MS]\n", argv[0]);
             return 2;
         }
     }
@@ -942,6 +1025,18 @@ int main(int argc, char **argv) {
     if (wanted(only, "iv")) {
         out("== (iv) latencies ==");
         failures += in_child("(iv) latencies", probe_latency, NULL, NULL, NULL) != 0;
+    }
+    if (wanted(only, "v")) {
+        out("== (v) two one-launch kernels of one context, on two streams, each waiting for the other's LL line ==");
+        char list[64];
+        snprintf(list, sizeof list, "%s", connections);
+        for (char *c = strtok(list, ","); c; c = strtok(NULL, ",")) {
+            char what[64];
+            snprintf(what, sizeof what, "(v) CUDA_DEVICE_MAX_CONNECTIONS=%s", c);
+            out("   CUDA_DEVICE_MAX_CONNECTIONS=%s:", c);
+            failures += in_child(what, probe_ll, NULL, "CUDA_DEVICE_MAX_CONNECTIONS", c) != 0;
+            failures += in_child(what, probe_ll, (void *)1, "CUDA_DEVICE_MAX_CONNECTIONS", c) != 0;
+        }
     }
     out("driver_probes: %s", failures ? "some probes did not finish (see WATCHDOG lines)" : "every probe finished");
     return failures ? 1 : 0;

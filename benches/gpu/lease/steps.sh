@@ -43,7 +43,9 @@ step_probes() {
     blocks=$(awk -F'|' '$2 ~ /BLOCKS/ { gsub(/^ +| +$/, "", $1); printf "%s%s", sep, $1; sep = ", " }' "$log")
     hangs=$(awk -F'|' '$2 ~ /HANGS/ { gsub(/^ +| +$/, "", $1); printf "%s%s", sep, $1; sep = ", " }' "$log")
     note=$(sed -n 's/^RESULT (i) CUDA_DEVICE_MAX_CONNECTIONS=\([0-9]*\): \([^;]*\).*/conns \1: \2/p' "$log" | paste -sd ";" - | sed "s/;/; /g")
-    note="(i) ${note:-?}; (ii) blocks: ${blocks:-none}${hangs:+; HANGS: $hangs}"
+    local side
+    side=$(awk '/^   CUDA_DEVICE_MAX_CONNECTIONS=/ { c = $1 } /launched one after the other \|/ { sub(/.*\| /, ""); printf "%s%s adjacent %s", sep, c, $0; sep = "; " } /copy queued between the two launches \|/ { sub(/.*\| /, ""); printf ", between %s", $0 }' "$log")
+    note="(i) ${note:-?}; (ii) blocks: ${blocks:-none}${hangs:+; HANGS: $hangs}; (v) ${side:-?}"
     grep -q 'WATCHDOG' "$log" && note="$note; watchdog fired"
     [ "$LAST_RC" = 0 ] || note="$(first_error "$log"); $note"
     sub_row 1 "driver probes" "$note"
@@ -123,12 +125,12 @@ step_kernels() {
 step_sweep() {
     step_begin 5 sweep || return 0
     local what
-    # Small calls both ways on the same ranks: one kernel per call (threads: the default;
-    # processes sharing the GPU: TOPOCCL_DEVICE_LL=2) against the stream path (=0).
+    # Small calls both ways on the same ranks sharing the GPU: one kernel per call
+    # (TOPOCCL_DEVICE_LL=2) against the stream path (the default there, 1).
     local small=(8 64K 8)
-    for what in 2threads 2threads-stream 2procs 2procs-1kernel 2procs-cumem; do
+    for what in 2threads 2threads-1kernel 2procs 2procs-1kernel 2procs-cumem; do
         case $what in
-            2threads-stream) bounded "$T_SWEEP" sweep-2threads-stream env TOPOCCL_DEVICE_LL=0 "$B/device_sweep" "${small[@]}" --threads 2 ;;
+            2threads-1kernel) bounded "$T_SWEEP" sweep-2threads-1kernel env TOPOCCL_DEVICE_LL=2 "$B/device_sweep" "${small[@]}" --threads 2 ;;
             2procs-1kernel) bounded "$T_SWEEP" sweep-2procs-1kernel env TOPOCCL_DEVICE_LL=2 $(ranks2 sweep-2procs-1kernel) "$B/device_sweep" "${small[@]}" ;;
             2threads) bounded "$T_SWEEP" sweep-2threads "$B/device_sweep" "${SWEEP_SIZES[@]}" --threads 2 ;;
             2procs) bounded "$T_SWEEP" sweep-2procs $(ranks2 sweep-2procs) "$B/device_sweep" "${SWEEP_SIZES[@]}" ;;
@@ -142,7 +144,7 @@ step_sweep() {
     done
     highlight "" "-- step 5: all-reduce float32 sum on device buffers, 2 ranks on GPU 0 (us per call | busbw GB/s) --"
     highlight "$(awk -v d="$STEP_DIR" 'BEGIN {
-        n = split("2threads 2threads-stream 2procs 2procs-1kernel 2procs-cumem", w, " ")
+        n = split("2threads 2threads-1kernel 2procs 2procs-1kernel 2procs-cumem", w, " ")
         for (i = 1; i <= n; i++) while ((getline l < (d "/" w[i] ".table")) > 0) {
             split(l, v, " ")
             if (!(v[1] in seen)) { seen[v[1]] = 1; sizes[++m] = v[1] + 0 }

@@ -156,3 +156,20 @@ fn kernels_load_at_their_first_launch_unless_loaded_before() {
         "{at_lookup}"
     );
 }
+
+/// Kernels of two streams on one shared hardware queue run side by side: two one-launch
+/// kernels waiting for each other's line both end. Work of the first stream queued between
+/// the two launches holds the queue, and they hang (the probe ends them through the abort
+/// word): why topoccl's thread ranks return only once every rank has launched.
+#[test]
+fn kernels_of_streams_sharing_a_queue_run_side_by_side() {
+    let Some((exe, dir)) = setup("side_by_side") else { return };
+    let queues = [("TOPOCCL_STANDIN_QUEUES", "connections")];
+    let one = probe(&exe, &dir, "v", &["--connections", "1"], &queues);
+    assert!(line(&one, "launched one after the other").contains("both ended"), "{one}");
+    assert!(line(&one, "A's stream has a copy queued between").contains("held up"), "{one}");
+    assert!(!one.contains("WRONG DATA") && !one.contains("still busy"), "{one}");
+    let eight = probe(&exe, &dir, "v", &["--connections", "8"], &queues);
+    assert!(line(&eight, "launched one after the other").contains("both ended"), "{eight}");
+    assert!(line(&eight, "A's stream has a copy queued between").contains("both ended"), "{eight}");
+}
