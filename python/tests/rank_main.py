@@ -797,8 +797,11 @@ def case_dead_peer() -> int:
             # Every rank reads a timeout, in torch's words: the one whose deadline ran out, and
             # those that learn from it that a peer stalled.
             c.ok(" Timed out " in text, f"the stall says ' Timed out ' (torch's tests match it): {text}")
-        # torch's meaning of a timeout: the call fails when it runs out, never before.
-        c.ok(stall <= dt <= stall * 2 + 5, f"stall raised after the group's 3 s timeout, not before (took {dt:.2f} s)")
+        # torch's meaning of a timeout: the call fails when it runs out, never before. A rank
+        # that learns of the stall from a peer whose call (and deadline) began a little earlier
+        # may raise that much sooner: the ranks leave the all_reduce before it within a skew
+        # (2.99 s seen on a loaded CI machine), allowed up to 0.25 s.
+        c.ok(stall - 0.25 <= dt <= stall * 2 + 5, f"stall raised after the group's 3 s timeout, not before (took {dt:.2f} s)")
     dist.barrier()  # the victim waits here until the others have seen the timeout
     t2 = time.monotonic()
     sg.abort()
