@@ -64,7 +64,7 @@ struct topoccl_ll_args {
   u64 scalar;    // PreMulSum's scalar: its bits in the low bytes
   topoccl_ll_step step[TOPOCCL_LL_STEPS];
 };
-static_assert(sizeof(topoccl_ll_args) == 3984, "topoccl_ll_args is a fixed ABI (src/cuda/ll.rs)");
+static_assert(sizeof(topoccl_ll_args) == 3984, "topoccl_ll_args is a fixed ABI (LlArgs, src/exec/resident/ll.rs)");
 
 #ifdef TOPOCCL_HOST_BUILD
 TOPOCCL_FN void ll_barrier() { topoccl_host_syncthreads(); }

@@ -201,12 +201,14 @@ extern "C" void topoccl_host_launch(u64 index, const u32* grid, const u32* block
 }
 
 // The one-launch kernels, a table of their own (they take `topoccl_ll_args`).
+// Laid out as `topoccl_host_kernel` (reads_b 0), so one reader serves both tables.
 struct topoccl_host_ll_kernel {
   const char* name;
   u64 elem_bytes;
+  u32 reads_b;
   void (*entry)(topoccl_ll_args);
 };
-#define TOPOCCL_LL_ENTRY(t, S) {"topoccl_ll_" #t, sizeof(S), &topoccl_ll_##t},
+#define TOPOCCL_LL_ENTRY(t, S) {"topoccl_ll_" #t, sizeof(S), 0, &topoccl_ll_##t},
 static const topoccl_host_ll_kernel topoccl_ll_table[] = {TOPOCCL_LL_KERNELS(TOPOCCL_LL_ENTRY)};
 #undef TOPOCCL_LL_ENTRY
 

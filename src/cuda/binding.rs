@@ -98,12 +98,9 @@ impl Binding {
         let ops = CudaOps::new(&ctx)?;
         let spare = (0..EVENTS).map(|_| Event::new(&ctx)).collect::<Result<Vec<_>>>()?;
         let flag = ManuallyDrop::new(Pinned::new(&ctx, SLOTS as usize * 4 + ABORT_BYTES)?);
-        // SAFETY: the abort word lies inside the pinned allocation just made, which nothing
-        // else uses yet.
-        unsafe { ((flag.addr() + SLOTS as usize * 4) as *mut u32).write_volatile(0) };
         let workspace = DeviceMemory::new(&ctx, 2 * RESIDENT_WORKSPACE)?;
         let staging = super::staging::Staging::new(&ctx)?;
-        Ok(Arc::new(Binding {
+        let b = Arc::new(Binding {
             ctx,
             kernels,
             workspace,
@@ -113,7 +110,10 @@ impl Binding {
             passed: Mutex::new(Vec::new()),
             spare: Mutex::new(spare),
             ops: Mutex::new(Some(ops)),
-        }))
+        });
+        // Pinned memory comes uninitialised.
+        b.abort_word().0.store(0, Ordering::Release);
+        Ok(b)
     }
 
     /// The executor's device operations: those made with the binding, the first time (later,
@@ -198,18 +198,25 @@ impl Binding {
         self.word(ticket).1
     }
 
+    /// The abort word the one-launch kernels poll, past the completion words: on the host,
+    /// and the address the device uses.
+    fn abort_word(&self) -> (&AtomicU32, u64) {
+        let at = SLOTS as usize * 4;
+        // SAFETY: within the pinned allocation (`ABORT_BYTES` past the words), aligned, alive
+        // with `self`; the host uses it atomically, the devices only read it.
+        let word = unsafe { &*((self.flag.addr() + at) as *const AtomicU32) };
+        (word, self.flag.device_addr() + at as u64)
+    }
+
     /// The device address of the abort word the one-launch kernels poll (pinned memory).
     pub fn ll_abort_word(&self) -> u64 {
-        self.flag.device_addr() + u64::from(SLOTS) * 4
+        self.abort_word().1
     }
 
     /// Makes every one-launch kernel of this binding, running or to come, return at its next
     /// wait: a call failed (a peer died, a timeout, an abort) and its kernel may wait for ever.
     pub fn abort_device_calls(&self) {
-        // SAFETY: the abort word lies in the pinned allocation, alive with `self`; the devices
-        // only read it.
-        let word = unsafe { &*((self.flag.addr() + SLOTS as usize * 4) as *const AtomicU32) };
-        word.store(1, Ordering::Release);
+        self.abort_word().0.store(1, Ordering::Release);
     }
 
     /// Whether ticket `ticket`'s word has been written (by the device or the host).

@@ -21,8 +21,10 @@ pub(crate) const LL_STEPS: usize = 112;
 /// Data bytes one call may send one peer (half an area's parity of lines: 16-byte lines of 8
 /// data bytes; `topoccl_transports::ipc::LL_AREA_BYTES`).
 pub(crate) const LL_DATA_BYTES: usize = 128 << 10;
-/// Bytes of lines per parity in an area.
-pub(crate) const LL_LINE_BYTES: u32 = 256 << 10;
+/// Bytes of lines per parity in an area: what the transport's area holds after its 4 KiB
+/// header, halved.
+pub(crate) const LL_LINE_BYTES: u32 = ((topoccl_transports::ipc::LL_AREA_BYTES - 4096) / 2) as u32;
+const _: () = assert!(2 * LL_DATA_BYTES == LL_LINE_BYTES as usize);
 
 /// Region numbers of the kernel's argument block (`LL_INPUT` … in `kernels/ll.cuh`); the
 /// call's buffers are numbered as [`crate::exec::memory`]'s ids.
@@ -137,7 +139,7 @@ pub(crate) fn ll_capable(schedule: &Schedule, peak: usize) -> bool {
     }
     // Steps of a rank: one per step of the IR, two for a receive that also keeps what it
     // forwards, and a division per output range (an average), counted on every rank.
-    let short = schedule.ranks.iter().all(|rank| {
+    schedule.ranks.iter().all(|rank| {
         let steps = rank.channels.iter().flat_map(|c| &c.steps);
         let items: usize = steps
             .clone()
@@ -149,8 +151,7 @@ pub(crate) fn ll_capable(schedule: &Schedule, peak: usize) -> bool {
         outputs.sort_unstable();
         outputs.dedup();
         items + outputs.len() <= LL_STEPS
-    });
-    short
+    })
 }
 
 impl LlProgram {

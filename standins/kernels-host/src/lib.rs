@@ -51,13 +51,6 @@ pub const LL_ARGS_BYTES: usize = 3984;
 /// Regions at the start of that block: `{ptr: u64, len: u64}` each, `ptr` 0 when unused.
 pub const LL_REGIONS: usize = 19;
 
-#[repr(C)]
-struct RawLlKernel {
-    name: *const c_char,
-    elem_bytes: u64,
-    entry: *const std::ffi::c_void,
-}
-
 /// An entry of the C++ table (`topoccl_host_kernel` in kernels/topoccl.cu).
 #[repr(C)]
 struct RawKernel {
@@ -72,7 +65,7 @@ extern "C" {
     fn topoccl_host_kernel_table() -> *const RawKernel;
     fn topoccl_host_launch(index: u64, grid: *const u32, block: *const u32, args: *const KernelArgs);
     fn topoccl_host_ll_kernel_count() -> u64;
-    fn topoccl_host_ll_kernel_table() -> *const RawLlKernel;
+    fn topoccl_host_ll_kernel_table() -> *const RawKernel;
     fn topoccl_host_ll_args_bytes() -> u64;
     fn topoccl_host_ll_launch(index: u64, grid: *const u32, block: *const u32, args: *const u8);
 }
@@ -103,28 +96,33 @@ impl HostKernel {
     }
 }
 
+/// The kernels of one C++ table (`count` entries at `table`), `ll` as its kind.
+fn read_table(table: *const RawKernel, count: u64, ll: bool) -> Vec<HostKernel> {
+    (0..count)
+        .filter_map(|index| {
+            let i = usize::try_from(index).ok()?;
+            // SAFETY: `i` is below the table's length; the table is static.
+            let raw = unsafe { &*table.add(i) };
+            // SAFETY: `name` is a NUL-terminated string literal, alive for the program.
+            let name: &'static CStr = unsafe { CStr::from_ptr(raw.name) };
+            Some(HostKernel {
+                name: name.to_str().ok()?,
+                elem_bytes: usize::try_from(raw.elem_bytes).ok()?,
+                reads_b: raw.reads_b != 0,
+                ll,
+                index,
+            })
+        })
+        .collect()
+}
+
 /// Every kernel of the host build (all 73), in the source's order.
 pub fn kernels() -> &'static [HostKernel] {
     static KERNELS: OnceLock<Vec<HostKernel>> = OnceLock::new();
     KERNELS.get_or_init(|| {
         // SAFETY: the C++ side returns its static table and that table's length.
         let (table, count) = unsafe { (topoccl_host_kernel_table(), topoccl_host_kernel_count()) };
-        (0..count)
-            .filter_map(|index| {
-                let i = usize::try_from(index).ok()?;
-                // SAFETY: `i` is below the table's length; the table is static.
-                let raw = unsafe { &*table.add(i) };
-                // SAFETY: `name` is a NUL-terminated string literal, alive for the program.
-                let name: &'static CStr = unsafe { CStr::from_ptr(raw.name) };
-                Some(HostKernel {
-                    name: name.to_str().ok()?,
-                    elem_bytes: usize::try_from(raw.elem_bytes).ok()?,
-                    reads_b: raw.reads_b != 0,
-                    ll: false,
-                    index,
-                })
-            })
-            .collect()
+        read_table(table, count, false)
     })
 }
 
@@ -139,22 +137,7 @@ pub fn ll_kernels() -> &'static [HostKernel] {
         if bytes != LL_ARGS_BYTES as u64 {
             return Vec::new();
         }
-        (0..count)
-            .filter_map(|index| {
-                let i = usize::try_from(index).ok()?;
-                // SAFETY: `i` is below the table's length; the table is static.
-                let raw = unsafe { &*table.add(i) };
-                // SAFETY: a NUL-terminated string literal.
-                let name: &'static CStr = unsafe { CStr::from_ptr(raw.name) };
-                Some(HostKernel {
-                    name: name.to_str().ok()?,
-                    elem_bytes: usize::try_from(raw.elem_bytes).ok()?,
-                    reads_b: false,
-                    ll: true,
-                    index,
-                })
-            })
-            .collect()
+        read_table(table, count, true)
     })
 }
 

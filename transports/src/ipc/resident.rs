@@ -87,8 +87,9 @@ pub struct ResidentLink {
     pub arrived_in_enq: Word,
     pub consumed_out_enq: Word,
     pub consumed_in_enq: Word,
-    /// Host-only counts of the one-launch kernels queued so far that exchange with the peer:
-    /// this rank publishes `ll_out_enq`; a peer sharing its context polls it.
+    /// Host-only counts of the one-launch kernels this rank and the peer launched so far (every
+    /// such call of their communicator): this rank publishes `ll_out_enq`; a peer sharing its
+    /// context waits on it, and any peer's watch names this rank while it lags.
     pub ll_out_enq: Word,
     pub ll_in_enq: Word,
 }
