@@ -1,7 +1,7 @@
 //! The device reduction kernel against a device-to-device copy (the copy engine,
 //! `cuMemcpyAsync`), in one program, on CUDA device 0, through topoccl's own device operations
 //! (`topoccl::cuda::CudaOps`, the [`LocalOps`] the executor uses): for each size, N launches of
-//! a copy and of a sum reduction of f32, bf16, fp8 e4m3 and i32, waited for with
+//! a copy and of a sum reduction of f32, f16, bf16, fp8 e4m3 and i32 and a bf16 product, waited for with
 //! `done(fence)`, and one table line each — µs per call, bandwidth counted as bytes moved (a
 //! copy reads and writes the size once, a reduction reads two operands and writes one), and the
 //! ratios to the copy of the same size. Every result is checked (the first and last 64 KiB of
@@ -62,6 +62,7 @@ type Res<T> = Result<T, Box<dyn std::error::Error>>;
 enum Op {
     Copy,
     Sum(Dtype),
+    Prod(Dtype),
 }
 
 impl Op {
@@ -69,6 +70,7 @@ impl Op {
         match self {
             Op::Copy => "copy d2d".into(),
             Op::Sum(d) => format!("reduce {} sum", d.name()),
+            Op::Prod(d) => format!("reduce {} prod", d.name()),
         }
     }
 
@@ -76,7 +78,7 @@ impl Op {
     fn moved(self, size: usize) -> usize {
         match self {
             Op::Copy => 2 * size,
-            Op::Sum(_) => 3 * size,
+            Op::Sum(_) | Op::Prod(_) => 3 * size,
         }
     }
 }
@@ -109,6 +111,7 @@ fn submit(ops: &mut CudaOps, bufs: &Buffers, op: Op, size: usize) -> Res<Fence> 
         match op {
             Op::Copy => ops.copy(dst, a)?,
             Op::Sum(d) => ops.reduce(d, ReduceOp::Sum, dst, a, b)?,
+            Op::Prod(d) => ops.reduce(d, ReduceOp::Prod, dst, a, b)?,
         }
     })
 }
@@ -160,13 +163,14 @@ fn check(ops: &mut CudaOps, bufs: &Buffers, op: Op, size: usize) -> Res<()> {
         let a = read(ops, prefix(&bufs.a, size), at, sample)?;
         let want = match op {
             Op::Copy => a,
-            Op::Sum(d) => {
+            Op::Sum(d) | Op::Prod(d) => {
+                let r = if matches!(op, Op::Sum(_)) { ReduceOp::Sum } else { ReduceOp::Prod };
                 let b = read(ops, prefix(&bufs.b, size), at, sample)?;
                 let mut want = vec![0u8; sample];
                 let host = |v: &[u8]| Region::host(v.as_ptr() as usize, v.len());
                 let dst = Region::host(want.as_mut_ptr() as usize, sample);
                 // SAFETY: three live host buffers of `sample` bytes; CpuOps completes at once.
-                unsafe { CpuOps.reduce(d, ReduceOp::Sum, dst, host(&a), host(&b))? };
+                unsafe { CpuOps.reduce(d, r, dst, host(&a), host(&b))? };
                 want
             }
         };
@@ -215,7 +219,11 @@ fn main() -> Res<()> {
     let ops_measured = [
         Op::Copy,
         Op::Sum(Dtype::Float32),
+        // f16 and bf16 sums and products run as paired instructions (kernels/packs.cuh): the
+        // check below is their bit-equality with CpuOps on a GPU.
+        Op::Sum(Dtype::Float16),
         Op::Sum(Dtype::Bfloat16),
+        Op::Prod(Dtype::Bfloat16),
         Op::Sum(Dtype::Float8e4m3),
         Op::Sum(Dtype::Int32),
     ];

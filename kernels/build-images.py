@@ -30,7 +30,7 @@ NVCC_WHEEL = ("nvidia-cuda-nvcc-cu12", "12.9.86")
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ROOT / "kernels"
 SOURCE = KERNELS / "topoccl.cu"
-HEADERS = ["numerics.cuh", "ops.cuh", "ll.cuh"]
+HEADERS = ["numerics.cuh", "ops.cuh", "packs.cuh", "ll.cuh"]
 
 # Every option that can change the code is named, so a new NVRTC default cannot slip in.
 COMMON_OPTIONS = ["-std=c++17", "--fmad=false", "--ftz=false", "--prec-div=true", "--prec-sqrt=true"]

@@ -25,9 +25,11 @@
 //
 // Launch: 1-D grid-stride loops over every thread of the whole (3-D) grid, valid for any grid
 // and block shape: no __syncthreads, shared memory or warp operations, so the host build may
-// run each thread as a plain call. When every pointer is 16-byte aligned the loop moves 16
-// bytes per step (the same element operations, so the same results); otherwise it moves one
-// element per step, which only needs element alignment (copy: none).
+// run each thread as a plain call. When every pointer is 16-byte aligned the loop moves 16-byte
+// packs (packs.cuh: the same results as element by element), four a round per thread with all
+// eight loads issued before the first store, in 32-bit indices below 2^31 packs; otherwise it
+// moves one element per step, which only needs element alignment (copy: none). The host sizes
+// the grid to what the device holds at once (src/cuda/kernels.rs).
 //
 // Pointers: dst may be exactly a or exactly b (in place), never a partial overlap (copy: dst
 // and a must not partly overlap either; an exact alias rewrites the same bytes). dst2, when
@@ -35,6 +37,7 @@
 // writes nothing (n is a rank count, at least 1).
 #include "numerics.cuh"
 #include "ops.cuh"
+#include "packs.cuh"
 
 struct topoccl_args {
   void* dst;
@@ -46,15 +49,20 @@ struct topoccl_args {
 };
 static_assert(sizeof(topoccl_args) == 48, "topoccl_args is a fixed 48-byte ABI");
 
-// ---- the element operations as functors: one result from one element of a (and of b) ----
+// ---- the operations as functors: `wide` is one element's operation on the widened type
+// (Elem<S>::W), `pack` the same over a 16-byte pack (packs.cuh) ----
 
 template <class S, class Op>
 struct ReduceF {
-  enum { reads_b = 1 };  // an enum, not a variable: nothing is emitted for it on the device
+  // enums, not variables: nothing is emitted for them on the device. `unroll`: packs a thread
+  // keeps in flight (pack_loop).
+  enum { reads_b = 1, unroll = Unroll<S>::packs };
+  typedef typename Elem<S>::W W;
   __device__ __forceinline__ explicit ReduceF(const topoccl_args&) {}
   __device__ __forceinline__ bool runs() const { return true; }
-  __device__ __forceinline__ S operator()(S a, S b) const {
-    return Elem<S>::narrow(Op::apply(Elem<S>::widen(a), Elem<S>::widen(b)));
+  __device__ __forceinline__ W wide(W a, W b) const { return Op::apply(a, b); }
+  __device__ __forceinline__ Pack<S> pack(const Pack<S>& a, const Pack<S>& b) const {
+    return pack_op<S, Op>(*this, a, b);
   }
 };
 
@@ -71,30 +79,49 @@ TOPOCCL_FN S scalar_as(u64 bits) {
 
 template <class S>
 struct ScaleF {
-  enum { reads_b = 0 };
-  typename Elem<S>::W s;
-  __device__ __forceinline__ explicit ScaleF(const topoccl_args& args) : s(Elem<S>::widen(scalar_as<S>(args.scalar))) {}
+  enum { reads_b = 0, unroll = Unroll<S>::packs };
+  typedef typename Elem<S>::W W;
+  S raw;
+  W s;
+  __device__ __forceinline__ explicit ScaleF(const topoccl_args& args)
+      : raw(scalar_as<S>(args.scalar)), s(Elem<S>::widen(raw)) {}
   __device__ __forceinline__ bool runs() const { return true; }
-  __device__ __forceinline__ S operator()(S a, S) const { return Elem<S>::narrow(op_prod(Elem<S>::widen(a), s)); }
+  __device__ __forceinline__ W wide(W a, W) const { return op_prod(a, s); }
+  // A product by the scalar: the paired product against a pack of it, where that is native.
+  __device__ __forceinline__ Pack<S> pack(const Pack<S>& a, const Pack<S>&) const {
+    Pack<S> splat;
+    for (u32 j = 0; j < 16 / sizeof(S); ++j) splat.e[j] = raw;
+    return pack_op<S, OpProd>(*this, a, splat);
+  }
 };
 
 template <class S>
 struct DivideF {
-  enum { reads_b = 0 };
+  // An IEEE division per element is arithmetic enough to hide the loads' latency; unrolled it
+  // would only grow the image (it is a subroutine call on the device).
+  enum { reads_b = 0, unroll = 1 };
+  typedef typename Elem<S>::W W;
   u32 n;
   __device__ __forceinline__ explicit DivideF(const topoccl_args& args) : n((u32)args.scalar) {}
   __device__ __forceinline__ bool runs() const { return n != 0; }
-  __device__ __forceinline__ S operator()(S a, S) const { return Elem<S>::narrow(op_div(Elem<S>::widen(a), n)); }
+  __device__ __forceinline__ W wide(W a, W) const { return op_div(a, n); }
+  __device__ __forceinline__ Pack<S> pack(const Pack<S>& a, const Pack<S>& b) const { return pack_wide(*this, a, b); }
 };
 
 struct CopyF {
-  enum { reads_b = 0 };
+  enum { reads_b = 0, unroll = Unroll<u8>::packs };
+  typedef u8 W;
   __device__ __forceinline__ explicit CopyF(const topoccl_args&) {}
   __device__ __forceinline__ bool runs() const { return true; }
-  __device__ __forceinline__ u8 operator()(u8 a, u8) const { return a; }
+  __device__ __forceinline__ u8 wide(u8 a, u8) const { return a; }
+  __device__ __forceinline__ Pack<u8> pack(const Pack<u8>& a, const Pack<u8>&) const { return a; }
 };
 
 // ---- the loop ----
+
+// A round of the loop: a thread issues the loads of all its packs (`unroll`, packs.cuh's
+// Unroll) before any store (a store may hit what it loaded, when dst is a or b, never what
+// another round or thread reads).
 
 // This thread's place in the whole grid, and the number of threads in it.
 TOPOCCL_FN u64 thread_rank() {
@@ -106,12 +133,41 @@ TOPOCCL_FN u64 thread_count() {
   return (u64)gridDim.x * gridDim.y * gridDim.z * ((u64)blockDim.x * blockDim.y * blockDim.z);
 }
 
-template <class S>
-struct alignas(16) Pack {
-  S e[16 / sizeof(S)];
-};
-
 TOPOCCL_FN bool aligned16(const void* p) { return ((u64)p & 15u) == 0; }
+
+// Packs v, v + threads, ... below `packs`, in index type I, U packs a round (then one at a
+// time). u32 with U > 1 where every index the loop forms fits (packs <= 2^31 and threads <=
+// 2^29, so v + U * threads < 2^32 for U <= 4); u64 one at a time beyond that (32 GiB and more,
+// where the loop's overhead is nothing beside the bytes, and the image stays small).
+template <class I, u32 U, class S, class F>
+TOPOCCL_FN void pack_loop(const F& f, Pack<S>* dst, Pack<S>* dst2, const Pack<S>* a, const Pack<S>* b, I packs,
+                          I v, I threads) {
+  if constexpr (U > 1) {
+    while (v < packs && packs - v > (I)(U - 1) * threads) {
+      Pack<S> x[U], y[U];
+      for (u32 u = 0; u < U; ++u) {
+        x[u] = a[v + u * threads];
+        if constexpr (F::reads_b != 0) y[u] = b[v + u * threads];
+        else y[u] = x[u];
+      }
+      for (u32 u = 0; u < U; ++u) {
+        const Pack<S> r = f.pack(x[u], y[u]);
+        dst[v + u * threads] = r;
+        if (dst2) dst2[v + u * threads] = r;
+      }
+      v += U * threads;
+    }
+  }
+  for (; v < packs; v += threads) {
+    const Pack<S> x = a[v];
+    Pack<S> y;
+    if constexpr (F::reads_b != 0) y = b[v];
+    else y = x;
+    const Pack<S> r = f.pack(x, y);
+    dst[v] = r;
+    if (dst2) dst2[v] = r;
+  }
+}
 
 template <class S, class F>
 TOPOCCL_FN void elementwise(const topoccl_args& args) {
@@ -127,20 +183,18 @@ TOPOCCL_FN void elementwise(const topoccl_args& args) {
   // dst2 == NULL counts as aligned.
   if (aligned16(dst) && aligned16(dst2) && aligned16(a) && aligned16(b)) {
     const u64 packs = n / per_pack;
-    for (u64 v = rank; v < packs; v += threads) {
-      const Pack<S> pa = ((const Pack<S>*)a)[v];
-      Pack<S> pb;
-      if constexpr (F::reads_b != 0) pb = ((const Pack<S>*)b)[v];
-      else pb = pa;
-      Pack<S> r;
-      for (u64 j = 0; j < per_pack; ++j) r.e[j] = f(pa.e[j], pb.e[j]);
-      ((Pack<S>*)dst)[v] = r;
-      if (dst2) ((Pack<S>*)dst2)[v] = r;
-    }
+    Pack<S>* pd = (Pack<S>*)dst;
+    Pack<S>* pd2 = (Pack<S>*)dst2;
+    const Pack<S>* pa = (const Pack<S>*)a;
+    const Pack<S>* pb = (const Pack<S>*)b;
+    if (packs <= (1ull << 31) && threads <= (1ull << 29))
+      pack_loop<u32, F::unroll>(f, pd, pd2, pa, pb, (u32)packs, (u32)rank, (u32)threads);
+    else
+      pack_loop<u64, 1>(f, pd, pd2, pa, pb, packs, rank, threads);
     done = packs * per_pack;
   }
   for (u64 i = done + rank; i < n; i += threads) {
-    const S r = f(a[i], b[i]);
+    const S r = elem_op(f, a[i], b[i]);
     dst[i] = r;
     if (dst2) dst2[i] = r;
   }

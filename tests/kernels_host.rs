@@ -191,3 +191,98 @@ fn copy_matches_cpu_ops() {
     }
     table.finish("copy: kernel vs CpuOps::copy (bytes)");
 }
+
+/// The device takes f16 and bf16 sums and products two at a time (`kernels/packs.cuh`:
+/// `add.rn.f16x2`, `mul.rn.bf16x2`, ...), which round the exact result once; the element rule
+/// (`CpuOps`, the host build, the device for everything else) widens to f32, computes there and
+/// rounds back. That they agree is what makes the paired instructions allowed: checked here
+/// against a single rounding of the exact result, for every finite f16 against a spread of
+/// partners, and for random bf16 pairs (sums only where the exact sum fits an f64: exponents
+/// at most 40 apart). The paired instructions themselves run on a GPU only (the lease
+/// script's kernels step checks them against `CpuOps`).
+#[test]
+fn paired_half_arithmetic_is_the_element_rule() {
+    use half::{bf16, f16};
+    use topoccl::Dtype;
+
+    /// `x` (finite, exact) rounded once to nearest even in a format of `p` significand bits,
+    /// smallest normal exponent `emin` and largest finite `max`.
+    fn round_once(x: f64, p: i32, emin: i32, max: f64) -> f64 {
+        if x == 0.0 {
+            return x;
+        }
+        let e = ((((x.to_bits() >> 52) & 0x7ff) as i32) - 1023).max(emin);
+        let ulp = 2f64.powi(e - p + 1);
+        let r = (x / ulp).round_ties_even() * ulp;
+        if r.abs() > max {
+            f64::INFINITY.copysign(x)
+        } else {
+            r
+        }
+    }
+    /// CpuOps's `op` over the pairs, as 16-bit codes.
+    fn cpu_pairs(dtype: Dtype, op: ReduceOp, a: &[u16], b: &[u16]) -> Vec<u16> {
+        let (av, bv): (Vec<u8>, Vec<u8>) =
+            (a.iter().flat_map(|x| x.to_le_bytes()).collect(), b.iter().flat_map(|x| x.to_le_bytes()).collect());
+        let (av, bv, d) = (Buf::new(&av, 0), Buf::new(&bv, 0), Buf::zeroed(av.len(), 0));
+        // SAFETY: three live buffers of the same length.
+        unsafe { cpu().reduce(dtype, op, d.region(), av.region(), bv.region()) }.unwrap();
+        d.bytes().chunks(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect()
+    }
+
+    // f16: every finite code against every 997th finite code (and the zeros, the smallest
+    // subnormal and the largest finite).
+    let finite: Vec<u16> = (0..=u16::MAX).filter(|&c| f16::from_bits(c).is_finite()).collect();
+    let mut partners: Vec<u16> = finite.iter().copied().step_by(997).collect();
+    partners.extend([0x0000, 0x8000, 0x0001, 0x8001, 0x7bff, 0xfbff, 0x3c00]);
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for &x in &finite {
+        for &y in &partners {
+            a.push(x);
+            b.push(y);
+        }
+    }
+    let mut checked = 0usize;
+    for op in [ReduceOp::Sum, ReduceOp::Prod] {
+        let got = cpu_pairs(Dtype::Float16, op, &a, &b);
+        for i in 0..a.len() {
+            let (x, y) = (f16::from_bits(a[i]).to_f64(), f16::from_bits(b[i]).to_f64());
+            let exact = if op == ReduceOp::Sum { x + y } else { x * y };
+            let want = f16::from_f64(round_once(exact, 11, -14, 65504.0));
+            assert_eq!(got[i], want.to_bits(), "f16 {op:?} of {:#06x} and {:#06x}", a[i], b[i]);
+        }
+        checked += a.len();
+    }
+
+    // bf16: random finite pairs.
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        loop {
+            let c = (state >> 16) as u16;
+            if bf16::from_bits(c).is_finite() {
+                return c;
+            }
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1);
+        }
+    };
+    let (a, b): (Vec<u16>, Vec<u16>) = (0..1 << 21).map(|_| (next(), next())).unzip();
+    let max = bf16::MAX.to_f64();
+    for op in [ReduceOp::Sum, ReduceOp::Prod] {
+        let got = cpu_pairs(Dtype::Bfloat16, op, &a, &b);
+        for i in 0..a.len() {
+            let (x, y) = (bf16::from_bits(a[i]).to_f64(), bf16::from_bits(b[i]).to_f64());
+            let exponent = |c: u16| i32::from((c >> 7) & 0xff);
+            if op == ReduceOp::Sum && (exponent(a[i]) - exponent(b[i])).abs() > 40 {
+                continue;
+            }
+            let exact = if op == ReduceOp::Sum { x + y } else { x * y };
+            let want = bf16::from_f64(round_once(exact, 8, -126, max));
+            assert_eq!(got[i], want.to_bits(), "bf16 {op:?} of {:#06x} and {:#06x}", a[i], b[i]);
+            checked += 1;
+        }
+    }
+    assert!(checked > 8_000_000, "only {checked} pairs checked");
+}

@@ -21,6 +21,9 @@ pub struct Context {
     pub sm: (i32, i32),
     /// Streaming multiprocessors (sizes kernel grids).
     pub multiprocessors: u32,
+    /// What one multiprocessor holds at once: threads, 32-bit registers, blocks (with a
+    /// kernel's registers per thread, how many of its blocks run at once: [`Context::resident_blocks`]).
+    pub per_multiprocessor: (u32, u32, u32),
     /// The primary context's device, released on drop; `None` for a borrowed context.
     primary: Option<CUdevice>,
 }
@@ -49,7 +52,8 @@ impl Context {
             check(sys::cuDeviceGet(&mut dev, ordinal as i32), "cuDeviceGet")?;
             check(sys::cuDevicePrimaryCtxRetain(&mut raw, dev), "cuDevicePrimaryCtxRetain")?;
         }
-        let mut ctx = Context { raw, ordinal, sm: (0, 0), multiprocessors: 0, primary: Some(dev) };
+        let mut ctx =
+            Context { raw, ordinal, sm: (0, 0), multiprocessors: 0, per_multiprocessor: (0, 0, 0), primary: Some(dev) };
         ctx.describe(dev)?;
         Ok(Arc::new(ctx))
     }
@@ -63,7 +67,8 @@ impl Context {
         if raw.is_null() {
             return Err(Error::InvalidArgument("no CUDA context".into()));
         }
-        let mut ctx = Context { raw, ordinal: 0, sm: (0, 0), multiprocessors: 0, primary: None };
+        let mut ctx =
+            Context { raw, ordinal: 0, sm: (0, 0), multiprocessors: 0, per_multiprocessor: (0, 0, 0), primary: None };
         let dev = {
             let _current = ctx.enter()?;
             let mut dev: CUdevice = 0;
@@ -110,7 +115,27 @@ impl Context {
             attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
         );
         self.multiprocessors = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as u32;
+        let positive = |v: i32| u32::try_from(v).unwrap_or(0);
+        self.per_multiprocessor = (
+            positive(attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)?),
+            positive(attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR)?),
+            positive(attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR)?),
+        );
         Ok(())
+    }
+
+    /// Blocks of `block` threads using `regs` registers per thread that the whole device runs
+    /// at once (registers are allocated per warp in units of 256, as on every device since
+    /// sm_50), at least one per multiprocessor. A grid larger than this only queues behind
+    /// itself; the kernels' grid-stride loops cover any count with it.
+    pub fn resident_blocks(&self, block: u32, regs: u32) -> u32 {
+        let (threads, registers, blocks) = self.per_multiprocessor;
+        let warps = block.div_ceil(32).max(1);
+        let per_warp = (regs.max(1) * 32).div_ceil(256) * 256;
+        let by_threads = threads / block.max(1);
+        let by_registers = registers / (per_warp * warps);
+        let per_sm = by_threads.min(by_registers).min(if blocks == 0 { u32::MAX } else { blocks }).max(1);
+        self.multiprocessors.saturating_mul(per_sm)
     }
 
     /// The device's ordinal.
@@ -190,4 +215,29 @@ pub fn current_primary_device() -> Option<u32> {
     // SAFETY: the context is current on this thread, so alive for this call.
     let ctx = unsafe { Context::adopt(raw) }.ok()?;
     ctx.primary.is_some().then_some(ctx.ordinal)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resident_blocks_follow_threads_registers_and_the_block_limit() {
+        // An H200: 132 multiprocessors of 2048 threads, 64 Ki registers, 32 blocks.
+        let ctx = Context {
+            raw: std::ptr::null_mut(),
+            ordinal: 0,
+            sm: (9, 0),
+            multiprocessors: 132,
+            per_multiprocessor: (2048, 65536, 32),
+            primary: None,
+        };
+        assert_eq!(ctx.resident_blocks(256, 32), 132 * 8); // threads bound
+        assert_eq!(ctx.resident_blocks(256, 56), 132 * 4); // 56 x 32 = 1792 per warp, 14336 a block
+        assert_eq!(ctx.resident_blocks(256, 123), 132 * 2); // 123 -> 4096 per warp
+        assert_eq!(ctx.resident_blocks(32, 16), 132 * 32); // the block limit
+        assert_eq!(ctx.resident_blocks(1024, 255), 132); // never fewer than one per multiprocessor
+        let unknown = Context { per_multiprocessor: (0, 0, 0), ..ctx };
+        assert_eq!(unknown.resident_blocks(256, 32), 132);
+    }
 }

@@ -101,6 +101,13 @@ impl Kernel {
 }
 
 impl Kernel {
+    /// Bytes of one of the elements its `count` counts.
+    fn elem_bytes(self) -> u64 {
+        match self {
+            Kernel::Reduce(d, _) | Kernel::Scale(d) | Kernel::Divide(d) | Kernel::Ll(d) => d.size() as u64,
+        }
+    }
+
     /// Every kernel the executor launches (an average is a sum's kernel under another key).
     fn all() -> impl Iterator<Item = Kernel> {
         Dtype::ALL.into_iter().flat_map(|d| {
@@ -130,10 +137,9 @@ fn image_for(sm: (i32, i32)) -> Result<(&'static [u8], &'static str)> {
 #[derive(Debug)]
 pub struct Kernels {
     module: CUmodule,
-    /// Every [`Kernel::all`], filled at load and never changed.
-    functions: HashMap<Kernel, CUfunction>,
-    /// Blocks a launch may use at most (a few per multiprocessor).
-    max_blocks: u32,
+    /// Every [`Kernel::all`], filled at load and never changed, with the blocks of it the
+    /// device runs at once (a launch's largest grid).
+    functions: HashMap<Kernel, (CUfunction, u32)>,
     ctx: Arc<Context>,
 }
 
@@ -148,8 +154,10 @@ static LOADED: Mutex<Vec<(usize, Weak<Kernels>)>> = Mutex::new(Vec::new());
 
 /// Threads per block of every launch.
 const BLOCK: u32 = 256;
-/// Elements each thread handles before the grid is made larger.
-const PER_THREAD: u64 = 8;
+/// Bytes each thread handles before the grid is made larger: one 16-byte pack, so a small
+/// launch spreads over as many multiprocessors as it can; past the device's resident blocks
+/// the grid stays there and each thread loops, several packs in flight (`kernels/topoccl.cu`).
+const PER_THREAD_BYTES: u64 = 16;
 
 impl Kernels {
     /// The kernels of `ctx`: those another user of the context loaded, or loaded now (which
@@ -188,9 +196,8 @@ impl Kernels {
         check(unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr().cast()) }, "cuModuleLoadData")
             .map_err(|e| Error::Cuda(format!("loading the kernels' {what}: {e}")))?;
         // Unloads the module should a lookup fail.
-        let mut kernels =
-            Kernels { module, functions: HashMap::new(), max_blocks: ctx.multiprocessors * 4, ctx: ctx.clone() };
-        let mut by_name: HashMap<String, CUfunction> = HashMap::new();
+        let mut kernels = Kernels { module, functions: HashMap::new(), ctx: ctx.clone() };
+        let mut by_name: HashMap<String, (CUfunction, u32)> = HashMap::new();
         for k in Kernel::all() {
             let name = k.name();
             let f = match by_name.get(&name) {
@@ -210,6 +217,12 @@ impl Kernels {
                     // SAFETY: a live function of the current context; the out-pointer is a local.
                     check(unsafe { sys::cuFuncGetAttribute(&mut local, attr, f) }, "cuFuncGetAttribute")
                         .map_err(|e| Error::Cuda(format!("loading kernel {name}: {e}")))?;
+                    let mut regs: std::ffi::c_int = 0;
+                    let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NUM_REGS;
+                    // SAFETY: as above.
+                    check(unsafe { sys::cuFuncGetAttribute(&mut regs, attr, f) }, "cuFuncGetAttribute")
+                        .map_err(|e| Error::Cuda(format!("kernel {name}'s registers: {e}")))?;
+                    let f = (f, ctx.resident_blocks(BLOCK, u32::try_from(regs).unwrap_or(255)));
                     by_name.insert(name, f);
                     f
                 }
@@ -228,9 +241,10 @@ impl Kernels {
         if args.count == 0 {
             return Ok(());
         }
-        let f = *self.functions.get(&k).ok_or_else(|| Error::Internal(format!("kernel {} not loaded", k.name())))?;
-        let per_block = u64::from(BLOCK) * PER_THREAD;
-        let grid = args.count.div_ceil(per_block).clamp(1, u64::from(self.max_blocks)) as u32;
+        let (f, resident) =
+            *self.functions.get(&k).ok_or_else(|| Error::Internal(format!("kernel {} not loaded", k.name())))?;
+        let bytes = args.count.saturating_mul(k.elem_bytes());
+        let grid = bytes.div_ceil(u64::from(BLOCK) * PER_THREAD_BYTES).clamp(1, u64::from(resident.max(1))) as u32;
         let mut block_args = args;
         let mut params = [(&mut block_args as *mut KernelArgs).cast::<std::ffi::c_void>()];
         // SAFETY: the kernel takes exactly one `topoccl_args`, whose bytes the driver copies at
@@ -260,7 +274,8 @@ impl Kernels {
         stream: StreamRef,
     ) -> Result<()> {
         let k = Kernel::Ll(dtype);
-        let f = *self.functions.get(&k).ok_or_else(|| Error::Internal(format!("kernel {} not loaded", k.name())))?;
+        let (f, _) =
+            *self.functions.get(&k).ok_or_else(|| Error::Internal(format!("kernel {} not loaded", k.name())))?;
         let mut block_args = *args;
         let mut params = [(&mut block_args as *mut crate::exec::resident::ll::LlArgs).cast::<std::ffi::c_void>()];
         // SAFETY: the kernel takes exactly one `topoccl_ll_args` (the same layout, asserted
