@@ -22,7 +22,8 @@
 //! `SWEEP_ALLOC=cumem`: the buffers come from `cuMemAlloc` (what `cudaMalloc`, `ncclMemAlloc`
 //! and PyTorch's allocator give), which CUDA IPC can offer to the sender, so receives may land
 //! in place; by default they are cudarc's, pool memory on a device with pools (every message
-//! through the receiver's window). `benches/gpu/lease.sh` runs it.
+//! through the receiver's window). `SWEEP_MAX_ITERS=N`: at most N timed calls per size (the
+//! lease script's stand-in run, where a call costs milliseconds). `benches/gpu/lease.sh` runs it.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -140,7 +141,8 @@ impl Buffers {
 
 /// The same iteration rule as the peer programs.
 fn iterations(bytes: usize) -> usize {
-    ((64usize << 20) / bytes.max(1)).clamp(5, 500)
+    let most = std::env::var("SWEEP_MAX_ITERS").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(500).max(5);
+    ((64usize << 20) / bytes.max(1)).clamp(5, most)
 }
 
 /// The rank's stream on device 0, made before the rank joins: a stream made while another rank
