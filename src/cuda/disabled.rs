@@ -339,7 +339,7 @@ impl crate::exec::resident::DeviceStream for CallerStream<'_> {
     unsafe fn copy(&mut self, _dst: u64, _src: u64, _len: usize) -> Result<()> {
         match *self.0 {}
     }
-    unsafe fn reduce(&mut self, _dst: u64, _a: u64, _b: u64, _len: usize) -> Result<()> {
+    unsafe fn reduce(&mut self, _dst: u64, _a: u64, _b: u64, _dst2: u64, _len: usize) -> Result<()> {
         match *self.0 {}
     }
     unsafe fn wait(&mut self, _word: u64, _value: u32) -> Result<()> {

@@ -123,8 +123,8 @@ impl DeviceStream for CallerStream<'_> {
         unsafe { copy_async(dst as usize, src as usize, len, self.stream) }
     }
 
-    unsafe fn reduce(&mut self, dst: u64, a: u64, b: u64, len: usize) -> Result<()> {
-        let args = KernelArgs { dst, a, b, count: (len / self.dtype.size()) as u64, ..KernelArgs::default() };
+    unsafe fn reduce(&mut self, dst: u64, a: u64, b: u64, dst2: u64, len: usize) -> Result<()> {
+        let args = KernelArgs { dst, dst2, a, b, count: (len / self.dtype.size()) as u64, scalar: 0 };
         self.ops += 1;
         // SAFETY: as for `copy`; the context is current.
         unsafe { self.binding.kernels.launch(Kernel::Reduce(self.dtype, self.op), args, self.stream) }

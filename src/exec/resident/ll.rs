@@ -190,12 +190,19 @@ impl LlProgram {
         };
         let mut steps = Vec::new();
         let mut outputs: Vec<Span> = Vec::new();
-        for item in &prog.items {
-            let (kind, dst, a, b) = match *item {
-                Item::Copy { dst, src } => (LL_COPY, dst, src, src),
-                Item::Reduce { dst, a, b } => (LL_REDUCE, dst, a, b),
-                Item::Arrival { .. } | Item::Landed { .. } | Item::Room { .. } => continue,
+        // A reduction that also sends its result is two steps here: the reduction, then the
+        // send of what it wrote (lines are written by a copy step).
+        let parts = prog.items.iter().flat_map(|item| {
+            let (first, second) = match *item {
+                Item::Copy { dst, src } => (Some((LL_COPY, dst, src, src)), None),
+                Item::Reduce { dst, a, b, also } => {
+                    (Some((LL_REDUCE, dst, a, b)), also.map(|t| (LL_COPY, t, dst, dst)))
+                }
+                Item::Arrival { .. } | Item::Landed { .. } | Item::Room { .. } => (None, None),
             };
+            first.into_iter().chain(second)
+        });
+        for (kind, dst, a, b) in parts {
             let len = dst.len();
             if len == 0 {
                 continue;

@@ -62,11 +62,13 @@ pub(crate) enum Item {
         dst: Loc,
         src: Loc,
     },
-    /// `dst = a ⊕ b`, the call's operator.
+    /// `dst = a ⊕ b`, the call's operator, and the result also into `also` (a send of what was
+    /// just reduced, in the same pass: the kernel's second destination).
     Reduce {
         dst: Loc,
         a: Loc,
         b: Loc,
+        also: Option<Loc>,
     },
     /// The stream waits until message `index` (of this call, from 0) from `peer` has landed.
     Arrival {
@@ -138,14 +140,14 @@ impl ResidentProgram {
             };
             match (st.action, rx, tx) {
                 (Action::Copy, ..) => items.push(Item::Copy { dst, src }),
-                (Action::Reduce, ..) => items.push(Item::Reduce { dst, a: dst, b: src }),
+                (Action::Reduce, ..) => items.push(Item::Reduce { dst, a: dst, b: src, also: None }),
                 (Action::Send, None, Some((peer, index, t))) => {
                     room(&mut items, peer);
                     items.push(Item::Copy { dst: t, src });
                     items.push(Item::Landed { peer, index });
                 }
                 (Action::Recv, Some(r), None) => items.push(Item::Copy { dst, src: r }),
-                (Action::RecvReduce, Some(r), None) => items.push(Item::Reduce { dst, a: src, b: r }),
+                (Action::RecvReduce, Some(r), None) => items.push(Item::Reduce { dst, a: src, b: r, also: None }),
                 (Action::RecvCopySend, Some(r), Some((peer, index, t))) => {
                     items.push(Item::Copy { dst, src: r });
                     room(&mut items, peer);
@@ -154,13 +156,14 @@ impl ResidentProgram {
                 }
                 (Action::RecvReduceSend, Some(r), Some((peer, index, t))) => {
                     room(&mut items, peer);
-                    items.push(Item::Reduce { dst: t, a: src, b: r });
+                    items.push(Item::Reduce { dst: t, a: src, b: r, also: None });
                     items.push(Item::Landed { peer, index });
                 }
                 (Action::RecvReduceCopySend, Some(r), Some((peer, index, t))) => {
-                    items.push(Item::Reduce { dst, a: src, b: r });
+                    // One pass: the reduction writes the result and its send (the peer's room
+                    // is waited for first, as for any write into its window).
                     room(&mut items, peer);
-                    items.push(Item::Copy { dst: t, src: dst });
+                    items.push(Item::Reduce { dst, a: src, b: r, also: Some(t) });
                     items.push(Item::Landed { peer, index });
                 }
                 _ => return Err(missing("message for its action", s.channel, s.step)),
@@ -205,11 +208,12 @@ pub(crate) trait DeviceStream {
     /// # Safety
     /// Both ranges valid device-reachable memory until the copy has run.
     unsafe fn copy(&mut self, dst: u64, src: u64, len: usize) -> Result<()>;
-    /// `dst = a ⊕ b` over `len` bytes, with the call's datatype and operator.
+    /// `dst = a ⊕ b` over `len` bytes, with the call's datatype and operator, and the result
+    /// also at `dst2` unless it is 0 (apart from `a` and `b`).
     ///
     /// # Safety
     /// As for `copy`.
-    unsafe fn reduce(&mut self, dst: u64, a: u64, b: u64, len: usize) -> Result<()>;
+    unsafe fn reduce(&mut self, dst: u64, a: u64, b: u64, dst2: u64, len: usize) -> Result<()>;
     /// The stream waits until the word at device address `word` reaches `value` (wrapping).
     ///
     /// # Safety
@@ -376,17 +380,25 @@ pub(crate) unsafe fn emit(
                     at += run;
                 }
             }
-            Item::Reduce { dst, a, b } => {
+            Item::Reduce { dst, a, b, also } => {
                 let n = dst.len();
+                if also.is_some_and(|l| l.len() != n) {
+                    return Err(Error::Internal(format!("a device reduction of {n} bytes sent as another length")));
+                }
                 let mut at = 0;
                 while at < n {
                     let ((d, dn), (x, xn), (y, yn)) = (seg(dst, at, true)?, seg(a, at, false)?, seg(b, at, false)?);
-                    let run = dn.min(xn).min(yn);
+                    let (d2, d2n) = match also {
+                        Some(l) => seg(l, at, true)?,
+                        None => (0, usize::MAX),
+                    };
+                    let run = dn.min(xn).min(yn).min(d2n);
                     if run == 0 {
                         return Err(Error::Internal(format!("a device reduction with nothing at byte {at} of {n}")));
                     }
-                    // SAFETY: as for the copy.
-                    unsafe { stream.reduce(d, x, y, run)? };
+                    // SAFETY: as for the copy; the second destination is a message range of a
+                    // peer's window, apart from both operands.
+                    unsafe { stream.reduce(d, x, y, d2, run)? };
                     at += run;
                 }
             }

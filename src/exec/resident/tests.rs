@@ -28,10 +28,15 @@ impl DeviceStream for HostStream {
         unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, len) };
         Ok(())
     }
-    unsafe fn reduce(&mut self, dst: u64, a: u64, b: u64, len: usize) -> Result<()> {
+    unsafe fn reduce(&mut self, dst: u64, a: u64, b: u64, dst2: u64, len: usize) -> Result<()> {
         let r = |x: u64| Region::host(x as usize, len);
         // SAFETY: as above.
-        unsafe { CpuOps.reduce(Dtype::Uint32, ReduceOp::Sum, r(dst), r(a), r(b)) }.map(drop)
+        unsafe { CpuOps.reduce(Dtype::Uint32, ReduceOp::Sum, r(dst), r(a), r(b)) }?;
+        if dst2 != 0 {
+            // SAFETY: as above; the second destination is apart from the first.
+            unsafe { std::ptr::copy_nonoverlapping(dst as *const u8, dst2 as *mut u8, len) };
+        }
+        Ok(())
     }
     unsafe fn wait(&mut self, word: u64, value: u32) -> Result<()> {
         // SAFETY: a word of the test's pages, alive for the test.
