@@ -99,6 +99,9 @@ pub struct Context {
     /// each stream has its own), and the next one a new stream gets.
     queues: Vec<Arc<HwQueue>>,
     next_queue: AtomicUsize,
+    /// Each thread's default stream (`CU_STREAM_PER_THREAD`), made at its first use.
+    per_thread: Mutex<Vec<(std::thread::ThreadId, Arc<Stream>)>>,
+    this: Weak<Context>,
 }
 
 impl Context {
@@ -125,6 +128,20 @@ impl Context {
         Some(self.queues[i].clone())
     }
 
+    /// The calling thread's default stream (`CU_STREAM_PER_THREAD`): a blocking stream of its
+    /// own (it synchronises with the legacy stream, as any blocking stream), made at first use.
+    pub fn per_thread_stream(&self) -> Arc<Stream> {
+        let me = std::thread::current().id();
+        let mut all = lock(&self.per_thread);
+        if let Some((_, s)) = all.iter().find(|(t, _)| *t == me) {
+            return s.clone();
+        }
+        let s = Stream::spawn(self.core.clone(), self.this.clone(), 0, false, self.queue_for_stream());
+        self.add_stream(&s);
+        all.push((me, s.clone()));
+        s
+    }
+
     /// The context's live streams other than the legacy one.
     pub fn streams(&self) -> Vec<Arc<Stream>> {
         lock(&self.streams).iter().filter_map(Weak::upgrade).collect()
@@ -149,6 +166,13 @@ impl Context {
 
     /// `cuCtxSynchronize`.
     pub fn synchronize(&self) -> CuResult<()> {
+        let captures = crate::capture::context_captures(&self.core);
+        if !captures.is_empty() {
+            for c in &captures {
+                c.invalidate(CUresult::STREAM_CAPTURE_UNSUPPORTED);
+            }
+            return Err(CUresult::STREAM_CAPTURE_UNSUPPORTED);
+        }
         self.drain();
         self.core.check()
     }
@@ -192,6 +216,8 @@ fn new_context(device: i32, primary: bool) -> Arc<Context> {
         streams: Mutex::new(Vec::new()),
         next_queue: AtomicUsize::new(1),
         queues,
+        per_thread: Mutex::new(Vec::new()),
+        this: weak.clone(),
     });
     CONTEXTS.insert(core.handle, ctx.clone());
     ctx

@@ -15,6 +15,7 @@
 //! the context fail with `CUDA_ERROR_ILLEGAL_ADDRESS`.
 
 use std::ffi::c_void;
+use std::sync::Arc;
 
 use crate::context::{self, CtxCore};
 use crate::memory::{self, Region};
@@ -84,6 +85,8 @@ fn any_end(addr: u64, len: usize, ctx: &CtxCore, write: bool) -> CuResult<End> {
 /// Where a copy reads from when it runs.
 enum Source {
     Staged(Vec<u8>),
+    /// Pageable memory read when the copy runs (a captured copy).
+    Host(u64),
     Region(Region),
 }
 
@@ -102,11 +105,14 @@ fn copy(dst: End, src: End, len: usize, s: &Stream, mode: Mode) -> CuResult<()> 
         Mode::Async => pageable_dst || (host_src && host_dst),
         Mode::Sync => host_dst || (host_src && !pageable_src),
     };
+    let captured = s.capture().is_some();
     if mode == Mode::Sync && pageable_src {
         // "A stream sync is performed before the copy is initiated."
         s.wait_idle();
     }
     let source = match src {
+        // A captured copy is a graph node: it reads pageable memory when each launch runs it.
+        End::Pageable(addr) if captured => Source::Host(addr),
         End::Pageable(addr) => {
             // SAFETY: the caller passes `len` readable bytes at `addr` (the driver's contract);
             // they are read now, at call time, which is the point of staging.
@@ -116,9 +122,10 @@ fn copy(dst: End, src: End, len: usize, s: &Stream, mode: Mode) -> CuResult<()> 
     };
     let seq = s.submit(
         Vec::new(),
-        Box::new(move || {
+        Arc::new(move || {
             let from = match &source {
                 Source::Staged(v) => v.as_ptr(),
+                Source::Host(addr) => *addr as *const u8,
                 Source::Region(r) => {
                     r.check_live()?;
                     r.ptr().cast_const()
@@ -133,12 +140,14 @@ fn copy(dst: End, src: End, len: usize, s: &Stream, mode: Mode) -> CuResult<()> 
             };
             // SAFETY: both ranges were checked to hold `len` bytes (regions: inside a live
             // allocation, kept mapped by `Region`; the staging buffer: `len` long; a pageable
-            // destination: the caller is blocked in the call until this ran).
+            // destination: the caller is blocked in the call until this ran; pageable memory
+            // of a captured copy: the caller keeps it valid while the graph may run, as CUDA
+            // requires of a graph's memory).
             unsafe { std::ptr::copy(from, to, len) };
             Ok(())
         }),
     )?;
-    if wait {
+    if wait && !captured {
         let _blocking = pageable_dst.then(|| s.core.blocking.read().unwrap_or_else(|e| e.into_inner()));
         s.wait_for(seq);
         s.core.check()?;
@@ -200,7 +209,7 @@ pub fn memset_d8(dst: u64, value: u8, len: usize, stream: usize, mode: Mode) -> 
     let wait = mode == Mode::Sync && !r.alloc.is_device();
     let seq = s.submit(
         Vec::new(),
-        Box::new(move || {
+        Arc::new(move || {
             r.check_live()?;
             // SAFETY: `r` is `len` bytes inside a live allocation that `r` keeps mapped.
             unsafe { std::ptr::write_bytes(r.ptr(), value, len) };

@@ -45,6 +45,23 @@ const TABLE: &[(u32, &CStr, &CStr)] = &[
     (719, c"CUDA_ERROR_LAUNCH_FAILED", c"unspecified launch failure"),
     (800, c"CUDA_ERROR_NOT_PERMITTED", c"operation not permitted"),
     (801, c"CUDA_ERROR_NOT_SUPPORTED", c"operation not supported"),
+    (900, c"CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", c"operation not permitted when stream is capturing"),
+    (901, c"CUDA_ERROR_STREAM_CAPTURE_INVALIDATED", c"operation failed due to a previous error during capture"),
+    (902, c"CUDA_ERROR_STREAM_CAPTURE_MERGE", c"operation would result in a merge of separate capture sequences"),
+    (903, c"CUDA_ERROR_STREAM_CAPTURE_UNMATCHED", c"capture was not ended in the same stream as it began"),
+    (904, c"CUDA_ERROR_STREAM_CAPTURE_UNJOINED", c"capturing stream has unjoined work"),
+    (905, c"CUDA_ERROR_STREAM_CAPTURE_ISOLATION", c"dependency created on uncaptured work in another stream"),
+    (
+        906,
+        c"CUDA_ERROR_STREAM_CAPTURE_IMPLICIT",
+        c"operation would make the legacy stream depend on a capturing blocking stream",
+    ),
+    (907, c"CUDA_ERROR_CAPTURED_EVENT", c"operation not permitted on an event last recorded in a capturing stream"),
+    (
+        908,
+        c"CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD",
+        c"attempt to terminate a thread-local capture sequence from another thread",
+    ),
     (909, c"CUDA_ERROR_TIMEOUT", c"wait operation timed out"),
     (999, c"CUDA_ERROR_UNKNOWN", c"unknown error"),
 ];

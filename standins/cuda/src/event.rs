@@ -7,11 +7,12 @@
 
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
+use crate::capture::Capture;
 use crate::context::{self, CtxCore};
-use crate::handle::{fresh, Registry};
+use crate::handle::{fresh, lock, Registry};
 use crate::mapping::{page, Mapping, SharedFile};
 use crate::stream;
 use crate::sync;
@@ -95,13 +96,30 @@ pub struct Event {
     pub flags: u32,
     pub core: Arc<CtxCore>,
     pub counters: Arc<Counters>,
+    /// Its last record, if that was in a capture: the capture and the nodes it names.
+    captured: Mutex<Option<(Weak<Capture>, Vec<usize>)>>,
+}
+
+impl Event {
+    /// The capture (still under way) and nodes of its last record, if it was captured.
+    fn captured(&self) -> Option<(Option<Arc<Capture>>, Vec<usize>)> {
+        lock(&self.captured).as_ref().map(|(c, n)| (c.upgrade(), n.clone()))
+    }
+
+    /// `CUDA_ERROR_CAPTURED_EVENT` if its last record was in a capture.
+    fn not_captured(&self) -> CuResult<()> {
+        match self.captured() {
+            Some(_) => Err(CUresult::CAPTURED_EVENT),
+            None => Ok(()),
+        }
+    }
 }
 
 static EVENTS: Registry<Event> = Registry::new();
 
 fn register(core: Arc<CtxCore>, flags: u32, counters: Arc<Counters>) -> usize {
     let handle = fresh();
-    EVENTS.insert(handle, Arc::new(Event { handle, flags, core, counters }));
+    EVENTS.insert(handle, Arc::new(Event { handle, flags, core, counters, captured: Mutex::new(None) }));
     handle
 }
 
@@ -144,11 +162,18 @@ pub fn record(event: usize, stream: usize) -> CuResult<()> {
     if !Arc::ptr_eq(&ev.core, &s.core) {
         return Err(CUresult::INVALID_HANDLE);
     }
+    if let Some(c) = s.capture() {
+        // A record in a capture names the nodes captured so far on the stream.
+        let tail = c.tail(s.handle);
+        *lock(&ev.captured) = Some((Arc::downgrade(&c), tail));
+        return Ok(());
+    }
+    *lock(&ev.captured) = None;
     let generation = ev.counters.record();
     let counters = ev.counters.clone();
     s.submit_always(
         Vec::new(),
-        Box::new(move || {
+        Arc::new(move || {
             counters.complete(generation);
             Ok(())
         }),
@@ -159,6 +184,7 @@ pub fn record(event: usize, stream: usize) -> CuResult<()> {
 /// `cuEventQuery`.
 pub fn query(event: usize) -> CuResult<()> {
     let ev = lookup(event)?;
+    ev.not_captured()?;
     ev.core.check()?;
     if ev.counters.completed() >= ev.counters.recorded() {
         Ok(())
@@ -170,18 +196,48 @@ pub fn query(event: usize) -> CuResult<()> {
 /// `cuEventSynchronize`.
 pub fn synchronize(event: usize) -> CuResult<()> {
     let ev = lookup(event)?;
+    ev.not_captured()?;
     let generation = ev.counters.recorded();
     sync::wait_until(|| ev.counters.completed() >= generation);
     ev.core.check()
 }
 
-/// `cuStreamWaitEvent`.
+/// `CU_EVENT_WAIT_EXTERNAL`.
+const EVENT_WAIT_EXTERNAL: u32 = 1;
+
+/// `cuStreamWaitEvent`: in a capture, a wait for an event recorded outside it needs
+/// `CU_EVENT_WAIT_EXTERNAL` (an event-wait node), else `CUDA_ERROR_STREAM_CAPTURE_ISOLATION`.
 pub fn wait(stream: usize, event: usize, flags: u32) -> CuResult<()> {
     let ev = lookup(event)?;
-    if flags > 1 {
+    if flags > EVENT_WAIT_EXTERNAL {
         return Err(CUresult::INVALID_VALUE);
     }
-    stream::wait_event(stream, &ev.counters)
+    let s = stream::resolve(stream)?;
+    if flags == EVENT_WAIT_EXTERNAL {
+        // An event-wait node: each launch waits for the event's latest record at that time.
+        let c = s.capture().ok_or(CUresult::INVALID_VALUE)?;
+        let counters = ev.counters.clone();
+        let work: stream::Work = Arc::new(move || {
+            let generation = counters.recorded();
+            sync::wait_until(|| counters.completed() >= generation);
+            Ok(())
+        });
+        return c.record(s.handle, work, true, false);
+    }
+    match (s.capture(), ev.captured()) {
+        (None, None) => stream::wait_event(stream, &ev.counters),
+        // A wait for a capture's event joins the stream into it (a fork), or, in it already,
+        // orders it after the event's nodes (a join).
+        (mine, Some((Some(theirs), nodes))) => match mine {
+            Some(m) if m.id != theirs.id => Err(m.invalidate(CUresult::STREAM_CAPTURE_MERGE)),
+            _ => theirs.follow(&s, &nodes),
+        },
+        // The event's capture has ended: it no longer names work that will run.
+        (Some(m), Some((None, _))) => Err(m.invalidate(CUresult::STREAM_CAPTURE_ISOLATION)),
+        (None, Some((None, _))) => Err(CUresult::STREAM_CAPTURE_INVALIDATED),
+        // A capturing stream may not depend on work outside its capture.
+        (Some(m), None) => Err(m.invalidate(CUresult::STREAM_CAPTURE_ISOLATION)),
+    }
 }
 
 /// `cuEventDestroy_v2`: pending records still complete.

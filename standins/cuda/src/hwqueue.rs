@@ -118,7 +118,7 @@ impl HwQueue {
 /// Runs `item` (unless the context faulted and it is data work) and counts it done.
 fn finish(progress: &Progress, core: &CtxCore, item: Item) {
     if item.always || core.sticky().is_ok() {
-        match catch_unwind(AssertUnwindSafe(item.work)) {
+        match catch_unwind(AssertUnwindSafe(|| (item.work)())) {
             Ok(Ok(())) => {}
             Ok(Err(e)) => core.fail(e),
             Err(_) => core.fail(CUresult::LAUNCH_FAILED),

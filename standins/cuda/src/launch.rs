@@ -86,14 +86,14 @@ pub unsafe fn launch(
     if kernel.ll {
         // SAFETY: the first parameter is the one-launch kernel's argument block; copied now.
         let args = unsafe { first.cast::<[u8; LL_ARGS_BYTES]>().read_unaligned() };
-        s.submit_kernel(Vec::new(), Box::new(move || run_ll(kernel, dims, &core, args)))?;
+        s.submit_kernel(Vec::new(), Arc::new(move || run_ll(kernel, dims, &core, args)))?;
         return Ok(());
     }
     // SAFETY: the first parameter is the 48-byte argument struct; copied now, at call time.
     let args = unsafe { first.cast::<KernelArgs>().read_unaligned() };
     s.submit_kernel(
         Vec::new(),
-        Box::new(move || {
+        Arc::new(move || {
             let Some(len) = args.count.checked_mul(kernel.elem_bytes as u64).and_then(|n| usize::try_from(n).ok())
             else {
                 return Err(CUresult::ILLEGAL_ADDRESS);

@@ -9,6 +9,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod attributes;
+pub mod capture;
 pub mod config;
 pub mod context;
 pub mod copy;

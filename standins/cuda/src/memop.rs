@@ -52,7 +52,7 @@ pub fn wait_value(stream: usize, addr: u64, value: u32, flags: u32) -> CuResult<
     let core = s.core.clone();
     s.submit_always(
         Vec::new(),
-        Box::new(move || {
+        Arc::new(move || {
             while !satisfied(op, atomic(&r).load(Ordering::Acquire), value) {
                 if core.is_closing() || core.sticky().is_err() || !r.alloc.is_live() {
                     break;
@@ -73,7 +73,7 @@ pub fn write_value(stream: usize, addr: u64, value: u32, flags: u32) -> CuResult
     let (s, r) = target(stream, addr, true)?;
     s.submit_always(
         Vec::new(),
-        Box::new(move || {
+        Arc::new(move || {
             r.check_live()?;
             atomic(&r).store(value, Ordering::Release);
             crate::sync::notify();

@@ -248,6 +248,7 @@ pub fn remove_ipc(base: u64) -> CuResult<()> {
 
 /// `cuMemAlloc_v2`.
 pub fn alloc(size: usize) -> CuResult<u64> {
+    crate::capture::unsafe_call()?;
     let ctx = context::current()?;
     ctx.core.resource_call("cuMemAlloc", false);
     new_device(size, Kind::Device, &ctx)
@@ -262,6 +263,7 @@ fn drain_owner(alloc: &Allocation) {
 
 /// `cuMemFree_v2`: the base of a device or pool allocation; synchronises its context first.
 pub fn free(ptr: u64) -> CuResult<()> {
+    crate::capture::unsafe_call()?;
     context::current()?.core.resource_call("cuMemFree", false);
     let a = find(ptr).filter(|a| a.base == ptr && matches!(a.kind, Kind::Device | Kind::Pool));
     let a = a.ok_or(CUresult::INVALID_VALUE)?;
@@ -272,6 +274,10 @@ pub fn free(ptr: u64) -> CuResult<()> {
 /// `cuMemAllocAsync`: pool memory, usable in stream order.
 pub fn alloc_async(size: usize, stream: usize) -> CuResult<u64> {
     let s = stream::resolve(stream)?;
+    // Graph-owned memory (allocation and free nodes) is not modelled.
+    if s.capture().is_some() {
+        return Err(CUresult::NOT_SUPPORTED);
+    }
     new_device(size, Kind::Pool, &*s.context()?)
 }
 
@@ -279,17 +285,22 @@ pub fn alloc_async(size: usize, stream: usize) -> CuResult<u64> {
 /// after that (on any stream) faults with `CUDA_ERROR_ILLEGAL_ADDRESS`.
 pub fn free_async(ptr: u64, stream: usize) -> CuResult<()> {
     let s = stream::resolve(stream)?;
+    // Graph-owned memory (allocation and free nodes) is not modelled.
+    if s.capture().is_some() {
+        return Err(CUresult::NOT_SUPPORTED);
+    }
     let a = find(ptr).filter(|a| a.base == ptr && a.kind == Kind::Pool).ok_or(CUresult::INVALID_VALUE)?;
     if a.freeing.swap(true, Ordering::AcqRel) {
         return Err(CUresult::INVALID_VALUE);
     }
-    s.submit_always(Vec::new(), Box::new(move || remove(ptr, |a| a.kind == Kind::Pool).map(drop)))?;
+    s.submit_always(Vec::new(), Arc::new(move || remove(ptr, |a| a.kind == Kind::Pool).map(drop)))?;
     Ok(())
 }
 
 /// `cuMemHostAlloc`: pinned, portable and device-mapped (as with UVA), page-aligned, with a
 /// guard page after it.
 pub fn host_alloc(size: usize, flags: u32) -> CuResult<*mut c_void> {
+    crate::capture::unsafe_call()?;
     let ctx = context::current()?;
     ctx.core.resource_call("cuMemHostAlloc", false);
     if flags & !(MEMHOSTALLOC_PORTABLE | MEMHOSTALLOC_DEVICEMAP | MEMHOSTALLOC_WRITECOMBINED) != 0 || size == 0 {
@@ -316,6 +327,7 @@ pub fn host_alloc(size: usize, flags: u32) -> CuResult<*mut c_void> {
 
 /// `cuMemFreeHost`.
 pub fn free_host(p: *mut c_void) -> CuResult<()> {
+    crate::capture::unsafe_call()?;
     context::current()?.core.resource_call("cuMemFreeHost", false);
     let a = find(p as u64).filter(|a| a.base == p as u64 && a.kind == Kind::HostAlloc);
     let a = a.ok_or(CUresult::INVALID_VALUE)?;
@@ -335,6 +347,7 @@ pub fn host_device_pointer(p: *mut c_void, flags: u32) -> CuResult<u64> {
 
 /// `cuMemHostRegister_v2`: the caller's range becomes pinned memory.
 pub fn host_register(p: *mut c_void, size: usize, flags: u32) -> CuResult<()> {
+    crate::capture::unsafe_call()?;
     let ctx = context::current()?;
     ctx.core.resource_call("cuMemHostRegister", false);
     let known = MEMHOSTREGISTER_PORTABLE | MEMHOSTREGISTER_DEVICEMAP | MEMHOSTREGISTER_READ_ONLY;
@@ -370,6 +383,7 @@ pub fn host_register(p: *mut c_void, size: usize, flags: u32) -> CuResult<()> {
 /// `cuMemHostUnregister`: synchronises the registering context first (its workers may still
 /// read the caller's memory).
 pub fn host_unregister(p: *mut c_void) -> CuResult<()> {
+    crate::capture::unsafe_call()?;
     context::current()?.core.resource_call("cuMemHostUnregister", false);
     let a = find(p as u64).filter(|a| a.base == p as u64 && a.kind == Kind::HostRegistered);
     let a = a.ok_or(CUresult::HOST_MEMORY_NOT_REGISTERED)?;

@@ -6,12 +6,13 @@
 //! defines it; `CU_STREAM_NON_BLOCKING` streams do not.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, Weak};
 
+use crate::capture::{self, Capture};
 use crate::config;
 use crate::context::{self, Context, CtxCore};
 use crate::event::Counters;
-use crate::handle::{fresh, Registry};
+use crate::handle::{fresh, lock, Registry};
 use crate::hwqueue::HwQueue;
 use crate::sync::{self, Delay};
 use crate::sys::{CUresult, CuResult, STREAM_LEGACY, STREAM_NON_BLOCKING, STREAM_PER_THREAD};
@@ -61,7 +62,7 @@ impl Dep {
 }
 
 /// An item's work: runs on the stream's worker; an `Err` becomes the context's sticky error.
-pub type Work = Box<dyn FnOnce() -> CuResult<()> + Send>;
+pub type Work = Arc<dyn Fn() -> CuResult<()> + Send + Sync>;
 
 pub(crate) struct Item {
     pub deps: Vec<Dep>,
@@ -86,6 +87,8 @@ pub struct Stream {
     own_queue: bool,
     closed: AtomicBool,
     pub progress: Arc<Progress>,
+    /// The capture its work goes into instead of its queue, while one is under way.
+    capture: Mutex<Option<Arc<Capture>>>,
 }
 
 static STREAMS: Registry<Stream> = Registry::new();
@@ -116,6 +119,7 @@ impl Stream {
             own_queue,
             closed: AtomicBool::new(false),
             progress: Arc::default(),
+            capture: Mutex::new(None),
         })
     }
 
@@ -134,7 +138,40 @@ impl Stream {
         self.enqueue(deps, work, true, false)
     }
 
+    /// Enqueues one node of a launched graph (`capture::launch`).
+    pub(crate) fn submit_node(&self, deps: Vec<Dep>, work: Work, always: bool, concurrent: bool) -> CuResult<u64> {
+        self.enqueue(deps, work, always, concurrent)
+    }
+
+    /// The capture under way on this stream, if any.
+    pub fn capture(&self) -> Option<Arc<Capture>> {
+        lock(&self.capture).clone()
+    }
+
+    pub(crate) fn set_capture(&self, c: Option<Arc<Capture>>) {
+        *lock(&self.capture) = c;
+    }
+
+    /// Refuses what a capturing stream cannot do (`why`), invalidating its capture.
+    pub fn refuse_in_capture(&self, why: CUresult) -> CuResult<()> {
+        match self.capture() {
+            Some(c) => Err(c.invalidate(why)),
+            None if self.legacy => capture::legacy_use(&self.core),
+            None => Ok(()),
+        }
+    }
+
+    /// Queues work, or records it into the stream's capture (the item number then is 0: a
+    /// captured operation has no place on the queue).
     fn enqueue(&self, mut deps: Vec<Dep>, work: Work, always: bool, concurrent: bool) -> CuResult<u64> {
+        if let Some(c) = self.capture() {
+            c.record(self.handle, work, always, concurrent)?;
+            return Ok(0);
+        }
+        if self.legacy {
+            // Work on the legacy stream would depend on a capturing blocking stream.
+            capture::legacy_use(&self.core)?;
+        }
         // Implicit synchronisation with the legacy default stream.
         if let Some(ctx) = self.ctx.upgrade() {
             if self.legacy {
@@ -164,12 +201,14 @@ impl Stream {
 
     /// `cuStreamSynchronize`.
     pub fn synchronize(&self) -> CuResult<()> {
+        self.refuse_in_capture(CUresult::STREAM_CAPTURE_UNSUPPORTED)?;
         self.wait_idle();
         self.core.check()
     }
 
     /// `cuStreamQuery`.
     pub fn query(&self) -> CuResult<()> {
+        self.refuse_in_capture(CUresult::STREAM_CAPTURE_UNSUPPORTED)?;
         self.core.check()?;
         if self.progress.reached(self.progress.submitted()) {
             Ok(())
@@ -197,7 +236,10 @@ impl Stream {
 pub fn lookup(handle: usize) -> CuResult<Arc<Stream>> {
     match handle {
         0 | STREAM_LEGACY => Ok(context::current_unchecked()?.ok_or(CUresult::INVALID_CONTEXT)?.legacy.clone()),
-        STREAM_PER_THREAD => Err(CUresult::NOT_SUPPORTED),
+        STREAM_PER_THREAD => {
+            let ctx = context::current_unchecked()?.ok_or(CUresult::INVALID_CONTEXT)?;
+            Ok(ctx.per_thread_stream())
+        }
         h => {
             config::get()?;
             STREAMS.get(h).ok_or(CUresult::INVALID_HANDLE)
@@ -245,6 +287,6 @@ pub fn forget_context(ctx: usize) {
 pub fn wait_event(stream: usize, counters: &Arc<Counters>) -> CuResult<()> {
     let s = resolve(stream)?;
     let generation = counters.recorded();
-    s.submit_always(vec![Dep::Event(counters.clone(), generation)], Box::new(|| Ok(())))?;
+    s.submit_always(vec![Dep::Event(counters.clone(), generation)], Arc::new(|| Ok(())))?;
     Ok(())
 }

@@ -26,6 +26,7 @@ impl CUresult {
     pub const INVALID_PTX: Self = Self(218);
     pub const UNSUPPORTED_PTX_VERSION: Self = Self(222);
     pub const INVALID_HANDLE: Self = Self(400);
+    pub const ILLEGAL_STATE: Self = Self(401);
     pub const NOT_FOUND: Self = Self(500);
     pub const NOT_READY: Self = Self(600);
     pub const ILLEGAL_ADDRESS: Self = Self(700);
@@ -35,6 +36,15 @@ impl CUresult {
     pub const HOST_MEMORY_ALREADY_REGISTERED: Self = Self(712);
     pub const HOST_MEMORY_NOT_REGISTERED: Self = Self(713);
     pub const NOT_SUPPORTED: Self = Self(801);
+    pub const STREAM_CAPTURE_UNSUPPORTED: Self = Self(900);
+    pub const STREAM_CAPTURE_INVALIDATED: Self = Self(901);
+    pub const STREAM_CAPTURE_MERGE: Self = Self(902);
+    pub const STREAM_CAPTURE_UNMATCHED: Self = Self(903);
+    pub const STREAM_CAPTURE_UNJOINED: Self = Self(904);
+    pub const STREAM_CAPTURE_ISOLATION: Self = Self(905);
+    pub const STREAM_CAPTURE_IMPLICIT: Self = Self(906);
+    pub const CAPTURED_EVENT: Self = Self(907);
+    pub const STREAM_CAPTURE_WRONG_THREAD: Self = Self(908);
     pub const UNKNOWN: Self = Self(999);
 }
 
@@ -57,7 +67,7 @@ pub type CUmemoryPool = *mut c_void;
 
 /// `CU_STREAM_LEGACY`: the context's legacy default stream, as `NULL` is.
 pub const STREAM_LEGACY: usize = 0x1;
-/// `CU_STREAM_PER_THREAD`: not supported by the stand-in.
+/// `CU_STREAM_PER_THREAD`: the calling thread's default stream of the current context.
 pub const STREAM_PER_THREAD: usize = 0x2;
 pub const STREAM_NON_BLOCKING: u32 = 1;
 

@@ -10,6 +10,7 @@
 
 mod context;
 mod device;
+mod graph;
 mod ipc;
 mod memory;
 mod module;
@@ -17,6 +18,7 @@ mod stream;
 
 pub use self::context::*;
 pub use self::device::*;
+pub use self::graph::*;
 pub use self::ipc::*;
 pub use self::memory::*;
 pub use self::module::*;

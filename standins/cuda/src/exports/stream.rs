@@ -67,18 +67,6 @@ pub unsafe extern "C" fn cuStreamGetFlags(s: CUstream, flags: *mut c_uint) -> CU
     })
 }
 
-/// Never capturing (`CU_STREAM_CAPTURE_STATUS_NONE`).
-#[no_mangle]
-pub unsafe extern "C" fn cuStreamIsCapturing(s: CUstream, status: *mut c_uint) -> CUresult {
-    edge(|| {
-        // SAFETY: the caller's out-pointer.
-        let out = unsafe { Out::new(status) }?;
-        stream::lookup(s as usize)?;
-        out.set(0);
-        Ok(())
-    })
-}
-
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamWaitValue32_v2(s: CUstream, addr: CUdeviceptr, value: u32, flags: c_uint) -> CUresult {
     edge(|| memop::wait_value(s as usize, addr, value, flags))
