@@ -11,11 +11,18 @@
 // host build (host_shim.h) runs the block's threads as coroutines that switch at a barrier or
 // a wait.
 //
+// Flags: a call's flag for the lines it sends a peer is the pair's count of such calls, this
+// one included; for the lines it receives, the count of calls receiving from the peer. The
+// counts live on the device, in the header of this rank's area for the peer (LL_SENT,
+// LL_RECEIVED): each call reads them at its start and thread 0 stores them advanced at its
+// end, so a kernel replayed from a CUDA graph, whose arguments never change, still runs each
+// time as the next call of the pair, and captured and uncaptured calls mix.
+//
 // Flow control: the receiver's area for one peer holds two parities of lines (call parity =
 // flag & 1). Before anything is written into a peer's area the block waits until that peer
 // has acknowledged call s - 2 (the same parity); once every read of a call is done, thread 0
-// writes the acknowledgement into the writer's own memory, then the call's ticket into the
-// binding's pinned completion word.
+// writes the acknowledgement into the writer's own memory, then (where the call has one) the
+// call's ticket into the binding's pinned completion word.
 //
 // Abort: every wait also polls the communicator's abort word (pinned host memory); once the
 // host sets it (a peer died, a timeout, an abort), waits give up (every thread still reaches
@@ -31,9 +38,10 @@
 // the peer writes (6 + 2i, "rx").
 enum { LL_INPUT = 0, LL_OUTPUT = 1, LL_SCRATCH = 2, LL_TICKET = 3, LL_ABORT = 4, LL_PEER0 = 5 };
 enum { LL_COPY = 0, LL_REDUCE = 1, LL_DIVIDE = 2 };
-// An area: the peer's acknowledgement of this rank's calls at byte 0, lines from byte 4096
-// (two parities).
-enum { LL_ACK = 0, LL_HEADER = 4096 };
+// An area: the peer's acknowledgement of this rank's calls at byte 0, then (in this rank's
+// own area for the peer) the pair's counts of calls that sent the peer lines and that
+// received its lines; lines from byte 4096 (two parities).
+enum { LL_ACK = 0, LL_SENT = 8, LL_RECEIVED = 12, LL_HEADER = 4096 };
 
 struct topoccl_ll_region {
   u64 ptr;
@@ -50,21 +58,17 @@ struct topoccl_ll_step {
 };
 struct topoccl_ll_args {
   topoccl_ll_region regions[TOPOCCL_LL_REGIONS];
-  // Per peer slot: this call's flag for the lines sent to it / received from it (the pair's
-  // count of such calls, this one included, wrapping); used where `active` says so.
-  u32 flag_out[TOPOCCL_LL_PEERS];
-  u32 flag_in[TOPOCCL_LL_PEERS];
   u32 steps;
   u32 op;        // 0 sum, 1 prod, 2 min, 3 max
   u32 divisor;   // LL_DIVIDE's n
   u32 prescale;  // 1: what is read from LL_INPUT is first multiplied by `scalar` (PreMulSum)
-  u32 ticket;    // written into LL_TICKET when the call ends
+  u32 ticket;    // written into LL_TICKET when the call ends (none where that region is 0)
   u32 line_bytes;  // bytes of lines per parity in an area
   u32 active;      // bit i: the call sends to slot i; bit 8 + i: it receives from slot i
   u64 scalar;    // PreMulSum's scalar: its bits in the low bytes
   topoccl_ll_step step[TOPOCCL_LL_STEPS];
 };
-static_assert(sizeof(topoccl_ll_args) == 3984, "topoccl_ll_args is a fixed ABI (LlArgs, src/exec/resident/ll.rs)");
+static_assert(sizeof(topoccl_ll_args) == 3928, "topoccl_ll_args is a fixed ABI (LlArgs, src/exec/resident/ll.rs)");
 
 #ifdef TOPOCCL_HOST_BUILD
 TOPOCCL_FN void ll_barrier() { topoccl_host_syncthreads(); }
@@ -104,6 +108,25 @@ TOPOCCL_FN bool ll_inside(const topoccl_ll_args& args, topoccl_ll_operand o, u32
   return end <= args.regions[o.region].len;
 }
 
+// This call's flags per peer slot (from the device counts, module comment).
+struct topoccl_ll_flags {
+  u32 out[TOPOCCL_LL_PEERS];
+  u32 in[TOPOCCL_LL_PEERS];
+};
+
+// The counts word `at` of this rank's area for slot i.
+TOPOCCL_FN volatile u32* ll_count(const topoccl_ll_args& args, u32 i, u32 at) {
+  return (volatile u32*)(args.regions[LL_PEER0 + 2 * i + 1].ptr + at);
+}
+
+TOPOCCL_FN void ll_read_flags(const topoccl_ll_args& args, topoccl_ll_flags* f) {
+  for (u32 i = 0; i < TOPOCCL_LL_PEERS; ++i) {
+    const bool there = args.regions[LL_PEER0 + 2 * i + 1].ptr != 0;
+    f->out[i] = there ? *ll_count(args, i, LL_SENT) + 1 : 0;
+    f->in[i] = there ? *ll_count(args, i, LL_RECEIVED) + 1 : 0;
+  }
+}
+
 // The first of unit `u`'s two lines in an area, for a call of `flag`.
 TOPOCCL_FN volatile u64* ll_line(const topoccl_ll_args& args, topoccl_ll_operand o, u32 flag, u64 u) {
   const u64 parity = flag & 1;
@@ -112,9 +135,10 @@ TOPOCCL_FN volatile u64* ll_line(const topoccl_ll_args& args, topoccl_ll_operand
 
 // Unit `u` of operand `o` (`n` bytes of it, the rest zero); false if the call was aborted.
 template <class S>
-TOPOCCL_FN bool ll_load(const topoccl_ll_args& args, topoccl_ll_operand o, u64 u, u32 n, u64* out) {
+TOPOCCL_FN bool ll_load(const topoccl_ll_args& args, const topoccl_ll_flags& flags, topoccl_ll_operand o, u64 u, u32 n,
+                        u64* out) {
   if (ll_is_rx(o.region)) {
-    const u32 flag = args.flag_in[ll_slot(o.region)];
+    const u32 flag = flags.in[ll_slot(o.region)];
     const u32 want = ll_line_flag(flag);
     volatile u64* line = ll_line(args, o, flag, u);
     u64 w0, w1;
@@ -150,9 +174,10 @@ TOPOCCL_FN bool ll_load(const topoccl_ll_args& args, topoccl_ll_operand o, u64 u
 }
 
 // Stores `n` bytes of unit `u` of operand `o`.
-TOPOCCL_FN void ll_store(const topoccl_ll_args& args, topoccl_ll_operand o, u64 u, u32 n, u64 v) {
+TOPOCCL_FN void ll_store(const topoccl_ll_args& args, const topoccl_ll_flags& flags, topoccl_ll_operand o, u64 u, u32 n,
+                         u64 v) {
   if (ll_is_tx(o.region)) {
-    const u32 flag = args.flag_out[ll_slot(o.region)];
+    const u32 flag = flags.out[ll_slot(o.region)];
     const u64 f = (u64)ll_line_flag(flag) << 32;
     volatile u64* line = ll_line(args, o, flag, u);
     line[0] = (v & 0xffffffffull) | f;
@@ -181,20 +206,20 @@ TOPOCCL_FN S ll_op(u32 op, S a, S b) {
 
 // One unit of one step; false if the call was aborted.
 template <class S>
-TOPOCCL_FN bool ll_unit(const topoccl_ll_args& args, const topoccl_ll_step& st, u64 u) {
+TOPOCCL_FN bool ll_unit(const topoccl_ll_args& args, const topoccl_ll_flags& flags, const topoccl_ll_step& st, u64 u) {
   const u32 n = st.len - 8 * (u32)u < 8 ? st.len - 8 * (u32)u : 8;
   union {
     u64 bits;
     S e[8 / sizeof(S)];
   } x, y;
-  if (!ll_load<S>(args, st.a, u, n, &x.bits)) return false;
+  if (!ll_load<S>(args, flags, st.a, u, n, &x.bits)) return false;
   if (st.kind == LL_REDUCE) {
-    if (!ll_load<S>(args, st.b, u, n, &y.bits)) return false;
+    if (!ll_load<S>(args, flags, st.b, u, n, &y.bits)) return false;
     for (u32 j = 0; j < n / sizeof(S); ++j) x.e[j] = ll_op<S>(args.op, x.e[j], y.e[j]);
   } else if (st.kind == LL_DIVIDE) {
     for (u32 j = 0; j < n / sizeof(S); ++j) x.e[j] = Elem<S>::narrow(op_div(Elem<S>::widen(x.e[j]), args.divisor));
   }
-  ll_store(args, st.dst, u, n, x.bits);
+  ll_store(args, flags, st.dst, u, n, x.bits);
   return true;
 }
 
@@ -205,10 +230,14 @@ TOPOCCL_FN void ll_program(const topoccl_ll_args& args) {
   const u32 me = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
   const u32 threads = blockDim.x * blockDim.y * blockDim.z;
   bool aborted = false;
+  // Every thread reads the counts before the first barrier; thread 0 stores them advanced
+  // only after the last.
+  topoccl_ll_flags flags;
+  ll_read_flags(args, &flags);
   // The same parity's lines in each peer's area must have been read (call s - 2).
   if (me == 0) {
     for (u32 i = 0; i < TOPOCCL_LL_PEERS && !aborted; ++i) {
-      const u32 s = args.flag_out[i];
+      const u32 s = flags.out[i];
       if (((args.active >> i) & 1) == 0 || args.regions[LL_PEER0 + 2 * i + 1].ptr == 0) continue;
       volatile const u32* ack = (volatile const u32*)(args.regions[LL_PEER0 + 2 * i + 1].ptr + LL_ACK);
       for (u32 round = 0; !ll_reached(*ack, s - 2); ++round) {
@@ -230,20 +259,26 @@ TOPOCCL_FN void ll_program(const topoccl_ll_args& args) {
     const bool inside = ll_inside(args, st.dst, st.len) && ll_inside(args, st.a, st.len) &&
                         (!reads_b || ll_inside(args, st.b, st.len)) && (st.len % sizeof(S) == 0 || st.kind == LL_COPY);
     for (u32 u = me; inside && !aborted && 8 * (u64)u < st.len; u += threads) {
-      if (!ll_unit<S>(args, st, u)) aborted = true;
+      if (!ll_unit<S>(args, flags, st, u)) aborted = true;
     }
     ll_barrier();
   }
-  // Every read of the call is done: acknowledge the peers' lines, then end the call.
+  // Every read of the call is done: acknowledge the peers' lines, advance the pair counts,
+  // then end the call.
   if (me == 0 && !aborted && !ll_aborted(args)) {
     ll_fence_system();
     for (u32 i = 0; i < TOPOCCL_LL_PEERS; ++i) {
       const u64 tx = args.regions[LL_PEER0 + 2 * i].ptr;
       if (((args.active >> (8 + i)) & 1) == 0 || tx == 0) continue;
-      *(volatile u32*)(tx + LL_ACK) = args.flag_in[i];
+      *(volatile u32*)(tx + LL_ACK) = flags.in[i];
+    }
+    for (u32 i = 0; i < TOPOCCL_LL_PEERS; ++i) {
+      if (args.regions[LL_PEER0 + 2 * i + 1].ptr == 0) continue;
+      if ((args.active >> i) & 1) *ll_count(args, i, LL_SENT) = flags.out[i];
+      if ((args.active >> (8 + i)) & 1) *ll_count(args, i, LL_RECEIVED) = flags.in[i];
     }
     ll_fence_system();
-    *(volatile u32*)args.regions[LL_TICKET].ptr = args.ticket;
+    if (args.regions[LL_TICKET].ptr != 0) *(volatile u32*)args.regions[LL_TICKET].ptr = args.ticket;
   }
 }
 

@@ -16,7 +16,7 @@ mod standin;
 
 use std::time::{Duration, Instant};
 
-use device_support::{device_and_host, device_config, read_back, stream, Placement};
+use device_support::{at, device_and_host, device_config, graph, read_back, stream, Placement};
 use topoccl::cuda::StreamRef;
 use topoccl::{Collective, CollectiveCall, Communicator, Dtype, ReduceOp, Reduction, TransportPolicy};
 
@@ -414,4 +414,114 @@ fn driver_calls_per_staged_call_on_two_processes_over_tcp() {
 #[test]
 fn driver_calls_per_staged_call_on_two_threads_over_tcp() {
     table_on_two_threads("driver_calls_per_staged_call_on_two_threads_over_tcp", TransportPolicy::Tcp, "staged");
+}
+
+/// The calls a captured graph holds: every collective, reductions of several kinds (an
+/// average, PreMulSum's scalar), five datatypes, all within the one-kernel path.
+fn captured_calls(n: u32) -> Vec<CollectiveCall> {
+    let red = |op| Reduction::Op(op);
+    let two = Reduction::PreMulSum(topoccl::Scalar::Value({
+        let mut b = [0u8; 8];
+        b[..2].copy_from_slice(&half::f16::from_f32(2.0).to_le_bytes());
+        b
+    }));
+    vec![
+        CollectiveCall::new(Collective::AllReduce, Dtype::Float32, 1000).reduced_with(red(ReduceOp::Sum)),
+        CollectiveCall::new(Collective::AllReduce, Dtype::Bfloat16, 777).reduced_with(red(ReduceOp::Avg)),
+        CollectiveCall::new(Collective::ReduceScatter, Dtype::Int32, 300).reduced_with(red(ReduceOp::Max)),
+        CollectiveCall::new(Collective::AllGather, Dtype::Float8e4m3, 500),
+        CollectiveCall::new(Collective::Broadcast { root: 1 }, Dtype::Float64, 100),
+        CollectiveCall::new(Collective::Reduce { root: n - 1 }, Dtype::Float16, 64).reduced_with(two),
+        CollectiveCall::new(Collective::AllToAll, Dtype::Int32, 90),
+    ]
+}
+
+/// Captures [`captured_calls`] into one CUDA graph, as PyTorch's CUDA graphs and vLLM do
+/// (static buffers, new inputs copied in before each replay), and replays it: every replay's
+/// results must equal the same calls on the host with that replay's inputs, also with an
+/// uncaptured call between replays on the same stream. Each captured call is one node (one
+/// kernel, nothing else queued), and a call too large for that path is refused in capture
+/// with an error, on every rank, instead of captured wrong.
+fn run_captured(comm: &Communicator) -> Vec<String> {
+    let n = comm.nranks();
+    let s = stream();
+    let raw = s.cu_stream();
+    let calls = captured_calls(n);
+    let mut wrong = Vec::new();
+    let mut bufs: Vec<_> = calls
+        .iter()
+        .map(|c| {
+            let (_, i, o) = c.bytes(n).expect("sizes");
+            (s.alloc_zeros::<u8>(i.max(1)).expect("alloc"), s.alloc_zeros::<u8>(o.max(1)).expect("alloc"), i, o)
+        })
+        .collect();
+    let (big_send, mut big_recv) =
+        (s.alloc_zeros::<f32>(1 << 16).expect("alloc"), s.alloc_zeros::<f32>(1 << 16).expect("alloc"));
+    s.synchronize().expect("sync");
+    let one = comm.device_one_launch_calls().unwrap_or(0);
+    graph::begin(raw);
+    for (c, (send, recv, _, _)) in calls.iter().zip(&bufs) {
+        // SAFETY: the buffers live until the graph's last replay has run (read back below).
+        let r = unsafe { comm.submit_on(c, at(send, &s), at(recv, &s), StreamRef(raw)) };
+        if let Err(e) = r {
+            wrong.push(format!("{c} could not be captured: {e}"));
+        }
+    }
+    // Too large for one kernel: refused, and the capture goes on.
+    if comm.all_reduce_device(&big_send, &mut big_recv, ReduceOp::Sum, &s).is_ok() {
+        wrong.push("a 256 KiB all-reduce was captured, which the one-kernel path cannot hold".into());
+    }
+    let g = graph::end(raw);
+    let nodes = graph::nodes(g);
+    if nodes != calls.len() {
+        wrong.push(format!("{} captured calls made {nodes} graph nodes, not one kernel each", calls.len()));
+    }
+    let captured = comm.device_one_launch_calls().unwrap_or(0) - one;
+    if captured != calls.len() as u64 {
+        wrong.push(format!("{captured} of {} captured calls ran as one kernel", calls.len()));
+    }
+    let exec = graph::instantiate(g);
+    for replay in 0..4usize {
+        let mut inputs = Vec::new();
+        for (i, (c, (send, _, in_bytes, _))) in calls.iter().zip(bufs.iter_mut()).enumerate() {
+            let prod = c.reduction == Reduction::Op(ReduceOp::Prod);
+            let inp = device_support::input(c.dtype, *in_bytes, comm.rank(), 100 * replay + i, prod);
+            // Into the graph's static input, on the stream, before the launch.
+            if *in_bytes > 0 {
+                s.memcpy_htod(&inp, send).expect("htod");
+            }
+            inputs.push(inp);
+        }
+        graph::launch(exec, raw);
+        for (c, ((_, recv, _, out_bytes), inp)) in calls.iter().zip(bufs.iter().zip(&inputs)) {
+            let dev = read_back(&s, recv);
+            let mut host = vec![0u8; *out_bytes];
+            comm.collective_bytes(c, inp, &mut host).expect("host call");
+            if dev[..*out_bytes] != host[..] {
+                wrong.push(format!("replay {replay}: {c} differs from the host path"));
+            }
+        }
+        if replay == 1 {
+            // An uncaptured call between replays, on the same stream.
+            match device_and_host(comm, &s, &calls[0], Placement::Apart, 999) {
+                Ok((d, h)) if d != h => wrong.push("the call between replays differs from the host path".into()),
+                Ok(_) => {}
+                Err(e) => wrong.push(format!("the call between replays failed: {e}")),
+            }
+        }
+    }
+    graph::destroy(exec, g);
+    wrong
+}
+
+#[test]
+fn captured_calls_replay_right_on_three_threads() {
+    let env = [("TOPOCCL_DEVICE_LL", "2")];
+    on_three_threads_with("captured_calls_replay_right_on_three_threads", &env, 30.0, run_captured);
+}
+
+#[test]
+fn captured_calls_replay_right_on_three_processes() {
+    let env = [("TOPOCCL_DEVICE_LL", "2")];
+    on_processes_with("captured_calls_replay_right_on_three_processes", 3, &env, run_captured);
 }

@@ -217,12 +217,18 @@ impl Communicator {
 
     /// Queues `task` (a collective just prepared) on `stream` device-resident, if it runs so:
     /// the job that watches it, else `None` (the task is staged, or runs host-driven).
+    ///
+    /// On a stream being `captured` into a CUDA graph only the one-kernel path runs (its
+    /// kernel keeps its own counts on the device, so every replay is right); the call's
+    /// ticket is then never written by the device (a replay would write an old one) but by the
+    /// host at once: what the host watches ends with the capture, the work runs at each launch.
     pub(super) fn resident_job(
         &self,
         calls: &mut CallState,
         binding: &Arc<Binding>,
         task: &Task,
         stream: StreamRef,
+        captured: bool,
     ) -> Result<Option<Job>> {
         let Job::Collective(job) = &task.job else { return Ok(None) };
         if calls.resident.is_none() {
@@ -255,6 +261,9 @@ impl Communicator {
             [whole] if side.ll && call_bytes <= LL_CALL_BYTES => whole.plan.ll(avg).map(|p| (whole.plan.clone(), p)),
             _ => None,
         };
+        if captured && ll.is_none() {
+            return Ok(None);
+        }
 
         let _current = binding.context().enter()?;
         let ticket = binding.next_ticket();
@@ -268,7 +277,8 @@ impl Communicator {
         // the one stream, so each may reuse the workspaces.
         let queued = unsafe {
             (|| -> Result<()> {
-                if let Some((_, prev)) = last.filter(|(last, _)| *last != stream) {
+                // (A captured call's order against calls outside its graph is the launcher's.)
+                if let Some((_, prev)) = last.filter(|(last, _)| *last != stream && !captured) {
                     s.after(prev)?;
                 }
                 if let Some((plan, llp)) = &ll {
@@ -277,6 +287,7 @@ impl Communicator {
                         abort: &self.runner.abort,
                         rank: self.rank,
                     };
+                    let ticket = (!captured).then_some(ticket);
                     let work = OneLaunch { c: &c, plan, prog: llp, scalar, stage, scratch, ticket, call_bytes };
                     return self.one_launch(binding, side, &mut s, &work, &gate, &mut launched);
                 }
@@ -323,9 +334,12 @@ impl Communicator {
         side.ops += s.ops();
         let ll_peers: Vec<u32> =
             ll.as_ref().map(|(_, p)| p.slots.iter().map(|sl| sl.peer).collect()).unwrap_or_default();
-        calls.device_last = Some((stream, ticket));
-        if failed.is_some() {
-            // Whatever was queued may wait on words no peer will write now: let it through.
+        if !captured {
+            calls.device_last = Some((stream, ticket));
+        }
+        if failed.is_some() || captured {
+            // Whatever was queued may wait on words no peer will write now: let it through (a
+            // captured call queued nothing; its host side ends here).
             release.release();
             binding.complete_from_host(ticket);
         }
@@ -385,7 +399,9 @@ impl Communicator {
         args.regions[usize::from(OUTPUT)] = region(c.output);
         args.regions[usize::from(SCRATCH)] = region(w.scratch.sub(0, w.plan.scratch_bytes).unwrap_or(Region::EMPTY));
         let abort = binding.ll_abort_word();
-        args.regions[LL_TICKET as usize] = LlRegion { ptr: binding.word_device_addr(w.ticket), len: 4 };
+        if let Some(t) = w.ticket {
+            args.regions[LL_TICKET as usize] = LlRegion { ptr: binding.word_device_addr(t), len: 4 };
+        }
         args.regions[LL_ABORT as usize] = LlRegion { ptr: abort, len: 4 };
         for (i, slot) in w.prog.slots.iter().enumerate() {
             let l = side
@@ -393,11 +409,8 @@ impl Communicator {
                 .get(slot.peer as usize)
                 .and_then(Option::as_ref)
                 .ok_or_else(|| internal("a peer without a link"))?;
-            let cnt = side.counts.get(slot.peer as usize).ok_or_else(|| internal("a peer without counts"))?;
             args.regions[LL_PEER0 as usize + 2 * i] = LlRegion { ptr: l.ll_tx, len: LL_AREA_BYTES as u64 };
             args.regions[LL_PEER0 as usize + 2 * i + 1] = LlRegion { ptr: l.ll_rx, len: LL_AREA_BYTES as u64 };
-            args.flag_out[i] = cnt.ll_sent.wrapping_add(1);
-            args.flag_in[i] = cnt.ll_received.wrapping_add(1);
             args.active |= u32::from(slot.sends) << i | u32::from(slot.receives) << (8 + i);
         }
         args.steps = w.prog.steps.len() as u32;
@@ -415,17 +428,11 @@ impl Communicator {
             bits[..ds].copy_from_slice(&v[..ds]);
             args.scalar = u64::from_le_bytes(bits);
         }
-        args.ticket = w.ticket;
+        args.ticket = w.ticket.unwrap_or(0);
         // SAFETY: every region is the call's buffers, the binding's workspaces and words, or
         // the links' areas (this fn's contract); the steps lie inside them (the kernel checks).
         unsafe { s.launch_ll(&args, threads)? };
         side.ll_queued += 1;
-        for slot in &w.prog.slots {
-            if let Some(cnt) = side.counts.get_mut(slot.peer as usize) {
-                cnt.ll_sent = cnt.ll_sent.wrapping_add(u32::from(slot.sends));
-                cnt.ll_received = cnt.ll_received.wrapping_add(u32::from(slot.receives));
-            }
-        }
         // Every rank says it launched (its host watch names a rank that never did). Ranks
         // sharing this context are waited for, all of them, not only this call's peers: a
         // peer's kernel may wait for a rank this one never talks to, and a thread that
@@ -461,6 +468,7 @@ struct OneLaunch<'a> {
     scalar: Option<[u8; 8]>,
     stage: Region,
     scratch: Region,
-    ticket: u32,
+    /// The ticket the kernel writes at its end (none in a capture).
+    ticket: Option<u32>,
     call_bytes: usize,
 }

@@ -30,6 +30,8 @@ impl Communicator {
             return Ok(b.clone());
         }
         crate::cuda::driver()?;
+        // The binding allocates, registers and loads: allowed even inside the caller's capture.
+        let _relaxed = crate::cuda::RelaxedCapture::enter()?;
         let raw = match stream.context()? {
             Some(c) => c,
             None => Context::current()?.ok_or_else(|| {
@@ -84,10 +86,22 @@ impl Communicator {
         self.usable()?;
         let mut calls = self.calls();
         let binding = Communicator::binding_for(&mut calls, stream)?;
-        stream.not_capturing()?;
+        let captured = stream.capturing()?;
         let Some(mut task) = self.prepare(&mut calls, call, send, recv)? else { return Ok(Work::done(&self.runner)) };
-        if let Some(job) = self.resident_job(&mut calls, &binding, &task, stream)? {
+        if let Some(job) = self.resident_job(&mut calls, &binding, &task, stream, captured)? {
             return Ok(self.runner.submit(Task { job, refine: None, agreement: task.agreement.take() }));
+        }
+        if captured {
+            // Every rank decides alike (the call, the plan, the agreed links), so every rank
+            // refuses alike; the agreement is every rank's, whatever became of the call.
+            if let Some(a) = task.agreement.take() {
+                drop(self.runner.submit(*a));
+            }
+            return Err(Error::InvalidArgument(format!(
+                "{call} cannot be captured into a CUDA graph: only calls that run as one kernel between device \
+                 peers (at most {} KiB, at most 8 ranks, TOPOCCL_DEVICE_LL) are capturable so far",
+                super::resident::LL_CALL_BYTES >> 10
+            )));
         }
         if let Job::Collective(c) = &task.job {
             if self.stages(&binding, c.checked.space) {

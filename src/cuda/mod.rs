@@ -52,7 +52,7 @@ pub use resident::CallerStream;
 #[cfg(feature = "cuda")]
 pub use staging::{StagedSlot, STAGED_BYTES, STAGED_SLOTS};
 #[cfg(feature = "cuda")]
-pub use stream::{Event, Stream, StreamRef};
+pub use stream::{Event, RelaxedCapture, Stream, StreamRef};
 
 #[cfg(not(feature = "cuda"))]
 mod disabled;

@@ -44,19 +44,58 @@ impl StreamRef {
     /// Refuses a stream being captured into a CUDA graph: the executor runs on the host, so a
     /// captured call would never run.
     pub fn not_capturing(self) -> Result<()> {
+        if self.capturing()? {
+            return Err(Error::InvalidArgument(
+                "the stream is being captured into a CUDA graph, which topoccl's host-driven executor \
+                 cannot run"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether the stream is being captured into a CUDA graph; a capture an earlier call
+    /// invalidated is an error (the graph could not be made anyway).
+    pub fn capturing(self) -> Result<bool> {
         let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
         // SAFETY: as in `context`.
         check(unsafe { sys::cuStreamIsCapturing(self.0, &mut status) }, "cuStreamIsCapturing")?;
         match status {
-            sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE => Ok(()),
+            sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE => Ok(false),
+            sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE => Ok(true),
             _ => Err(Error::InvalidArgument(
-                "the stream is being captured into a CUDA graph, which topoccl's host-driven executor \
-                 cannot run"
-                    .into(),
+                "the stream's capture into a CUDA graph was invalidated by an earlier call on it".into(),
             )),
         }
     }
+}
 
+/// While it lives, this thread's stream-capture mode is `RELAXED`: the driver then allows the
+/// calls a capture elsewhere would forbid (allocating, registering, loading), which a
+/// communicator makes when its first call binds it, perhaps inside the caller's capture (NCCL
+/// does the same for its own allocations).
+pub struct RelaxedCapture {
+    previous: sys::CUstreamCaptureMode,
+}
+
+impl RelaxedCapture {
+    pub fn enter() -> Result<RelaxedCapture> {
+        let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: the out-pointer is a local the driver reads and writes.
+        check(unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) }, "cuThreadExchangeStreamCaptureMode")?;
+        Ok(RelaxedCapture { previous: mode })
+    }
+}
+
+impl Drop for RelaxedCapture {
+    fn drop(&mut self) {
+        let mut mode = self.previous;
+        // SAFETY: as in `enter`. Nothing can be reported from a drop.
+        let _ = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
+    }
+}
+
+impl StreamRef {
     /// Makes the stream's later work wait until the 32-bit word at device address `addr`
     /// reaches `value` (`(int32)(*addr - value) >= 0`, so the count may wrap).
     ///

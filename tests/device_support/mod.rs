@@ -233,3 +233,57 @@ pub fn assert_no_foreign_driver_calls(comm: &Communicator) {
         );
     }
 }
+
+/// CUDA graph capture and replay, as PyTorch's CUDA graphs call it, each call checked.
+pub mod graph {
+    use cudarc::driver::sys::{self, CUgraph, CUgraphExec, CUresult, CUstream};
+
+    fn ok(r: CUresult, what: &str) {
+        assert_eq!(r, CUresult::CUDA_SUCCESS, "{what}");
+    }
+
+    /// Begins a global-mode capture on `s` (a live stream of the current context).
+    pub fn begin(s: CUstream) {
+        // SAFETY: a live stream; the mode is a valid enumerator.
+        ok(
+            unsafe { sys::cuStreamBeginCapture_v2(s, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL) },
+            "begin",
+        );
+    }
+
+    /// Ends the capture on `s`: the graph.
+    pub fn end(s: CUstream) -> CUgraph {
+        let mut g = std::ptr::null_mut();
+        // SAFETY: a live stream; the out-pointer is a local.
+        ok(unsafe { sys::cuStreamEndCapture(s, &mut g) }, "end capture");
+        g
+    }
+
+    /// How many nodes `g` holds.
+    pub fn nodes(g: CUgraph) -> usize {
+        let mut n = 0usize;
+        // SAFETY: a live graph; NULL nodes asks for the count into a local.
+        ok(unsafe { sys::cuGraphGetNodes(g, std::ptr::null_mut(), &mut n) }, "nodes");
+        n
+    }
+
+    pub fn instantiate(g: CUgraph) -> CUgraphExec {
+        let mut e = std::ptr::null_mut();
+        // SAFETY: a live graph; the out-pointer is a local.
+        ok(unsafe { sys::cuGraphInstantiateWithFlags(&mut e, g, 0) }, "instantiate");
+        e
+    }
+
+    pub fn launch(e: CUgraphExec, s: CUstream) {
+        // SAFETY: a live executable graph and stream of one context.
+        ok(unsafe { sys::cuGraphLaunch(e, s) }, "launch");
+    }
+
+    /// Destroys both (queued launches still run).
+    pub fn destroy(e: CUgraphExec, g: CUgraph) {
+        // SAFETY: live handles, each destroyed once.
+        ok(unsafe { sys::cuGraphExecDestroy(e) }, "destroy exec");
+        // SAFETY: as above.
+        ok(unsafe { sys::cuGraphDestroy(g) }, "destroy graph");
+    }
+}

@@ -846,12 +846,11 @@ struct ll_step {
 };
 struct ll_args { /* topoccl_ll_args */
     struct ll_region regions[19];
-    unsigned flag_out[7], flag_in[7];
     unsigned steps, op, divisor, prescale, ticket, line_bytes, active;
     unsigned long long scalar;
     struct ll_step step[112];
 };
-_Static_assert(sizeof(struct ll_args) == 3984, "topoccl_ll_args");
+_Static_assert(sizeof(struct ll_args) == 3928, "topoccl_ll_args");
 #define LL_AREA (4096 + 2 * (256 << 10))
 
 static void probe_ll(void *arg) {
@@ -884,7 +883,7 @@ static void probe_ll(void *arg) {
         a.regions[4] = (struct ll_region){abort_word.dev, 4};  /* abort */
         a.regions[5] = (struct ll_region){area[1 - r], LL_AREA}; /* the peer's area */
         a.regions[6] = (struct ll_region){area[r], LL_AREA};   /* this one's */
-        a.flag_out[0] = a.flag_in[0] = 1;
+        /* flags 1: the areas' counts (bytes 8 and 12) start at 0 */
         a.active = 1 | 1 << 8;
         a.line_bytes = 256 << 10;
         a.ticket = 1;

@@ -4,7 +4,9 @@
 //! where data travels as LL lines (4 bytes of data and a 4-byte flag per 8-byte store), so
 //! the items that only order a stream (a "landed" count, a wait on it, a wait for room) have
 //! nothing left to do: a read of a line waits for its flag, and the kernel waits once, at its
-//! start, for each peer to have read the lines it is about to overwrite.
+//! start, for each peer to have read the lines it is about to overwrite. The flags that tell a
+//! call's lines from the last ones are counts the kernels keep on the device, never the host's,
+//! so a call captured into a CUDA graph is right at every replay and between uncaptured calls.
 //!
 //! Whether a plan may run so is decided from the schedule alone ([`ll_capable`]), so that
 //! every rank of a call takes the same path.
@@ -68,13 +70,14 @@ pub(crate) struct LlRegion {
 /// Regions of the argument block.
 pub(crate) const LL_REGIONS: usize = 5 + 2 * LL_PEERS;
 
-/// The kernel's argument block (`topoccl_ll_args` in `kernels/ll.cuh`, the same layout).
+/// The kernel's argument block (`topoccl_ll_args` in `kernels/ll.cuh`, the same layout). It
+/// holds no per-call count: the line flags come from the pair counts the kernels keep in the
+/// header of this rank's area for each peer, so the same block replayed from a CUDA graph
+/// runs as the pair's next call each time.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct LlArgs {
     pub regions: [LlRegion; LL_REGIONS],
-    pub flag_out: [u32; LL_PEERS],
-    pub flag_in: [u32; LL_PEERS],
     pub steps: u32,
     pub op: u32,
     pub divisor: u32,
@@ -86,14 +89,12 @@ pub(crate) struct LlArgs {
     pub step: [LlStep; LL_STEPS],
 }
 
-const _: () = assert!(std::mem::size_of::<LlArgs>() == 3984 && std::mem::align_of::<LlArgs>() == 8);
+const _: () = assert!(std::mem::size_of::<LlArgs>() == 3928 && std::mem::align_of::<LlArgs>() == 8);
 
 impl Default for LlArgs {
     fn default() -> LlArgs {
         LlArgs {
             regions: [LlRegion::default(); LL_REGIONS],
-            flag_out: [0; LL_PEERS],
-            flag_in: [0; LL_PEERS],
             steps: 0,
             op: 0,
             divisor: 0,

@@ -195,10 +195,8 @@ pub(crate) struct Counts {
     pub received: u32,
     pub calls_sent: u32,
     pub calls_received: u32,
-    /// One-launch calls that sent the peer lines / received its lines, and that the
-    /// communicator ran (the count both ranks publish on launching).
-    pub ll_sent: u32,
-    pub ll_received: u32,
+    /// One-launch kernels the communicator launched (the count both ranks publish on
+    /// launching; the kernels' own pair counts live on the device, `ll`).
     pub ll_with: u32,
 }
 

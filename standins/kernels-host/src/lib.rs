@@ -47,7 +47,7 @@ pub struct HostKernel {
 }
 
 /// Bytes of a one-launch kernel's argument block (`topoccl_ll_args`).
-pub const LL_ARGS_BYTES: usize = 3984;
+pub const LL_ARGS_BYTES: usize = 3928;
 /// Regions at the start of that block: `{ptr: u64, len: u64}` each, `ptr` 0 when unused.
 pub const LL_REGIONS: usize = 19;
 
