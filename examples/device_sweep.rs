@@ -4,7 +4,7 @@
 //! `stream.synchronize()`. Several ranks may share one GPU.
 //!
 //! ```text
-//! device_sweep [MIN] [MAX] [FACTOR] [--threads N] [--once]
+//! device_sweep [MIN] [MAX] [FACTOR] [--threads N] [--once] [--graph]
 //! ```
 //!
 //! Sizes in bytes (default 8 B, 64 MiB, ×4), float32, sum. Ranks are processes launched as
@@ -18,6 +18,11 @@
 //! as a program reads `loss.item()` or `cudaMemcpy`s into a `std::vector`: no synchronize first.
 //! Every element is checked against the exact sum. `--once`: only that checked call per size,
 //! no timing (the lease script's smoke test).
+//!
+//! `--graph`: the timed calls of a size are captured into one CUDA graph (as nccl-tests' `-G`
+//! and PyTorch's CUDA graphs use NCCL) and the time is one launch of it over its calls; the
+//! checked call is a launch of that graph too. A size whose call cannot be captured prints a
+//! `#` line saying why and is skipped.
 //!
 //! `SWEEP_ALLOC=cumem`: the buffers come from `cuMemAlloc` (what `cudaMalloc`, `ncclMemAlloc`
 //! and PyTorch's allocator give), which CUDA IPC can offer to the sender, so receives may land
@@ -57,6 +62,60 @@ struct Args {
     /// Only the checked call per size (read back straight after it), no timing.
     #[arg(long)]
     once: bool,
+    /// Capture each size's calls into a CUDA graph and time its launch.
+    #[arg(long)]
+    graph: bool,
+}
+
+/// A CUDA graph of calls captured on a stream, instantiated; destroyed when dropped.
+struct Graph {
+    graph: cudarc::driver::sys::CUgraph,
+    exec: cudarc::driver::sys::CUgraphExec,
+}
+
+impl Graph {
+    /// Captures `calls` calls of `call` on `stream` (a global-mode capture, as PyTorch's).
+    fn capture(
+        stream: &CudaStream,
+        calls: usize,
+        mut call: impl FnMut() -> topoccl::Result<()>,
+    ) -> Result<Graph, Failure> {
+        use cudarc::driver::sys;
+        let raw = stream.cu_stream();
+        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
+        // SAFETY: a live stream of the current context.
+        unsafe { sys::cuStreamBeginCapture_v2(raw, mode) }.result()?;
+        let made = (0..calls).try_for_each(|_| call());
+        let mut graph = std::ptr::null_mut();
+        // SAFETY: the capture begun above; the out-pointer is a local.
+        let ended = unsafe { sys::cuStreamEndCapture(raw, &mut graph) }.result();
+        made?;
+        ended?;
+        let mut exec = std::ptr::null_mut();
+        // SAFETY: the graph just made; the out-pointer is a local.
+        if let Err(e) = unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0) }.result() {
+            // SAFETY: made above, destroyed once.
+            unsafe { sys::cuGraphDestroy(graph) };
+            return Err(e.into());
+        }
+        Ok(Graph { graph, exec })
+    }
+
+    fn launch(&self, stream: &CudaStream) -> Result<(), Failure> {
+        // SAFETY: a live executable graph and a stream of its context.
+        unsafe { cudarc::driver::sys::cuGraphLaunch(self.exec, stream.cu_stream()) }.result()?;
+        Ok(())
+    }
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        // SAFETY: made by `capture`, destroyed once (launches still queued run first).
+        unsafe {
+            cudarc::driver::sys::cuGraphExecDestroy(self.exec);
+            cudarc::driver::sys::cuGraphDestroy(self.graph);
+        }
+    }
 }
 
 /// Rank `rank`'s element `i`: small integers, so every sum of up to 64 ranks is exact in f32.
@@ -179,7 +238,31 @@ fn sweep(comm: &Communicator, stream: &Arc<CudaStream>, args: &Args, cumem: bool
         let count = (bytes / 4).max(1);
         let mut buffers = Buffers::new(cumem, rank, count, stream)?;
         let mut us = 0.0;
-        if !args.once {
+        if args.graph {
+            // Every rank refuses a call it cannot capture alike.
+            let calls = if args.once { 1 } else { iterations(count * 4) };
+            let graph = match Graph::capture(stream, calls, || buffers.all_reduce(comm, stream)) {
+                Ok(g) => g,
+                Err(e) => {
+                    if rank == 0 {
+                        println!("# {} not captured: {e}", count * 4);
+                    }
+                    bytes *= args.factor;
+                    continue;
+                }
+            };
+            if !args.once {
+                graph.launch(stream)?;
+                stream.synchronize()?;
+                comm.all_reduce_in_place(&mut [0f32], ReduceOp::Sum)?; // barrier
+                let t = Instant::now();
+                graph.launch(stream)?;
+                stream.synchronize()?;
+                us = t.elapsed().as_secs_f64() * 1e6 / calls as f64;
+            }
+            buffers.poison(stream)?;
+            graph.launch(stream)?;
+        } else if !args.once {
             let iters = iterations(count * 4);
             for _ in 0..(iters / 10).max(2) {
                 buffers.all_reduce(comm, stream)?;
@@ -193,9 +276,12 @@ fn sweep(comm: &Communicator, stream: &Arc<CudaStream>, args: &Args, cumem: bool
             stream.synchronize()?;
             us = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
         }
-        // The checked call: poisoned output, read back straight after the call.
-        buffers.poison(stream)?;
-        buffers.all_reduce(comm, stream)?;
+        // The checked call: poisoned output, read back straight after the call (with --graph:
+        // after the graph's launch, queued above).
+        if !args.graph {
+            buffers.poison(stream)?;
+            buffers.all_reduce(comm, stream)?;
+        }
         let got = buffers.read_back(stream)?;
         let want = |i: usize| (0..n).map(|r| input(r, i)).sum::<f32>();
         let wrong: Vec<usize> = (0..count).filter(|&i| got[i].to_bits() != want(i).to_bits()).collect();

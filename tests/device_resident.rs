@@ -442,11 +442,32 @@ fn captured_calls(n: u32) -> Vec<CollectiveCall> {
 /// uncaptured call between replays on the same stream. Each captured call is one node (one
 /// kernel, nothing else queued), and a call too large for that path is refused in capture
 /// with an error, on every rank, instead of captured wrong.
-fn run_captured(comm: &Communicator) -> Vec<String> {
+fn run_captured_small(comm: &Communicator) -> Vec<String> {
+    run_captured(comm, false)
+}
+
+/// [`run_captured_small`] with calls of the stream path too (256 KiB, and 5 MiB in pieces),
+/// for ranks that share no CUDA context.
+fn run_captured_all(comm: &Communicator) -> Vec<String> {
+    run_captured(comm, true)
+}
+
+fn run_captured(comm: &Communicator, large: bool) -> Vec<String> {
     let n = comm.nranks();
     let s = stream();
     let raw = s.cu_stream();
-    let calls = captured_calls(n);
+    let mut calls = captured_calls(n);
+    let small = calls.len();
+    if large {
+        let sum = Reduction::Op(ReduceOp::Sum);
+        calls.push(CollectiveCall::new(Collective::AllReduce, Dtype::Float32, 1 << 16).reduced_with(sum));
+        calls.push(
+            CollectiveCall::new(Collective::ReduceScatter, Dtype::Bfloat16, 1 << 18)
+                .reduced_with(Reduction::Op(ReduceOp::Avg)),
+        );
+        calls.push(CollectiveCall::new(Collective::AllReduce, Dtype::Float32, (5 << 20) / 4 + 3).reduced_with(sum));
+        calls.push(CollectiveCall::new(Collective::AllGather, Dtype::Int32, 100_003));
+    }
     let mut wrong = Vec::new();
     let mut bufs: Vec<_> = calls
         .iter()
@@ -459,28 +480,48 @@ fn run_captured(comm: &Communicator) -> Vec<String> {
         (s.alloc_zeros::<f32>(1 << 16).expect("alloc"), s.alloc_zeros::<f32>(1 << 16).expect("alloc"));
     s.synchronize().expect("sync");
     let one = comm.device_one_launch_calls().unwrap_or(0);
-    graph::begin(raw);
-    for (c, (send, recv, _, _)) in calls.iter().zip(&bufs) {
-        // SAFETY: the buffers live until the graph's last replay has run (read back below).
-        let r = unsafe { comm.submit_on(c, at(send, &s), at(recv, &s), StreamRef(raw)) };
-        if let Err(e) = r {
-            wrong.push(format!("{c} could not be captured: {e}"));
+    let ops = comm.device_resident_ops().unwrap_or(0);
+    // Ranks sharing a context (`!large`) share its hardware queues, and with fewer queues than
+    // streams (`CUDA_DEVICE_MAX_CONNECTIONS=1`) a rank's second kernel would wait at a queue's
+    // head for its first, which waits for a peer's kernel queued behind it: there each call is
+    // a graph of its own, and the ranks launch each graph before any launches the next (what
+    // the library's gate does for the calls it launches itself).
+    let per_graph = if large { calls.len() } else { 1 };
+    let mut graphs = Vec::new();
+    let mut nodes = 0;
+    for (k, group) in calls.chunks(per_graph).enumerate() {
+        graph::begin(raw);
+        for (c, (send, recv, _, _)) in group.iter().zip(&bufs[k * per_graph..]) {
+            // SAFETY: the buffers live until the graph's last replay has run (read back below).
+            let r = unsafe { comm.submit_on(c, at(send, &s), at(recv, &s), StreamRef(raw)) };
+            if let Err(e) = r {
+                wrong.push(format!("{c} could not be captured: {e}"));
+            }
         }
+        if !large && k == 0 {
+            // Ranks sharing a context: too large for one kernel, refused, and the capture goes on.
+            if comm.all_reduce_device(&big_send, &mut big_recv, ReduceOp::Sum, &s).is_ok() {
+                wrong.push("a 256 KiB all-reduce was captured between ranks of one context".into());
+            }
+        }
+        let g = graph::end(raw);
+        nodes += graph::nodes(g);
+        graphs.push((g, graph::instantiate(g)));
     }
-    // Too large for one kernel: refused, and the capture goes on.
-    if comm.all_reduce_device(&big_send, &mut big_recv, ReduceOp::Sum, &s).is_ok() {
-        wrong.push("a 256 KiB all-reduce was captured, which the one-kernel path cannot hold".into());
+    let queued = comm.device_resident_ops().unwrap_or(0) - ops;
+    if comm.rank() == 0 {
+        println!("rank 0: {} captured calls ({small} as one kernel): {nodes} graph nodes", calls.len());
     }
-    let g = graph::end(raw);
-    let nodes = graph::nodes(g);
-    if nodes != calls.len() {
+    if nodes as u64 != queued {
+        wrong.push(format!("the graphs hold {nodes} nodes where the calls queued {queued} operations"));
+    }
+    if !large && nodes != calls.len() {
         wrong.push(format!("{} captured calls made {nodes} graph nodes, not one kernel each", calls.len()));
     }
     let captured = comm.device_one_launch_calls().unwrap_or(0) - one;
-    if captured != calls.len() as u64 {
-        wrong.push(format!("{captured} of {} captured calls ran as one kernel", calls.len()));
+    if captured != small as u64 {
+        wrong.push(format!("{captured} of {small} small captured calls ran as one kernel"));
     }
-    let exec = graph::instantiate(g);
     for replay in 0..4usize {
         let mut inputs = Vec::new();
         for (i, (c, (send, _, in_bytes, _))) in calls.iter().zip(bufs.iter_mut()).enumerate() {
@@ -492,7 +533,13 @@ fn run_captured(comm: &Communicator) -> Vec<String> {
             }
             inputs.push(inp);
         }
-        graph::launch(exec, raw);
+        for &(_, exec) in &graphs {
+            graph::launch(exec, raw);
+            if !large {
+                // Every rank's graph launched before any queues work behind its own (above).
+                comm.all_reduce_in_place(&mut [0u8], ReduceOp::Max).expect("barrier");
+            }
+        }
         for (c, ((_, recv, _, out_bytes), inp)) in calls.iter().zip(bufs.iter().zip(&inputs)) {
             let dev = read_back(&s, recv);
             let mut host = vec![0u8; *out_bytes];
@@ -510,18 +557,20 @@ fn run_captured(comm: &Communicator) -> Vec<String> {
             }
         }
     }
-    graph::destroy(exec, g);
+    for (g, exec) in graphs {
+        graph::destroy(exec, g);
+    }
     wrong
 }
 
 #[test]
 fn captured_calls_replay_right_on_three_threads() {
     let env = [("TOPOCCL_DEVICE_LL", "2")];
-    on_three_threads_with("captured_calls_replay_right_on_three_threads", &env, 30.0, run_captured);
+    on_three_threads_with("captured_calls_replay_right_on_three_threads", &env, 30.0, run_captured_small);
 }
 
 #[test]
 fn captured_calls_replay_right_on_three_processes() {
     let env = [("TOPOCCL_DEVICE_LL", "2")];
-    on_processes_with("captured_calls_replay_right_on_three_processes", 3, &env, run_captured);
+    on_processes_with("captured_calls_replay_right_on_three_processes", 3, &env, run_captured_all);
 }

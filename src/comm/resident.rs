@@ -218,10 +218,13 @@ impl Communicator {
     /// Queues `task` (a collective just prepared) on `stream` device-resident, if it runs so:
     /// the job that watches it, else `None` (the task is staged, or runs host-driven).
     ///
-    /// On a stream being `captured` into a CUDA graph only the one-kernel path runs (its
-    /// kernel keeps its own counts on the device, so every replay is right); the call's
-    /// ticket is then never written by the device (a replay would write an old one) but by the
-    /// host at once: what the host watches ends with the capture, the work runs at each launch.
+    /// A call on a stream being `captured` into a CUDA graph runs either path: the stream
+    /// words carry the same values at every call and the one-kernel path keeps its counts on
+    /// the device, so every replay is right. The stream path needs no rank sharing this rank's
+    /// CUDA context (the gate that orders their hardware queues runs on the host, at capture,
+    /// not at each replay): else the call is refused. The call's ticket is never written by
+    /// the device (a replay would write an old one) but by the host at once: what the host
+    /// watches ends with the capture; the work runs at each launch.
     pub(super) fn resident_job(
         &self,
         calls: &mut CallState,
@@ -261,7 +264,7 @@ impl Communicator {
             [whole] if side.ll && call_bytes <= LL_CALL_BYTES => whole.plan.ll(avg).map(|p| (whole.plan.clone(), p)),
             _ => None,
         };
-        if captured && ll.is_none() {
+        if captured && ll.is_none() && side.links.iter().flatten().any(|l| l.same_context) {
             return Ok(None);
         }
 
@@ -291,7 +294,7 @@ impl Communicator {
                     let work = OneLaunch { c: &c, plan, prog: llp, scalar, stage, scratch, ticket, call_bytes };
                     return self.one_launch(binding, side, &mut s, &work, &gate, &mut launched);
                 }
-                for piece in &pieces {
+                for (i, piece) in pieces.iter().enumerate() {
                     let prog = piece.plan.resident().map_err(|e| crate::error::Error::Internal(e.to_string()))?;
                     let bytes = piece.count * ds;
                     let mut mem = Memory::new();
@@ -314,7 +317,7 @@ impl Communicator {
                     }
                     piece_of(&mut mem, OUTPUT, c.output, &c, out_blocks, piece, true);
                     mem.writable(SCRATCH, scratch.sub(0, piece.plan.scratch_bytes).unwrap_or(scratch));
-                    release.0.extend(release_of(prog, &side.links, &side.counts)?.0);
+                    release.0.extend(release_of(prog, &side.links, &side.counts, i + 1 == pieces.len())?.0);
                     let gate = Gate {
                         deadline: Instant::now() + self.config.timeout,
                         abort: &self.runner.abort,
@@ -325,10 +328,18 @@ impl Communicator {
                 if call.reduction == Reduction::Op(ReduceOp::Avg) && !c.output.is_empty() {
                     s.divide(c.output, self.nranks)?;
                 }
+                if captured {
+                    return Ok(());
+                }
                 s.finish(ticket)
             })()
         };
         let failed = queued.err();
+        if failed.is_some() && !captured {
+            // The stream's own end of what was queued, so that the job's watch sees when the
+            // stream has passed it (if even this cannot be queued, the watch's bound ends it).
+            let _ = s.finish(ticket);
+        }
         side.queued += 1;
         side.pieces += pieces.len() as u64;
         side.ops += s.ops();
@@ -337,10 +348,12 @@ impl Communicator {
         if !captured {
             calls.device_last = Some((stream, ticket));
         }
-        if failed.is_some() || captured {
-            // Whatever was queued may wait on words no peer will write now: let it through (a
-            // captured call queued nothing; its host side ends here).
+        if failed.is_some() {
+            // Whatever was queued may wait on words no peer will write now: let it through
+            // (the job's watch goes on doing so until the stream has passed the call).
             release.release();
+        } else if captured {
+            // The call queued nothing but its capture: its host side ends here.
             binding.complete_from_host(ticket);
         }
         Ok(Some(Job::Resident(ResidentJob {

@@ -98,8 +98,9 @@ impl Communicator {
                 drop(self.runner.submit(*a));
             }
             return Err(Error::InvalidArgument(format!(
-                "{call} cannot be captured into a CUDA graph: only calls that run as one kernel between device \
-                 peers (at most {} KiB, at most 8 ranks, TOPOCCL_DEVICE_LL) are capturable so far",
+                "{call} cannot be captured into a CUDA graph: capturable calls run device-resident (device \
+                 buffers, every rank a CUDA IPC peer) and, where ranks share one CUDA context, as one kernel \
+                 (at most {} KiB, at most 8 ranks, TOPOCCL_DEVICE_LL=2)",
                 super::resident::LL_CALL_BYTES >> 10
             )));
         }

@@ -11,7 +11,7 @@
  * copy is done; the legacy stream would also wait for the other ranks' streams). The call must
  * start after the stream's earlier work and finish before its later work. Every element is checked. Also: a group of calls on one stream, chains of queued
  * calls read back once, DistributedDataParallel's steps as PyTorch's NCCL process group queues
- * them (ddp_steps), ncclCommInitAll with every rank on device 0 (one thread, one stream
+ * them (ddp_steps), collectives captured into a CUDA graph and replayed (cuda_graph), ncclCommInitAll with every rank on device 0 (one thread, one stream
  * each, in a group), ncclCommCuDevice, ncclMemAlloc's device memory, and a stream of another
  * context refused.
  *
@@ -77,6 +77,13 @@ CUresult cuEventQuery(CUevent hEvent);
 CUresult cuEventDestroy_v2(CUevent hEvent);
 CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags);
 CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream);
+CUresult cuStreamBeginCapture_v2(CUstream hStream, int mode);
+CUresult cuStreamEndCapture(CUstream hStream, void** phGraph);
+CUresult cuGraphInstantiateWithFlags(void** phGraphExec, void* hGraph, unsigned long long flags);
+CUresult cuGraphLaunch(void* hGraphExec, CUstream hStream);
+CUresult cuGraphExecDestroy(void* hGraphExec);
+CUresult cuGraphDestroy(void* hGraph);
+#define CU_STREAM_CAPTURE_MODE_GLOBAL 0
 #define CU_STREAM_NON_BLOCKING 0x1
 #define CU_EVENT_DISABLE_TIMING 0x2
 #define CUDA_ERROR_NOT_READY 600
@@ -633,6 +640,65 @@ static void ddp_steps(struct rank_env* e) {
   CU(cuEventDestroy_v2(w.end));
 }
 
+/* PyTorch's CUDA graphs (torch.cuda.graph): the collectives of a step captured once on the
+ * rank's stream (global mode) into a graph, then replayed, each replay after new inputs were
+ * copied into the graph's static buffers on the stream and read back straight after it: a
+ * small all-reduce, an all-gather, and (where the ranks share no context) a large in-place
+ * all-reduce of several pieces; where they share one, that large call is refused in the
+ * capture (ncclInvalidArgument) and the capture goes on. */
+#define GRAPH_REPLAYS 3
+static double graph_input(int r, int replay, size_t i) { return (double)((r + 1) * (replay + 1)) + (double)(i % 5); }
+
+static void cuda_graph(struct rank_env* e) {
+  if (use_legacy) return; /* the legacy stream cannot be captured */
+  size_t n = (size_t)e->n, es = 4, small = COUNT, large = LARGE;
+  ncclDataType_t t = ncclFloat32;
+  /* send: [0, large) the large call's in-place buffer, its first `small` the small calls'
+   * input; recv: [0, small) the all-reduce's output, then the all-gather's (small * n). */
+  fits(e, large * es);
+  CUdeviceptr ar_out = e->recv, ag_out = e->recv + small * es;
+  void *graph = NULL, *exec = NULL;
+  CU(cuStreamBeginCapture_v2(e->s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  ncclResult_t first = ncclAllReduce((const void*)e->send, (void*)ar_out, small, t, ncclSum, e->comm, ST(e->s));
+  if (first == ncclInvalidArgument && use_threads) {
+    /* Threads on one device capture only one-kernel calls (TOPOCCL_DEVICE_LL=2): refused
+     * alike on every rank, said so, and the capture ends empty. */
+    if (e->rank == 0) printf("device: capture refused between threads on one device: %s\n", ncclGetLastError(e->comm));
+    CU(cuStreamEndCapture(e->s, &graph));
+    CU(cuGraphDestroy(graph));
+    return;
+  }
+  CHECK(first);
+  CHECK(ncclAllGather((const void*)e->send, (void*)ag_out, small, t, e->comm, ST(e->s)));
+  ncclResult_t big = ncclAllReduce((const void*)e->send, (void*)e->send, large, t, ncclSum, e->comm, ST(e->s));
+  if (shared_ctx ? big != ncclInvalidArgument : big != ncclSuccess)
+    FAIL("a large all-reduce in a capture (ranks %s a context): %d (%s): %s", shared_ctx ? "sharing" : "not sharing",
+         (int)big, ncclGetErrorString(big), ncclGetLastError(e->comm));
+  CU(cuStreamEndCapture(e->s, &graph));
+  CU(cuGraphInstantiateWithFlags(&exec, graph, 0));
+  for (int replay = 0; replay < GRAPH_REPLAYS; replay++) {
+    for (size_t i = 0; i < large; i++) store(t, e->host, i, graph_input(e->rank, replay, i));
+    copy_in_async(e, e->send, e->host, large * es);
+    poison_async(e, e->recv, small * (n + 1) * es);
+    CU(cuGraphLaunch(exec, e->s));
+    call_done("replayed graph");
+    double ranks = (double)n * (double)(n + 1) / 2 * (double)(replay + 1);
+    fetch(e, ar_out, small * es);
+    for (size_t i = 0; i < small; i++) e->want[i] = ranks + (double)n * (double)(i % 5);
+    expect("all-reduce replayed from a CUDA graph", t, e->got, e->want, small);
+    fetch(e, ag_out, small * n * es);
+    for (size_t i = 0; i < small * n; i++) e->want[i] = graph_input((int)(i / small), replay, i % small);
+    expect("all-gather replayed from a CUDA graph", t, e->got, e->want, small * n);
+    if (!shared_ctx) {
+      fetch(e, e->send, large * es);
+      for (size_t i = 0; i < large; i++) e->want[i] = ranks + (double)n * (double)(i % 5);
+      expect("large in-place all-reduce replayed from a CUDA graph", t, e->got, e->want, large);
+    }
+  }
+  CU(cuGraphExecDestroy(exec));
+  CU(cuGraphDestroy(graph));
+}
+
 /* ncclMemAlloc hands out device memory (allocated with the rank's buffers, freed with them by
  * free_buffers, once): not host memory (a child that reads it dies), a copy target of the
  * driver, a collective's buffer. */
@@ -784,6 +850,7 @@ static void rank_body(int rank, int n, ncclUniqueId id) {
     chain(e, ncclFloat64);
     group(e);
     ddp_steps(e);
+    cuda_graph(e);
     mem_alloc(e);
     other_context(e);
   }

@@ -132,10 +132,14 @@ step_sweep() {
     # Small calls both ways on the same ranks sharing the GPU: one kernel per call
     # (TOPOCCL_DEVICE_LL=2) against the stream path (the default there, 1).
     local small=(8 64K 8)
-    for what in 2threads 2threads-1kernel 2procs 2procs-1kernel 2procs-cumem; do
+    # And replayed from CUDA graphs (each size's timed calls captured into one graph).
+    for what in 2threads 2threads-1kernel 2threads-1kernel-graph 2procs 2procs-graph 2procs-1kernel 2procs-1kernel-graph 2procs-cumem; do
         case $what in
             2threads-1kernel) bounded "$T_SWEEP" sweep-2threads-1kernel env TOPOCCL_DEVICE_LL=2 "$B/device_sweep" "${small[@]}" --threads 2 ;;
+            2threads-1kernel-graph) bounded "$T_SWEEP" sweep-2threads-1kernel-graph env TOPOCCL_DEVICE_LL=2 "$B/device_sweep" "${small[@]}" --threads 2 --graph ;;
             2procs-1kernel) bounded "$T_SWEEP" sweep-2procs-1kernel env TOPOCCL_DEVICE_LL=2 $(ranks2 sweep-2procs-1kernel) "$B/device_sweep" "${small[@]}" ;;
+            2procs-1kernel-graph) bounded "$T_SWEEP" sweep-2procs-1kernel-graph env TOPOCCL_DEVICE_LL=2 $(ranks2 sweep-2procs-1kernel-graph) "$B/device_sweep" "${small[@]}" --graph ;;
+            2procs-graph) bounded "$T_SWEEP" sweep-2procs-graph $(ranks2 sweep-2procs-graph) "$B/device_sweep" "${SWEEP_SIZES[@]}" --graph ;;
             2threads) bounded "$T_SWEEP" sweep-2threads "$B/device_sweep" "${SWEEP_SIZES[@]}" --threads 2 ;;
             2procs) bounded "$T_SWEEP" sweep-2procs $(ranks2 sweep-2procs) "$B/device_sweep" "${SWEEP_SIZES[@]}" ;;
             2procs-cumem) bounded "$T_SWEEP" sweep-2procs-cumem env SWEEP_ALLOC=cumem $(ranks2 sweep-2procs-cumem) "$B/device_sweep" "${SWEEP_SIZES[@]}" ;;
@@ -148,7 +152,7 @@ step_sweep() {
     done
     highlight "" "-- step 5: all-reduce float32 sum on device buffers, 2 ranks on GPU 0 (us per call | busbw GB/s) --"
     highlight "$(awk -v d="$STEP_DIR" 'BEGIN {
-        n = split("2threads 2threads-1kernel 2procs 2procs-1kernel 2procs-cumem", w, " ")
+        n = split("2threads 2threads-1kernel 2threads-1kernel-graph 2procs 2procs-graph 2procs-1kernel 2procs-1kernel-graph 2procs-cumem", w, " ")
         for (i = 1; i <= n; i++) while ((getline l < (d "/" w[i] ".table")) > 0) {
             split(l, v, " ")
             if (!(v[1] in seen)) { seen[v[1]] = 1; sizes[++m] = v[1] + 0 }

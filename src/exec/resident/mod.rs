@@ -80,8 +80,8 @@ pub(crate) enum Item {
         peer: u32,
         index: u32,
     },
-    /// The stream waits until `peer` has read every earlier call's messages of this rank (its
-    /// window is free again).
+    /// The stream waits until `peer` has read this rank's earlier messages (its window is free
+    /// again), and takes the window.
     Room {
         peer: u32,
     },
@@ -188,7 +188,9 @@ impl ResidentProgram {
     }
 }
 
-/// Per peer, the counts the words carry so far (every call adds to them).
+/// Per peer, the counts of what this rank's thread queued so far (every call adds to them):
+/// what the host's enqueue words carry, for the gate. The device words carry the same values
+/// at every call.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Counts {
     pub sent: u32,
@@ -278,6 +280,22 @@ pub(crate) struct Wait {
     pub peer: u32,
     /// Its peer's messages arriving, else its peer reading this rank's earlier ones.
     pub arrival: bool,
+    /// A word that says the wait is over for good once it is 1: for an arrival of the call's
+    /// last piece, this rank's "consumed" word of the pair, which its stream writes after it
+    /// has read the piece's messages (and set the arrival word back to 0).
+    pub over: Option<Word>,
+    /// Whether it is a wait of the call's last piece (the pieces run in order, so those being
+    /// over means the peer's part is done).
+    pub last: bool,
+}
+
+impl Wait {
+    /// The word's value now, and whether the wait is over.
+    fn now(&self) -> (u32, bool) {
+        let now = self.word.host().load(Ordering::Acquire);
+        let over = self.over.is_some_and(|w| w.host().load(Ordering::Acquire) == 1);
+        (now, over || reached(now, self.value))
+    }
 }
 
 /// The values every wait of one call waits for: stored by the host, they release a stream
@@ -288,6 +306,7 @@ pub(crate) struct Release(pub Vec<Wait>);
 impl Release {
     pub(crate) fn release(&self) {
         for w in &self.0 {
+            // The word itself, whatever `over` says: a later piece of the call waits on it anew.
             let word = w.word.host();
             if !reached(word.load(Ordering::Acquire), w.value) {
                 word.store(w.value, Ordering::Release);
@@ -295,25 +314,33 @@ impl Release {
         }
     }
 
-    /// Each wait, with whether it is satisfied now.
+    /// Each wait, with its word's value and whether it is over now.
     pub(crate) fn state(&self) -> impl Iterator<Item = (&Wait, u32, bool)> + '_ {
         self.0.iter().map(|w| {
-            let now = w.word.host().load(Ordering::Acquire);
-            (w, now, reached(now, w.value))
+            let (now, over) = w.now();
+            (w, now, over)
         })
     }
 }
 
-/// The waits of `prog` on this call's counts (made before anything is queued).
-pub(crate) fn release_of(prog: &ResidentProgram, links: &[Option<ResidentLink>], counts: &[Counts]) -> Result<Release> {
+/// The waits of `prog`, a piece of a call (`last`: its last), made before anything is queued:
+/// per peer it receives from, all the piece's messages landed; per peer it sends to, the
+/// window free.
+pub(crate) fn release_of(
+    prog: &ResidentProgram,
+    links: &[Option<ResidentLink>],
+    counts: &[Counts],
+    last: bool,
+) -> Result<Release> {
     let mut out = Vec::new();
     for &(p, n, _) in &prog.from {
-        let (l, c) = link_of(links, counts, p)?;
-        out.push(Wait { word: l.arrived_in, value: c.received.wrapping_add(n), peer: p, arrival: true });
+        let (l, _) = link_of(links, counts, p)?;
+        let over = last.then_some(l.consumed_out);
+        out.push(Wait { word: l.arrived_in, value: n, peer: p, arrival: true, over, last });
     }
     for &(p, _, _) in &prog.to {
-        let (l, c) = link_of(links, counts, p)?;
-        out.push(Wait { word: l.consumed_in, value: c.calls_sent, peer: p, arrival: false });
+        let (l, _) = link_of(links, counts, p)?;
+        out.push(Wait { word: l.consumed_in, value: 1, peer: p, arrival: false, over: None, last });
     }
     Ok(Release(out))
 }
@@ -400,41 +427,44 @@ pub(crate) unsafe fn emit(
                     at += run;
                 }
             }
+            // The device words carry the same values at every call (`topoccl_transports::ipc`'s
+            // resident words); the host's gate polls the enqueued counts, which go on growing.
             Item::Arrival { peer, index } => {
                 let (l, c) = link_of(links, counts, peer)?;
-                let v = c.received.wrapping_add(index + 1);
                 if l.same_context {
-                    gate.until(&l.arrived_in_enq, v, peer, "its message")?;
+                    gate.until(&l.arrived_in_enq, c.received.wrapping_add(index + 1), peer, "its message")?;
                 }
                 // SAFETY: a word of the pair's page, alive with the link (this fn's contract).
-                unsafe { stream.wait(l.arrived_in.device, v)? };
+                unsafe { stream.wait(l.arrived_in.device, index + 1)? };
             }
             Item::Landed { peer, index } => {
                 let (l, c) = link_of(links, counts, peer)?;
-                let v = c.sent.wrapping_add(index + 1);
                 // SAFETY: as above.
-                unsafe { stream.signal(l.arrived_out.device, v)? };
-                l.arrived_out_enq.host().store(v, Ordering::Release);
+                unsafe { stream.signal(l.arrived_out.device, index + 1)? };
+                l.arrived_out_enq.host().store(c.sent.wrapping_add(index + 1), Ordering::Release);
             }
             Item::Room { peer } => {
                 let (l, c) = link_of(links, counts, peer)?;
-                let v = c.calls_sent;
-                if v != 0 {
-                    if l.same_context {
-                        gate.until(&l.consumed_in_enq, v, peer, "its read of the previous call")?;
-                    }
-                    // SAFETY: as above.
-                    unsafe { stream.wait(l.consumed_in.device, v)? };
+                if l.same_context && c.calls_sent != 0 {
+                    gate.until(&l.consumed_in_enq, c.calls_sent, peer, "its read of the previous call")?;
+                }
+                // SAFETY: as above.
+                unsafe {
+                    stream.wait(l.consumed_in.device, 1)?;
+                    stream.signal(l.consumed_in.device, 0)?;
                 }
             }
         }
     }
     for &(p, _, _) in &prog.from {
         let (l, c) = link_of(links, counts, p)?;
-        let v = c.calls_received.wrapping_add(1);
-        // SAFETY: as above; queued after every read of the window.
-        unsafe { stream.signal(l.consumed_out.device, v)? };
-        l.consumed_out_enq.host().store(v, Ordering::Release);
+        // SAFETY: as above; queued after every read of the window: its arrivals back at 0,
+        // then the window free for the peer's next call.
+        unsafe {
+            stream.signal(l.arrived_in.device, 0)?;
+            stream.signal(l.consumed_out.device, 1)?;
+        }
+        l.consumed_out_enq.host().store(c.calls_received.wrapping_add(1), Ordering::Release);
     }
     for &(p, n, _) in &prog.to {
         if let Some(c) = counts.get_mut(p as usize) {

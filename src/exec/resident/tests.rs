@@ -69,7 +69,8 @@ impl Pairs {
         Pairs {
             n,
             windows: (0..n * n).map(|_| vec![0u8; WINDOW]).collect(),
-            words: (0..n * n * 4).map(|_| AtomicU32::new(0)).collect(),
+            // Word 1 of a direction (its window free) starts at 1, as the transport sets it up.
+            words: (0..n * n * 4).map(|i| AtomicU32::new(u32::from(i % 4 == 1))).collect(),
         }
     }
     fn word(&self, from: usize, to: usize, k: usize) -> Word {

@@ -3,7 +3,9 @@
 //! completion ticket, its peers' "landed" and "consumed" counts), checks the abort flag and
 //! its peers' liveness, and when the call cannot end (a peer gone, a timeout, an abort) it
 //! stores the values the stream waits for, so that the caller's stream goes on (with the
-//! call's output undefined and the communicator broken) rather than hanging.
+//! call's output undefined and the communicator broken) rather than hanging. It stores them
+//! again until the stream has passed the call: the stream itself sets its words back between
+//! the pieces of a call, so a wait of a later piece may need the value once more.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -27,7 +29,13 @@ impl Executor {
                 // Its kernel may be spinning for a peer that will never write: let it return.
                 job.binding.abort_device_calls();
             }
+            // Until the stream's own end of the call (its ticket), or the timeout.
+            let until = Instant::now() + self.settings.timeout.max(Duration::from_secs(1));
             job.release.release();
+            while !job.binding.completed(job.ticket) && Instant::now() < until {
+                std::thread::sleep(Duration::from_micros(200));
+                job.release.release();
+            }
             job.binding.complete_from_host(job.ticket);
         }
         r
@@ -60,9 +68,10 @@ impl Executor {
                         // Liveness only: the pair's frames carry nothing for a resident call.
                         l.progress().map_err(transport_error(peer))?;
                         // A peer that has done its part of the call (its messages landed, this
-                        // rank's read) may close: only the local work is left.
+                        // rank's read) may close: only the local work is left. The waits of the
+                        // last piece tell (the stream sets its words back between pieces).
                         let done = !job.ll_peers.contains(&peer)
-                            && job.release.state().all(|(w, _, done)| done || w.peer != peer);
+                            && job.release.state().all(|(w, _, done)| done || w.peer != peer || !w.last);
                         if let (Some(why), false) = (l.closed(), done) {
                             if !job.binding.completed(job.ticket) {
                                 return Err(Error::PeerFailed { peer, reason: why.to_string() });
@@ -116,15 +125,12 @@ fn waiting_for(job: &ResidentJob) -> String {
     let stuck: Vec<String> = job
         .release
         .state()
-        .filter(|(_, _, done)| !done)
+        .filter(|(w, _, done)| !done && w.last)
         .map(|(w, now, _)| {
             if w.arrival {
-                format!("rank {}'s messages (up to #{} of the pair; #{now} landed)", w.peer, w.value)
+                format!("rank {}'s messages ({} in the call; {now} landed)", w.peer, w.value)
             } else {
-                format!(
-                    "rank {} to read this rank's earlier messages (call {} of the pair; {now} read)",
-                    w.peer, w.value
-                )
+                format!("rank {} to read this rank's messages of the call before", w.peer)
             }
         })
         .collect();

@@ -8,14 +8,20 @@
 //! four words past the connection's own:
 //!
 //! - `arrived`: written by the sender's *stream* after each copy into the receiver's window
-//!   (the count of messages sent so far in that direction); the receiver's stream waits on it;
-//! - `consumed`: written by the receiver's stream once it has read a call's messages (the
-//!   count of calls consumed); the sender's stream waits on it before it reuses the window;
-//! - `arrived_enq`, `consumed_enq`: plain host stores of the same counts, made by the thread
-//!   that *enqueued* those writes. Ranks on one CUDA context share its hardware queues, where
-//!   a wait queued ahead of the write releasing it would block that write for ever; a rank
-//!   whose peer shares its context therefore queues a wait only once the peer's thread has
-//!   queued the write (it polls these words on the host first).
+//!   (the number of the call's messages landed so far: 1, 2, …); the receiver's stream waits
+//!   on it, and sets it back to 0 once it has read the call's messages;
+//! - `consumed`: 1 while the window is free (from set-up on): the receiver's stream writes 1
+//!   once it has read a call's messages (after `arrived` is back at 0); the sender's stream
+//!   waits for 1 before it writes into the window and sets it to 0.
+//!
+//!   Every value is the same at every call, whatever came before: a call captured into a
+//!   CUDA graph, whose stream operations replay with the values of capture time, runs right
+//!   at each replay and between uncaptured calls;
+//! - `arrived_enq`, `consumed_enq`: plain host stores of counts (messages, calls) of those
+//!   writes, made by the thread that *enqueued* them. Ranks on one CUDA context share its
+//!   hardware queues, where a wait queued ahead of the write releasing it would block that
+//!   write for ever; a rank whose peer shares its context therefore queues a wait only once
+//!   the peer's thread has queued the write (it polls these words on the host first).
 //!
 //! Both sides register the page with their device, so each word has a host address (for the
 //! host's polls and, when a call fails, the host's release of its waits) and a device address
@@ -73,13 +79,15 @@ pub struct ResidentLink {
     /// rank's, which the peer writes. They lie before the resident windows.
     pub ll_tx: u64,
     pub ll_rx: u64,
-    /// Messages this rank sent: the peer's stream waits on it, this stream writes it.
+    /// This rank's messages of the call landed so far: this stream writes it, the peer's
+    /// waits on it and resets it.
     pub arrived_out: Word,
-    /// Messages the peer sent: this stream waits on it.
+    /// The peer's messages of the call landed so far: this stream waits on it and resets it.
     pub arrived_in: Word,
-    /// Calls of this rank's messages the peer has consumed: this stream waits on it.
+    /// Whether this rank's window at the peer is free (1): this stream waits on it and takes
+    /// it (0), the peer's stream frees it.
     pub consumed_in: Word,
-    /// Calls of the peer's messages this rank has consumed: this stream writes it.
+    /// The same for the peer's window here: this stream frees it.
     pub consumed_out: Word,
     /// Host-only counts of the writes queued so far (see the module documentation): this
     /// rank publishes `*_out_enq`, and polls `*_in_enq` before queueing a wait.
@@ -135,6 +143,9 @@ impl DevicePeer {
             Word { host: p.page.base().as_ptr() as usize + off, device: p.page_device + off as u64 }
         };
         let (tx, rx) = (p.tx, 1 - p.tx);
+        // The window this side writes at the peer starts free (the page comes zeroed; the
+        // peer's stream only ever writes 1 here, so the two sides' set-ups cannot conflict).
+        word(tx, CONSUMED).host().store(1, std::sync::atomic::Ordering::Release);
         let mut keep = p.keep;
         keep.push(p.page.clone());
         // The one-launch areas come first, where the windows can spare them (half at most).
