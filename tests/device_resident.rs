@@ -574,3 +574,62 @@ fn captured_calls_replay_right_on_three_processes() {
     let env = [("TOPOCCL_DEVICE_LL", "2")];
     on_processes_with("captured_calls_replay_right_on_three_processes", 3, &env, run_captured_all);
 }
+
+/// Calls on `CU_STREAM_PER_THREAD` (what `cudaStreamPerThread` and nvcc's
+/// `--default-stream per-thread` give): each rank thread's own default stream, a blocking
+/// stream of the context; every call device-resident and equal to the host path, read back
+/// with a copy into pageable memory on that stream straight after the call.
+fn run_per_thread_stream(comm: &Communicator) -> Vec<String> {
+    use cudarc::driver::{sys, DevicePtr};
+    const PER_THREAD: sys::CUstream = 2 as sys::CUstream;
+    let n = comm.nranks();
+    let s = stream();
+    let mut wrong = Vec::new();
+    let before = comm.device_resident_calls().unwrap_or(0);
+    let calls = [
+        CollectiveCall::new(Collective::AllReduce, Dtype::Float32, 1000).reduced_with(Reduction::Op(ReduceOp::Sum)),
+        CollectiveCall::new(Collective::AllGather, Dtype::Int32, 100_003),
+        CollectiveCall::new(Collective::ReduceScatter, Dtype::Bfloat16, 1 << 18)
+            .reduced_with(Reduction::Op(ReduceOp::Max)),
+    ];
+    for (i, c) in calls.iter().enumerate() {
+        let (_, in_bytes, out_bytes) = c.bytes(n).expect("sizes");
+        let inp = device_support::input(c.dtype, in_bytes, comm.rank(), i, false);
+        let send = s.clone_htod(&inp).expect("htod");
+        let recv = s.alloc_zeros::<u8>(out_bytes).expect("alloc");
+        s.synchronize().expect("sync");
+        let (sp, rp) = (send.device_ptr(&s).0, recv.device_ptr(&s).0);
+        // SAFETY: both buffers live until the copy below, which waits for the call.
+        let r = unsafe {
+            comm.submit_on(
+                c,
+                topoccl::Buffer::at(sp as *const u8),
+                topoccl::Buffer::at(rp as *const u8),
+                StreamRef(PER_THREAD),
+            )
+        };
+        if let Err(e) = r {
+            wrong.push(format!("{c} on the per-thread stream failed: {e}"));
+            continue;
+        }
+        let mut dev = vec![0u8; out_bytes];
+        // SAFETY: `dev` holds `out_bytes`; into pageable memory the copy returns once made.
+        let copied = unsafe { sys::cuMemcpyDtoHAsync_v2(dev.as_mut_ptr().cast(), rp, out_bytes, PER_THREAD) };
+        assert_eq!(copied, sys::CUresult::CUDA_SUCCESS, "read back");
+        let mut host = vec![0u8; out_bytes];
+        comm.collective_bytes(c, &inp, &mut host).expect("host call");
+        if dev != host {
+            wrong.push(format!("{c} on the per-thread stream differs from the host path"));
+        }
+    }
+    let resident = comm.device_resident_calls().unwrap_or(0) - before;
+    if resident != calls.len() as u64 {
+        wrong.push(format!("{resident} of {} calls on the per-thread stream ran device-resident", calls.len()));
+    }
+    wrong
+}
+
+#[test]
+fn calls_on_the_per_thread_stream_on_three_threads() {
+    on_three_threads("calls_on_the_per_thread_stream_on_three_threads", 30.0, run_per_thread_stream);
+}
