@@ -15,9 +15,19 @@ const MAX_HOPS: usize = 4096;
 
 /// The cause of `me`'s failure (of `nranks`), asking ranks with `ask`. `mine` is this rank's own status,
 /// including the failure it saw.
+///
+/// A rank waiting for several peers (channels apart) is followed along its first wait; where
+/// that leads back into the chain, the chain goes on from the latest rank on it with a wait
+/// not followed yet: ranks that wait for each other on different channels are often both
+/// held up by a third rank further on (the stalled one), which a cycle at the level of ranks
+/// would hide. Only when every way on leads back is it a cycle.
 pub(crate) fn find(me: u32, nranks: u32, mine: &Status, mut ask: impl FnMut(u32) -> Answer) -> Verdict {
     let mut chain: Vec<String> = Vec::new();
     let mut visited = vec![me];
+    // Per rank of `visited`: its status, and how long the chain was when it was reached.
+    let mut statuses: Vec<(Status, usize)> = vec![(mine.clone(), 0)];
+    // Waits followed so far: (waiter, peer).
+    let mut tried: Vec<(u32, u32)> = Vec::new();
     let mut cur: Status = mine.clone();
     let verdict = |culprits: Vec<u32>, what: String, chain: &[String], stalled: bool| {
         let text = if chain.is_empty() { what } else { format!("{what}; chain of waits: {}", chain.join(", ")) };
@@ -41,7 +51,10 @@ pub(crate) fn find(me: u32, nranks: u32, mine: &Status, mut ask: impl FnMut(u32)
         }
         // A rank whose own failure names a peer (it closed, its connection broke) points
         // there first: what it waited for before is older news.
-        let (next, how) = match (cur.blames, cur.waits.first()) {
+        // (A rank reached again by another way, all of whose waits were followed: its first,
+        // which leads back into the chain.)
+        let untried = cur.waits.iter().find(|w| !tried.contains(&(r, w.peer))).or(cur.waits.first());
+        let (next, how) = match (cur.blames, untried) {
             (Some(p), _) => (p, format!("rank {r} lost its connection to rank {p}")),
             // Waits for whichever rank sends (listed after its waits for given ranks): no
             // rank in particular owes it a message, so the chain ends here, stalled.
@@ -78,7 +91,20 @@ pub(crate) fn find(me: u32, nranks: u32, mine: &Status, mut ask: impl FnMut(u32)
             }
         };
         chain.push(how);
+        tried.push((r, next));
         if let Some(at) = visited.iter().position(|&v| v == next) {
+            let other_way = (0..visited.len()).rev().find(|&i| {
+                let s = &statuses[i].0;
+                s.blames.is_none()
+                    && s.waits.iter().any(|w| w.need != Need::AnyMessage && !tried.contains(&(s.rank, w.peer)))
+            });
+            if let Some(i) = other_way {
+                visited.truncate(i + 1);
+                chain.truncate(statuses[i].1);
+                statuses.truncate(i + 1);
+                cur = statuses[i].0.clone();
+                continue;
+            }
             let mut cycle: Vec<u32> = visited[at..].to_vec();
             // The same verdict whichever rank of the cycle found it.
             cycle.sort_unstable();
@@ -92,7 +118,10 @@ pub(crate) fn find(me: u32, nranks: u32, mine: &Status, mut ask: impl FnMut(u32)
         visited.push(next);
         let waiter = cur;
         cur = match ask(next) {
-            Answer::Status(s) => *s,
+            Answer::Status(s) => {
+                statuses.push((*s.clone(), chain.len()));
+                *s
+            }
             Answer::NoRoute(why) => {
                 // This rank cannot reach it at all: the network between the two is cut, which
                 // says nothing against the process; the pair is named.
@@ -493,6 +522,28 @@ mod tests {
         assert_eq!(v.culprits, vec![1, 2], "{}", v.text);
         // Found from the other side of the cycle: the same ranks, in the same order.
         assert_eq!(find(2, 3, &waiting(2, 3, &[1]), asked(all)).culprits, vec![1, 2]);
+    }
+
+    #[test]
+    fn ranks_waiting_for_each_other_on_other_channels_lead_on_to_the_stalled_rank() {
+        // Rank 0 waits (first) for rank 4 and then for rank 6; rank 4 waits for rank 0 on
+        // another channel; rank 6 does not answer: 0 and 4 are no cycle, 6 is at the end.
+        let mut all: Vec<Answer> = (0..7).map(|r| Answer::Status(Box::new(waiting(r, 9, &[])))).collect();
+        all[0] = Answer::Status(Box::new(waiting(0, 9, &[4, 6])));
+        all[4] = Answer::Status(Box::new(waiting(4, 9, &[0])));
+        all[6] = Answer::Silent;
+        for finder in [0u32, 4] {
+            let Answer::Status(mine) = all[finder as usize].clone() else { unreachable!() };
+            let v = find(finder, 7, &mine, asked(all.clone()));
+            assert_eq!(v.culprits, vec![6], "found by rank {finder}: {}", v.text);
+            assert!(v.text.contains("rank 0 waits for rank 6"), "{}", v.text);
+        }
+        // Where every way on leads back, it is a cycle still.
+        all[0] = Answer::Status(Box::new(waiting(0, 9, &[4, 5])));
+        all[5] = Answer::Status(Box::new(waiting(5, 9, &[4])));
+        let Answer::Status(mine) = all[0].clone() else { unreachable!() };
+        let v = find(0, 7, &mine, asked(all));
+        assert!(v.text.contains("in a cycle") && v.culprits.contains(&0) && v.culprits.contains(&4), "{}", v.text);
     }
 
     #[test]

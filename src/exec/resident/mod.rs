@@ -280,10 +280,11 @@ pub(crate) struct Wait {
     pub peer: u32,
     /// Its peer's messages arriving, else its peer reading this rank's earlier ones.
     pub arrival: bool,
-    /// A word that says the wait is over for good once it is 1: for an arrival of the call's
-    /// last piece, this rank's "consumed" word of the pair, which its stream writes after it
-    /// has read the piece's messages (and set the arrival word back to 0).
-    pub over: Option<Word>,
+    /// A word, and a count, that say the wait is over for good once the word reaches it: for
+    /// an arrival of the call's last piece, this rank's "read" count of the pair, which its
+    /// stream writes once it has read the call's messages (before it sets the arrival word
+    /// back to 0).
+    pub over: Option<(Word, u32)>,
     /// Whether it is a wait of the call's last piece (the pieces run in order, so those being
     /// over means the peer's part is done).
     pub last: bool,
@@ -293,7 +294,7 @@ impl Wait {
     /// The word's value now, and whether the wait is over.
     fn now(&self) -> (u32, bool) {
         let now = self.word.host().load(Ordering::Acquire);
-        let over = self.over.is_some_and(|w| w.host().load(Ordering::Acquire) == 1);
+        let over = self.over.is_some_and(|(w, v)| reached(w.host().load(Ordering::Acquire), v));
         (now, over || reached(now, self.value))
     }
 }
@@ -334,8 +335,8 @@ pub(crate) fn release_of(
 ) -> Result<Release> {
     let mut out = Vec::new();
     for &(p, n, _) in &prog.from {
-        let (l, _) = link_of(links, counts, p)?;
-        let over = last.then_some(l.consumed_out);
+        let (l, c) = link_of(links, counts, p)?;
+        let over = last.then_some((l.read_out, c.calls_received.wrapping_add(1)));
         out.push(Wait { word: l.arrived_in, value: n, peer: p, arrival: true, over, last });
     }
     for &(p, _, _) in &prog.to {
@@ -458,9 +459,11 @@ pub(crate) unsafe fn emit(
     }
     for &(p, _, _) in &prog.from {
         let (l, c) = link_of(links, counts, p)?;
-        // SAFETY: as above; queued after every read of the window: its arrivals back at 0,
-        // then the window free for the peer's next call.
+        // SAFETY: as above; queued after every read of the window: the count of calls read
+        // (for the host's watch), its arrivals back at 0, then the window free for the peer's
+        // next call.
         unsafe {
+            stream.signal(l.read_out.device, c.calls_received.wrapping_add(1))?;
             stream.signal(l.arrived_in.device, 0)?;
             stream.signal(l.consumed_out.device, 1)?;
         }

@@ -70,11 +70,11 @@ impl Pairs {
             n,
             windows: (0..n * n).map(|_| vec![0u8; WINDOW]).collect(),
             // Word 1 of a direction (its window free) starts at 1, as the transport sets it up.
-            words: (0..n * n * 4).map(|i| AtomicU32::new(u32::from(i % 4 == 1))).collect(),
+            words: (0..n * n * 5).map(|i| AtomicU32::new(u32::from(i % 5 == 1))).collect(),
         }
     }
     fn word(&self, from: usize, to: usize, k: usize) -> Word {
-        let a = &self.words[(from * self.n + to) * 4 + k] as *const AtomicU32 as usize;
+        let a = &self.words[(from * self.n + to) * 5 + k] as *const AtomicU32 as usize;
         Word { host: a, device: a as u64 }
     }
     /// `me`'s link to `p`, with `same_context` as asked (the gate is then exercised).
@@ -89,6 +89,7 @@ impl Pairs {
             arrived_in: self.word(p, me, 0),
             consumed_in: self.word(me, p, 1),
             consumed_out: self.word(p, me, 1),
+            read_out: self.word(p, me, 4),
             arrived_out_enq: self.word(me, p, 2),
             arrived_in_enq: self.word(p, me, 2),
             consumed_out_enq: self.word(p, me, 3),

@@ -17,6 +17,9 @@
 //!   Every value is the same at every call, whatever came before: a call captured into a
 //!   CUDA graph, whose stream operations replay with the values of capture time, runs right
 //!   at each replay and between uncaptured calls;
+//! - `read`: the count of calls whose messages the receiver's stream has read, written just
+//!   before it sets `arrived` back: the one count a host watching the call can trust not to
+//!   go back (a captured call replays an old one, which only delays that judgement);
 //! - `arrived_enq`, `consumed_enq`: plain host stores of counts (messages, calls) of those
 //!   writes, made by the thread that *enqueued* them. Ranks on one CUDA context share its
 //!   hardware queues, where a wait queued ahead of the write releasing it would block that
@@ -40,6 +43,7 @@ const ARRIVED_ENQ: usize = 4;
 const LL_ENQ: usize = 8;
 const CONSUMED: usize = 64;
 const CONSUMED_ENQ: usize = 68;
+const READ: usize = 72;
 const RESIDENT_DIRECTION_BYTES: usize = 128;
 
 /// One word of the pair's page: its address on the host and on this side's device.
@@ -89,6 +93,9 @@ pub struct ResidentLink {
     pub consumed_in: Word,
     /// The same for the peer's window here: this stream frees it.
     pub consumed_out: Word,
+    /// Calls of the peer's messages this rank's stream has read (it writes the count before
+    /// it sets `arrived_in` back): only the host reads it, for a count that never goes back.
+    pub read_out: Word,
     /// Host-only counts of the writes queued so far (see the module documentation): this
     /// rank publishes `*_out_enq`, and polls `*_in_enq` before queueing a wait.
     pub arrived_out_enq: Word,
@@ -163,6 +170,7 @@ impl DevicePeer {
             arrived_in: word(rx, ARRIVED),
             consumed_in: word(tx, CONSUMED),
             consumed_out: word(rx, CONSUMED),
+            read_out: word(rx, READ),
             arrived_out_enq: word(tx, ARRIVED_ENQ),
             arrived_in_enq: word(rx, ARRIVED_ENQ),
             consumed_out_enq: word(rx, CONSUMED_ENQ),
