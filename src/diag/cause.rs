@@ -20,7 +20,9 @@ const MAX_HOPS: usize = 4096;
 /// that leads back into the chain, the chain goes on from the latest rank on it with a wait
 /// not followed yet: ranks that wait for each other on different channels are often both
 /// held up by a third rank further on (the stalled one), which a cycle at the level of ranks
-/// would hide. Only when every way on leads back is it a cycle.
+/// would hide. Only when every way on leads back is it a cycle, and then every rank of every
+/// cycle met on the way is named (whichever order the waits were followed in, the same ranks:
+/// a link that lost its messages inside a ring is in one of them).
 pub(crate) fn find(me: u32, nranks: u32, mine: &Status, mut ask: impl FnMut(u32) -> Answer) -> Verdict {
     let mut chain: Vec<String> = Vec::new();
     let mut visited = vec![me];
@@ -28,6 +30,8 @@ pub(crate) fn find(me: u32, nranks: u32, mine: &Status, mut ask: impl FnMut(u32)
     let mut statuses: Vec<(Status, usize)> = vec![(mine.clone(), 0)];
     // Waits followed so far: (waiter, peer).
     let mut tried: Vec<(u32, u32)> = Vec::new();
+    // Every rank of every cycle met.
+    let mut in_cycles: Vec<u32> = Vec::new();
     let mut cur: Status = mine.clone();
     let verdict = |culprits: Vec<u32>, what: String, chain: &[String], stalled: bool| {
         let text = if chain.is_empty() { what } else { format!("{what}; chain of waits: {}", chain.join(", ")) };
@@ -93,6 +97,7 @@ pub(crate) fn find(me: u32, nranks: u32, mine: &Status, mut ask: impl FnMut(u32)
         chain.push(how);
         tried.push((r, next));
         if let Some(at) = visited.iter().position(|&v| v == next) {
+            in_cycles.extend_from_slice(&visited[at..]);
             let other_way = (0..visited.len()).rev().find(|&i| {
                 let s = &statuses[i].0;
                 s.blames.is_none()
@@ -105,9 +110,10 @@ pub(crate) fn find(me: u32, nranks: u32, mine: &Status, mut ask: impl FnMut(u32)
                 cur = statuses[i].0.clone();
                 continue;
             }
-            let mut cycle: Vec<u32> = visited[at..].to_vec();
+            let mut cycle = std::mem::take(&mut in_cycles);
             // The same verdict whichever rank of the cycle found it.
             cycle.sort_unstable();
+            cycle.dedup();
             return verdict(
                 cycle.clone(),
                 format!("ranks {cycle:?} wait for each other in a cycle (no rank is behind: a fault in a connection or in topoccl)"),
