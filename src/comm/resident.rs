@@ -317,13 +317,14 @@ impl Communicator {
                     }
                     piece_of(&mut mem, OUTPUT, c.output, &c, out_blocks, piece, true);
                     mem.writable(SCRATCH, scratch.sub(0, piece.plan.scratch_bytes).unwrap_or(scratch));
-                    release.0.extend(release_of(prog, &side.links, &side.counts, i + 1 == pieces.len())?.0);
+                    let last = i + 1 == pieces.len();
+                    release.0.extend(release_of(prog, &side.links, &side.counts, last)?.0);
                     let gate = Gate {
                         deadline: Instant::now() + self.config.timeout,
                         abort: &self.runner.abort,
                         rank: self.rank,
                     };
-                    emit(prog, &mem, &side.links, &mut side.counts, &mut s, &gate)?;
+                    emit(prog, &mem, &side.links, &mut side.counts, &mut s, &gate, last)?;
                 }
                 if call.reduction == Reduction::Op(ReduceOp::Avg) && !c.output.is_empty() {
                     s.divide(c.output, self.nranks)?;
@@ -352,8 +353,9 @@ impl Communicator {
             // Whatever was queued may wait on words no peer will write now: let it through
             // (the job's watch goes on doing so until the stream has passed the call).
             release.release();
-        } else if captured {
-            // The call queued nothing but its capture: its host side ends here.
+        }
+        if captured {
+            // The call queued nothing but its capture (failed or not): its host side ends here.
             binding.complete_from_host(ticket);
         }
         Ok(Some(Job::Resident(ResidentJob {

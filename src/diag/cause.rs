@@ -25,9 +25,9 @@ const MAX_HOPS: usize = 4096;
 /// a link that lost its messages inside a ring is in one of them).
 pub(crate) fn find(me: u32, nranks: u32, mine: &Status, mut ask: impl FnMut(u32) -> Answer) -> Verdict {
     let mut chain: Vec<String> = Vec::new();
-    let mut visited = vec![me];
-    // Per rank of `visited`: its status, and how long the chain was when it was reached.
-    let mut statuses: Vec<(Status, usize)> = vec![(mine.clone(), 0)];
+    // The ranks on the chain, from this one: each one's status, and how long the chain was
+    // when it was reached.
+    let mut statuses: Vec<(Status, usize)> = vec![(Status { rank: me, ..mine.clone() }, 0)];
     // Waits followed so far: (waiter, peer).
     let mut tried: Vec<(u32, u32)> = Vec::new();
     // Every rank of every cycle met.
@@ -53,11 +53,11 @@ pub(crate) fn find(me: u32, nranks: u32, mine: &Status, mut ask: impl FnMut(u32)
                 return verdict(vec![r], format!("rank {r} failed first: {why}"), &chain, cur.stalled_ms.is_some());
             }
         }
+        // Its first wait not followed yet (a rank reached again by another way, all of whose
+        // waits were followed: its first, which leads back into the chain).
+        let untried = cur.waits.iter().find(|w| !tried.contains(&(r, w.peer))).or(cur.waits.first());
         // A rank whose own failure names a peer (it closed, its connection broke) points
         // there first: what it waited for before is older news.
-        // (A rank reached again by another way, all of whose waits were followed: its first,
-        // which leads back into the chain.)
-        let untried = cur.waits.iter().find(|w| !tried.contains(&(r, w.peer))).or(cur.waits.first());
         let (next, how) = match (cur.blames, untried) {
             (Some(p), _) => (p, format!("rank {r} lost its connection to rank {p}")),
             // Waits for whichever rank sends (listed after its waits for given ranks): no
@@ -96,15 +96,14 @@ pub(crate) fn find(me: u32, nranks: u32, mine: &Status, mut ask: impl FnMut(u32)
         };
         chain.push(how);
         tried.push((r, next));
-        if let Some(at) = visited.iter().position(|&v| v == next) {
-            in_cycles.extend_from_slice(&visited[at..]);
-            let other_way = (0..visited.len()).rev().find(|&i| {
+        if let Some(at) = statuses.iter().position(|(s, _)| s.rank == next) {
+            in_cycles.extend(statuses[at..].iter().map(|(s, _)| s.rank));
+            let other_way = (0..statuses.len()).rev().find(|&i| {
                 let s = &statuses[i].0;
                 s.blames.is_none()
                     && s.waits.iter().any(|w| w.need != Need::AnyMessage && !tried.contains(&(s.rank, w.peer)))
             });
             if let Some(i) = other_way {
-                visited.truncate(i + 1);
                 chain.truncate(statuses[i].1);
                 statuses.truncate(i + 1);
                 cur = statuses[i].0.clone();
@@ -121,7 +120,6 @@ pub(crate) fn find(me: u32, nranks: u32, mine: &Status, mut ask: impl FnMut(u32)
                 true,
             );
         }
-        visited.push(next);
         let waiter = cur;
         cur = match ask(next) {
             Answer::Status(s) => {
@@ -172,7 +170,8 @@ pub(crate) fn find(me: u32, nranks: u32, mine: &Status, mut ask: impl FnMut(u32)
             }
         }
     }
-    verdict(visited.clone(), "the chain of waits did not end".into(), &chain, true)
+    let ranks = statuses.iter().map(|(s, _)| s.rank).collect();
+    verdict(ranks, "the chain of waits did not end".into(), &chain, true)
 }
 
 /// The ranks out of step in a mismatch `what` that `me` found in its call number `seq`:

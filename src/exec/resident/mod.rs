@@ -357,7 +357,8 @@ fn link_of<'l>(
     }
 }
 
-/// Puts `prog` on `stream` over the buffers of `mem`, and advances `counts` past the call.
+/// Puts `prog` (a piece of a call; `last`: its last) on `stream` over the buffers of `mem`, and
+/// advances `counts` past it.
 ///
 /// # Safety
 /// The regions of `mem` must be valid device memory the stream's device reaches until the
@@ -370,6 +371,7 @@ pub(crate) unsafe fn emit(
     counts: &mut [Counts],
     stream: &mut dyn DeviceStream,
     gate: &Gate<'_>,
+    last: bool,
 ) -> Result<()> {
     // From byte `at` of `loc` on: its address and how many bytes lie end to end there (a
     // piece's buffers are blocks apart, `Memory::segment`; windows are one run).
@@ -459,11 +461,13 @@ pub(crate) unsafe fn emit(
     }
     for &(p, _, _) in &prog.from {
         let (l, c) = link_of(links, counts, p)?;
-        // SAFETY: as above; queued after every read of the window: the count of calls read
-        // (for the host's watch), its arrivals back at 0, then the window free for the peer's
-        // next call.
+        // SAFETY: as above; queued after every read of the window: in a call's last piece the
+        // count of calls read (for the host's watch, which reads that piece's alone), its
+        // arrivals back at 0, then the window free for the peer's next call.
         unsafe {
-            stream.signal(l.read_out.device, c.calls_received.wrapping_add(1))?;
+            if last {
+                stream.signal(l.read_out.device, c.calls_received.wrapping_add(1))?;
+            }
             stream.signal(l.arrived_in.device, 0)?;
             stream.signal(l.consumed_out.device, 1)?;
         }

@@ -155,7 +155,7 @@ fn run_all_ranks(s: &Schedule, count: usize, same_context: bool) {
                     let gate =
                         Gate { deadline: Instant::now() + Duration::from_secs(20), abort: &abort, rank: me as u32 };
                     // SAFETY: the test's buffers and windows outlive the (synchronous) stream.
-                    unsafe { emit(&prog, &mem, &links, &mut counts, &mut HostStream, &gate) }.unwrap();
+                    unsafe { emit(&prog, &mem, &links, &mut counts, &mut HostStream, &gate, true) }.unwrap();
                     let want = reference(schedule.collective, n, me, call, count, &out);
                     assert_eq!(out, want, "{} {} rank {me} call {call}", schedule.name, schedule.collective);
                 }

@@ -244,22 +244,30 @@ pub fn blocking_captures(core: &CtxCore) -> Vec<Arc<Capture>> {
     v
 }
 
+/// `Err(why)` if `caps` is not empty, each of them invalidated.
+fn refuse(caps: &[Arc<Capture>], why: CUresult) -> CuResult<()> {
+    for c in caps {
+        c.invalidate(why);
+    }
+    if caps.is_empty() {
+        Ok(())
+    } else {
+        Err(why)
+    }
+}
+
 /// The legacy stream of `core` is used: refused, invalidating them, while blocking streams
 /// capture.
 pub fn legacy_use(core: &CtxCore) -> CuResult<()> {
-    let caps = blocking_captures(core);
-    if caps.is_empty() {
-        return Ok(());
-    }
-    for c in &caps {
-        c.invalidate(CUresult::STREAM_CAPTURE_IMPLICIT);
-    }
-    Err(CUresult::STREAM_CAPTURE_IMPLICIT)
+    refuse(&blocking_captures(core), CUresult::STREAM_CAPTURE_IMPLICIT)
 }
 
-/// Any capture of context `core` under way (what `cuCtxSynchronize` refuses).
-pub fn context_captures(core: &CtxCore) -> Vec<Arc<Capture>> {
-    lock(&ACTIVE).iter().filter_map(Weak::upgrade).filter(|c| c.core.handle == core.handle).collect()
+/// Context `core` is synchronised (`cuCtxSynchronize`): refused, invalidating them, while any
+/// of its captures is under way.
+pub fn context_sync(core: &CtxCore) -> CuResult<()> {
+    let caps: Vec<Arc<Capture>> =
+        lock(&ACTIVE).iter().filter_map(Weak::upgrade).filter(|c| c.core.handle == core.handle).collect();
+    refuse(&caps, CUresult::STREAM_CAPTURE_UNSUPPORTED)
 }
 
 /// `cuStreamBeginCapture_v2`.

@@ -166,13 +166,7 @@ impl Context {
 
     /// `cuCtxSynchronize`.
     pub fn synchronize(&self) -> CuResult<()> {
-        let captures = crate::capture::context_captures(&self.core);
-        if !captures.is_empty() {
-            for c in &captures {
-                c.invalidate(CUresult::STREAM_CAPTURE_UNSUPPORTED);
-            }
-            return Err(CUresult::STREAM_CAPTURE_UNSUPPORTED);
-        }
+        crate::capture::context_sync(&self.core)?;
         self.drain();
         self.core.check()
     }

@@ -17,8 +17,8 @@
 //!   Every value is the same at every call, whatever came before: a call captured into a
 //!   CUDA graph, whose stream operations replay with the values of capture time, runs right
 //!   at each replay and between uncaptured calls;
-//! - `read`: the count of calls whose messages the receiver's stream has read, written just
-//!   before it sets `arrived` back: the one count a host watching the call can trust not to
+//! - `read`: the count of calls whose messages the receiver's stream has read, written (in a
+//!   call's last piece) just before it sets `arrived` back: the one count a host watching the call can trust not to
 //!   go back (a captured call replays an old one, which only delays that judgement);
 //! - `arrived_enq`, `consumed_enq`: plain host stores of counts (messages, calls) of those
 //!   writes, made by the thread that *enqueued* them. Ranks on one CUDA context share its
